@@ -1,0 +1,554 @@
+#include "comm/communicator.h"
+
+#include <gloo/context.h>
+
+#include <deque>
+#include <functional>
+#include <numeric>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "comm/consistency_check.h"
+#include "comm/errors.h"
+#include "comm/gloo_collectives.h"
+#include "comm/gloo_util.h"
+#include "comm/nccl_transport.h"
+#include "comm/op_spec.h"
+#include "comm/p2p_exchange.h"
+#include "comm/reduce.h"
+#include "comm/ring_reduce_scatter.h"
+
+namespace gossipcc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A CUDA collective's Work: first the CPU stage (signature check, then the NCCL launch on
+// the worker thread), then the launched operation's own completion.
+class StagedWork : public Work {
+ public:
+  explicit StagedWork(std::string description) : stage_(description), description_(std::move(description)) {}
+
+  void SetLaunched(std::shared_ptr<Work> launched) {
+    {
+      absl::MutexLock lock(&mu_);
+      launched_ = std::move(launched);
+    }
+    stage_.Complete(nullptr);
+  }
+  void Fail(std::exception_ptr error) { stage_.Complete(std::move(error)); }
+
+  bool is_completed() override {
+    if (!stage_.is_completed()) return false;
+    auto launched = Launched();
+    return launched == nullptr || launched->is_completed();
+  }
+  void wait(std::chrono::milliseconds timeout) override {
+    const auto start = Clock::now();
+    stage_.wait(timeout);
+    auto launched = Launched();
+    if (launched == nullptr) return;
+    auto left = timeout;
+    if (timeout.count() > 0) {
+      left = timeout - std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+      if (left.count() <= 0) left = std::chrono::milliseconds(1);
+    }
+    launched->wait(left);
+  }
+  std::exception_ptr exception() override {
+    if (auto e = stage_.exception()) return e;
+    auto launched = Launched();
+    return launched ? launched->exception() : nullptr;
+  }
+  void add_done_callback(std::function<void()> fn) override {
+    stage_.add_done_callback([this, fn = std::move(fn)]() mutable {
+      auto launched = Launched();
+      if (launched) {
+        launched->add_done_callback(std::move(fn));
+      } else {
+        fn();
+      }
+    });
+  }
+  const std::string& description() const override { return description_; }
+
+ private:
+  std::shared_ptr<Work> Launched() {
+    absl::MutexLock lock(&mu_);
+    return launched_;
+  }
+  CompletionWork stage_;
+  const std::string description_;
+  absl::Mutex mu_;
+  std::shared_ptr<Work> launched_ ABSL_GUARDED_BY(mu_);
+};
+
+size_t Sum(const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), size_t{0}); }
+
+}  // namespace
+
+class Communicator::Impl {
+ public:
+  Impl(std::shared_ptr<Store> store, int rank, int size, CommunicatorOptions options)
+      : store_(std::move(store)), rank_(rank), size_(size), options_(std::move(options)) {}
+
+  ~Impl() { Shutdown("communicator destroyed"); }
+
+  void Connect() {
+    context_ = ConnectGlooMesh(std::make_shared<PrefixStore>("gloo", store_), rank_, size_,
+                               GlooMeshOptions{options_.hostname, options_.interface, options_.timeout});
+    p2p_ = std::make_unique<P2PExchange>(context_, options_.timeout,
+                                         [this](std::exception_ptr e) { Poison(std::move(e)); });
+    worker_ = std::thread([this] { WorkerLoop(); });
+    if (options_.cuda_device >= 0) nccl_ = CreateNccl(options_.cuda_device);
+  }
+
+  // ---- argument checks (synchronous, InvalidArgumentError) ----
+
+  std::string Where(const char* op) const { return absl::StrCat("rank ", rank_, " of ", size_, ": ", op); }
+
+  void CheckBuffer(const char* op, const char* name, const Buffer& b) const {
+    if (b.data == nullptr && b.count > 0) {
+      throw InvalidArgumentError(absl::StrCat(Where(op), ": ", name, " is null but has ", b.count, " elements"));
+    }
+    if (static_cast<int>(b.dtype) < 0 || static_cast<int>(b.dtype) >= kNumDTypes) {
+      throw InvalidArgumentError(absl::StrCat(Where(op), ": ", name, " has an invalid dtype"));
+    }
+    if (b.device.is_cuda()) {
+      if (b.device.index < 0) {
+        throw InvalidArgumentError(absl::StrCat(Where(op), ": ", name, " is on CUDA without a device ordinal"));
+      }
+      const int bound = options_.cuda_device >= 0 ? options_.cuda_device : (nccl_ ? nccl_->device() : -1);
+      if (bound >= 0 && b.device.index != bound) {
+        throw InvalidArgumentError(absl::StrCat(Where(op), ": ", name, " is on ", b.device.ToString(),
+                                                " but this communicator uses cuda:", bound));
+      }
+    } else if (b.device.index != -1) {
+      throw InvalidArgumentError(absl::StrCat(Where(op), ": ", name, " is a CPU buffer with device index ",
+                                              b.device.index));
+    }
+  }
+
+  void CheckSame(const char* op, const Buffer& a, const Buffer& b) const {
+    if (a.dtype != b.dtype) {
+      throw InvalidArgumentError(absl::StrCat(Where(op), ": input is ", DTypeName(a.dtype), " but output is ",
+                                              DTypeName(b.dtype)));
+    }
+    if (a.device != b.device) {
+      throw InvalidArgumentError(absl::StrCat(Where(op), ": input is on ", a.device.ToString(), " but output is on ",
+                                              b.device.ToString()));
+    }
+  }
+
+  void CheckPeer(const char* op, int peer, const char* what) const {
+    if (peer < 0 || peer >= size_) {
+      throw InvalidArgumentError(absl::StrCat(Where(op), ": ", what, " ", peer, " is out of range [0, ", size_, ")"));
+    }
+  }
+
+  void CheckCounts(const char* op, const char* name, const std::vector<size_t>& counts) const {
+    if (counts.size() != static_cast<size_t>(size_)) {
+      throw InvalidArgumentError(absl::StrCat(Where(op), ": ", name, " has ", counts.size(),
+                                              " entries; one per rank (", size_, ") is required"));
+    }
+  }
+
+  // ---- collectives ----
+
+  // Queues a collective: the worker checks the signature across ranks, then runs `cpu` (CPU
+  // buffers, on Gloo) or `cuda` (CUDA buffers, launched on NCCL).
+  std::shared_ptr<Work> Submit(OpSpec spec, std::function<void(const GlooCall&)> cpu,
+                               std::function<std::shared_ptr<Work>(NcclTransport&, std::string)> cuda,
+                               uint64_t payload_bytes) {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) throw AbortedError(absl::StrCat(Where(OpKindName(spec.kind)), ": ", stop_reason_));
+    if (first_failure_) {
+      throw AbortedError(absl::StrCat(Where(OpKindName(spec.kind)), ": communicator unusable after an earlier failure: ",
+                                      failure_text_));
+    }
+    spec.seq = next_seq_++;
+    traffic_.collective_payload_bytes += payload_bytes;
+    const std::string description = absl::StrCat(spec.Describe(), " on rank ", rank_, " of ", size_);
+    if (!spec.device.is_cuda()) {
+      auto work = std::make_shared<CompletionWork>(description);
+      queue_.push_back([this, spec, work, cpu = std::move(cpu)] {
+        work->Complete(Run(spec, [&] {
+          cpu(GlooCall{context_, static_cast<uint32_t>(spec.seq), options_.timeout});
+        }));
+      });
+      return work;
+    }
+    auto work = std::make_shared<StagedWork>(description);
+    queue_.push_back([this, spec, work, description, cuda = std::move(cuda)] {
+      std::shared_ptr<Work> launched;
+      std::exception_ptr error = Run(spec, [&] {
+        NcclTransport& nccl = NcclFor(spec.device.index);
+        absl::MutexLock launch_lock(&nccl_mu_);
+        launched = cuda(nccl, description);
+      });
+      if (error) {
+        work->Fail(error);
+      } else {
+        work->SetLaunched(std::move(launched));
+      }
+    });
+    return work;
+  }
+
+  // Runs one queued collective; returns its error. Transport failures poison the
+  // communicator; mismatches do not (no data moved).
+  std::exception_ptr Run(const OpSpec& spec, const std::function<void()>& body) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (first_failure_) {
+        return std::make_exception_ptr(AbortedError(absl::StrCat(
+            spec.Describe(), " on rank ", rank_, ": not started: communicator unusable after an earlier failure: ",
+            failure_text_)));
+      }
+    }
+    const std::string where = absl::StrCat(spec.Describe(), " on rank ", rank_, " of ", size_);
+    try {
+      if (options_.verify_collectives) VerifyAcrossRanks(*context_, spec, options_.timeout);
+      body();
+      return nullptr;
+    } catch (const MismatchError&) {
+      return std::current_exception();
+    } catch (const InvalidArgumentError&) {
+      return std::current_exception();
+    } catch (const CommError&) {
+      Poison(std::current_exception());
+      return std::current_exception();
+    } catch (const std::exception& e) {
+      std::exception_ptr mapped;
+      try {
+        RethrowGlooError(where, e);
+      } catch (...) {
+        mapped = std::current_exception();
+      }
+      Poison(mapped);
+      return mapped;
+    }
+  }
+
+  void Poison(std::exception_ptr error) {
+    absl::MutexLock lock(&mu_);
+    if (first_failure_) return;
+    first_failure_ = error;
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      failure_text_ = e.what();
+    }
+  }
+
+  std::unique_ptr<NcclTransport> CreateNccl(int device) {
+    return NcclTransport::Create(std::make_shared<PrefixStore>("nccl", store_), rank_, size_, device,
+                                 options_.timeout);
+  }
+
+  // Worker thread only (collective order makes lazy creation collective).
+  NcclTransport& NcclFor(int device) {
+    if (!nccl_) nccl_ = CreateNccl(device);
+    return *nccl_;
+  }
+
+  void WorkerLoop() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](Impl* self) ABSL_NO_THREAD_SAFETY_ANALYSIS { return self->stopping_ || !self->queue_.empty(); },
+            this));
+        if (queue_.empty()) return;
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();
+    }
+  }
+
+  std::shared_ptr<Work> PostP2P(absl::Span<const P2POp> ops) {
+    if (ops.empty()) {
+      auto work = std::make_shared<CompletionWork>(Where("p2p (empty batch)"));
+      work->Complete(nullptr);
+      return work;
+    }
+    const bool cuda = ops[0].buffer.device.is_cuda();
+    std::string description = absl::StrCat("p2p batch of ", ops.size(), " on rank ", rank_, " of ", size_);
+    for (const P2POp& op : ops) {
+      const char* name = op.kind == P2POp::Kind::kSend ? "send" : "recv";
+      CheckBuffer(name, "buffer", op.buffer);
+      CheckPeer(name, op.peer, "peer");
+      if (op.peer == rank_) {
+        throw InvalidArgumentError(absl::StrCat(Where(name), ": peer ", op.peer, " is this rank itself"));
+      }
+      if (op.buffer.device.is_cuda() != cuda) {
+        throw InvalidArgumentError(absl::StrCat(Where(name), ": a p2p batch mixes CPU and CUDA buffers"));
+      }
+      if (ops.size() == 1) {
+        description = absl::StrCat(name, " ", op.buffer.ToString(), op.kind == P2POp::Kind::kSend ? " to" : " from",
+                                   " rank ", op.peer, " (tag ", op.tag, ") on rank ", rank_, " of ", size_);
+      }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) throw AbortedError(absl::StrCat(description, ": ", stop_reason_));
+      if (first_failure_) {
+        throw AbortedError(absl::StrCat(description, ": communicator unusable after an earlier failure: ",
+                                        failure_text_));
+      }
+    }
+    if (cuda) {
+      if (!nccl_) {
+        throw InvalidArgumentError(absl::StrCat(description,
+                                                ": point-to-point on CUDA needs CommunicatorOptions::cuda_device set "
+                                                "(the NCCL communicator must be created collectively)"));
+      }
+      absl::MutexLock launch_lock(&nccl_mu_);
+      return nccl_->P2P(ops, description);
+    }
+    return p2p_->Post(ops, description);
+  }
+
+  void Shutdown(const std::string& reason) {
+    std::deque<std::function<void()>> dropped;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      stop_reason_ = absl::StrCat("communicator shut down (", reason, ")");
+      // Operations that never started fail now; the one running finishes (bounded by its timeout).
+      dropped.swap(queue_);
+      first_failure_ = first_failure_ ? first_failure_
+                                      : std::make_exception_ptr(AbortedError(stop_reason_));
+      if (failure_text_.empty()) failure_text_ = stop_reason_;
+    }
+    for (auto& task : dropped) task();  // Run() sees first_failure_ and fails each with AbortedError
+    if (p2p_) p2p_->Shutdown(stop_reason_);
+    if (worker_.joinable()) worker_.join();
+    p2p_.reset();
+    nccl_.reset();
+    context_.reset();
+  }
+
+  TrafficCounters traffic() const {
+    absl::MutexLock lock(&mu_);
+    TrafficCounters t = traffic_;
+    if (p2p_) {
+      t.p2p_bytes_sent = p2p_->bytes_sent();
+      t.p2p_bytes_received = p2p_->bytes_received();
+    }
+    return t;
+  }
+
+  const std::shared_ptr<Store> store_;
+  const int rank_;
+  const int size_;
+  const CommunicatorOptions options_;
+
+  std::shared_ptr<gloo::Context> context_;
+  std::unique_ptr<P2PExchange> p2p_;
+  std::unique_ptr<NcclTransport> nccl_;
+  absl::Mutex nccl_mu_;  // NCCL calls on one communicator must not interleave across threads
+
+  mutable absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::string stop_reason_ ABSL_GUARDED_BY(mu_);
+  std::exception_ptr first_failure_ ABSL_GUARDED_BY(mu_);
+  std::string failure_text_ ABSL_GUARDED_BY(mu_);
+  TrafficCounters traffic_ ABSL_GUARDED_BY(mu_);
+  std::thread worker_;
+};
+
+std::unique_ptr<Communicator> Communicator::Create(std::shared_ptr<Store> store, int rank, int size,
+                                                   CommunicatorOptions options) {
+  if (size < 1) throw InvalidArgumentError(absl::StrCat("Communicator: size must be >= 1, got ", size));
+  if (rank < 0 || rank >= size) {
+    throw InvalidArgumentError(absl::StrCat("Communicator: rank ", rank, " is out of range [0, ", size, ")"));
+  }
+  if (!store) throw InvalidArgumentError("Communicator: store is null");
+  if (options.timeout.count() <= 0) {
+    throw InvalidArgumentError(absl::StrCat("Communicator: timeout must be positive, got ", options.timeout.count(),
+                                            " ms"));
+  }
+  auto impl = std::make_unique<Impl>(std::move(store), rank, size, std::move(options));
+  impl->Connect();
+  return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
+}
+
+Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Communicator::~Communicator() = default;
+
+int Communicator::rank() const { return impl_->rank_; }
+int Communicator::size() const { return impl_->size_; }
+const CommunicatorOptions& Communicator::options() const { return impl_->options_; }
+void Communicator::shutdown() { impl_->Shutdown("shutdown() called"); }
+TrafficCounters Communicator::traffic() const { return impl_->traffic(); }
+
+namespace {
+OpSpec Spec(OpKind kind, const Buffer& b, uint64_t count) {
+  OpSpec s;
+  s.kind = kind;
+  s.dtype = b.dtype;
+  s.device = b.device;
+  s.count = count;
+  return s;
+}
+}  // namespace
+
+std::shared_ptr<Work> Communicator::allreduce(Buffer data, ReduceOp op) {
+  impl_->CheckBuffer("allreduce", "data", data);
+  try {
+    CheckReduceSupported(data.dtype, op);
+  } catch (const InvalidArgumentError& e) {
+    throw InvalidArgumentError(absl::StrCat(impl_->Where("allreduce"), ": ", e.what()));
+  }
+  OpSpec spec = Spec(OpKind::kAllreduce, data, data.count);
+  spec.op = op;
+  return impl_->Submit(
+      spec, [=](const GlooCall& call) { if (data.count) GlooAllreduce(call, data, op); },
+      [=](NcclTransport& n, std::string d) { return n.Allreduce(data, op, std::move(d)); }, data.bytes());
+}
+
+std::shared_ptr<Work> Communicator::broadcast(Buffer data, int root) {
+  impl_->CheckBuffer("broadcast", "data", data);
+  impl_->CheckPeer("broadcast", root, "root");
+  OpSpec spec = Spec(OpKind::kBroadcast, data, data.count);
+  spec.root = root;
+  return impl_->Submit(
+      spec, [=](const GlooCall& call) { if (data.count && call.context->size > 1) GlooBroadcast(call, data, root); },
+      [=](NcclTransport& n, std::string d) { return n.Broadcast(data, root, std::move(d)); }, data.bytes());
+}
+
+std::shared_ptr<Work> Communicator::allgather(Buffer input, Buffer output) {
+  impl_->CheckBuffer("allgather", "input", input);
+  impl_->CheckBuffer("allgather", "output", output);
+  impl_->CheckSame("allgather", input, output);
+  if (output.count != input.count * size()) {
+    throw InvalidArgumentError(absl::StrCat(impl_->Where("allgather"), ": output has ", output.count,
+                                            " elements but size() * input.count = ", size(), " * ", input.count,
+                                            " = ", input.count * size(), " are required"));
+  }
+  return impl_->Submit(
+      Spec(OpKind::kAllgather, input, input.count),
+      [=](const GlooCall& call) { if (input.count) GlooAllgather(call, input, output); },
+      [=](NcclTransport& n, std::string d) { return n.Allgather(input, output, std::move(d)); }, input.bytes());
+}
+
+std::shared_ptr<Work> Communicator::allgatherv(Buffer input, Buffer output, std::vector<size_t> counts) {
+  impl_->CheckBuffer("allgatherv", "input", input);
+  impl_->CheckBuffer("allgatherv", "output", output);
+  impl_->CheckSame("allgatherv", input, output);
+  impl_->CheckCounts("allgatherv", "counts", counts);
+  if (input.count != counts[rank()]) {
+    throw InvalidArgumentError(absl::StrCat(impl_->Where("allgatherv"), ": input has ", input.count,
+                                            " elements but counts[", rank(), "] = ", counts[rank()]));
+  }
+  const size_t total = Sum(counts);
+  if (output.count != total) {
+    throw InvalidArgumentError(absl::StrCat(impl_->Where("allgatherv"), ": output has ", output.count,
+                                            " elements but the counts add up to ", total));
+  }
+  OpSpec spec = Spec(OpKind::kAllgatherv, input, total);
+  spec.layout_hash = HashCounts(counts);
+  return impl_->Submit(
+      spec, [=](const GlooCall& call) { if (total) GlooAllgatherv(call, input, output, counts); },
+      [=](NcclTransport& n, std::string d) { return n.Allgatherv(input, output, counts, std::move(d)); },
+      input.bytes());
+}
+
+std::shared_ptr<Work> Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op) {
+  impl_->CheckBuffer("reduce_scatter", "input", input);
+  impl_->CheckBuffer("reduce_scatter", "output", output);
+  impl_->CheckSame("reduce_scatter", input, output);
+  try {
+    CheckReduceSupported(input.dtype, op);
+  } catch (const InvalidArgumentError& e) {
+    throw InvalidArgumentError(absl::StrCat(impl_->Where("reduce_scatter"), ": ", e.what()));
+  }
+  if (input.count != output.count * size()) {
+    throw InvalidArgumentError(absl::StrCat(impl_->Where("reduce_scatter"), ": input has ", input.count,
+                                            " elements but size() * output.count = ", size(), " * ", output.count,
+                                            " = ", output.count * size(), " are required"));
+  }
+  OpSpec spec = Spec(OpKind::kReduceScatter, input, output.count);
+  spec.op = op;
+  return impl_->Submit(
+      spec, [=](const GlooCall& call) { if (output.count) RingReduceScatter(call, input, output, op); },
+      [=](NcclTransport& n, std::string d) { return n.ReduceScatter(input, output, op, std::move(d)); },
+      input.bytes());
+}
+
+std::shared_ptr<Work> Communicator::alltoall(Buffer input, Buffer output) {
+  impl_->CheckBuffer("alltoall", "input", input);
+  impl_->CheckBuffer("alltoall", "output", output);
+  impl_->CheckSame("alltoall", input, output);
+  if (input.count != output.count || input.count % size() != 0) {
+    throw InvalidArgumentError(absl::StrCat(impl_->Where("alltoall"), ": input (", input.count, ") and output (",
+                                            output.count, ") must have the same element count, a multiple of size() = ",
+                                            size()));
+  }
+  const size_t chunk = input.count / size();
+  std::vector<size_t> counts(size(), chunk);
+  return impl_->Submit(
+      Spec(OpKind::kAlltoall, input, input.count),
+      [=](const GlooCall& call) { if (input.count) GlooAlltoall(call, input, output); },
+      [=](NcclTransport& n, std::string d) { return n.Alltoallv(input, counts, output, counts, std::move(d)); },
+      input.bytes());
+}
+
+std::shared_ptr<Work> Communicator::alltoallv(Buffer input, std::vector<size_t> send_counts, Buffer output,
+                                              std::vector<size_t> recv_counts) {
+  impl_->CheckBuffer("alltoallv", "input", input);
+  impl_->CheckBuffer("alltoallv", "output", output);
+  impl_->CheckSame("alltoallv", input, output);
+  impl_->CheckCounts("alltoallv", "send_counts", send_counts);
+  impl_->CheckCounts("alltoallv", "recv_counts", recv_counts);
+  if (Sum(send_counts) != input.count || Sum(recv_counts) != output.count) {
+    throw InvalidArgumentError(absl::StrCat(impl_->Where("alltoallv"), ": send_counts add up to ", Sum(send_counts),
+                                            " (input has ", input.count, "), recv_counts add up to ", Sum(recv_counts),
+                                            " (output has ", output.count, ")"));
+  }
+  OpSpec spec = Spec(OpKind::kAlltoallv, input, 0);
+  spec.send_counts = send_counts;
+  spec.recv_counts = recv_counts;
+  return impl_->Submit(
+      spec,
+      [=](const GlooCall& call) {
+        if (call.context->size == 1) {
+          if (input.count) std::memcpy(output.data, input.data, input.bytes());
+        } else {
+          GlooAlltoallv(call, input, send_counts, output, recv_counts);
+        }
+      },
+      [=](NcclTransport& n, std::string d) {
+        return n.Alltoallv(input, send_counts, output, recv_counts, std::move(d));
+      },
+      input.bytes());
+}
+
+std::shared_ptr<Work> Communicator::barrier() {
+  OpSpec spec;
+  spec.kind = OpKind::kBarrier;
+  return impl_->Submit(
+      spec, [](const GlooCall& call) { GlooBarrier(call); },
+      [](NcclTransport& n, std::string d) { return n.Barrier(std::move(d)); }, 0);
+}
+
+std::shared_ptr<Work> Communicator::send(Buffer data, int peer, uint32_t tag) {
+  P2POp op = P2POp::Send(data, peer, tag);
+  return impl_->PostP2P(absl::MakeConstSpan(&op, 1));
+}
+
+std::shared_ptr<Work> Communicator::recv(Buffer data, int peer, uint32_t tag) {
+  P2POp op = P2POp::Recv(data, peer, tag);
+  return impl_->PostP2P(absl::MakeConstSpan(&op, 1));
+}
+
+std::shared_ptr<Work> Communicator::p2p(absl::Span<const P2POp> ops) { return impl_->PostP2P(ops); }
+
+}  // namespace gossipcc

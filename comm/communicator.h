@@ -1,0 +1,122 @@
+// Communicator: one rank's handle on a group of ranks.
+//
+// Every collective is asynchronous: it validates its arguments on the calling thread
+// (InvalidArgumentError, synchronously), then returns a Work. Collectives run in the order
+// they were issued, which must be the same on every rank. CPU buffers travel over Gloo's TCP
+// transport, CUDA buffers over NCCL. Before any payload moves, ranks compare what each was
+// asked to do (kind, dtype, element counts, op, root, device); a disagreement fails the Work
+// with a MismatchError on every rank, naming each rank's value, and leaves the communicator
+// usable. A timeout or a failed peer fails the Work and leaves the communicator unusable
+// (later calls raise AbortedError quoting the first failure), as NCCL does after an abort.
+//
+// Point-to-point operations (send, recv, p2p batches) are posted at once and progress in the
+// background, independently of collectives, so a gossip round of sends and receives to
+// different peers cannot deadlock. A receive checks that the sender's element count and
+// dtype equal its own before data lands in the buffer.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "comm/store.h"
+#include "comm/types.h"
+#include "comm/work.h"
+
+namespace gossipcc {
+
+struct CommunicatorOptions {
+  // Deadline of every operation, rendezvous included.
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  // Address this rank listens on (Gloo TCP). Empty: this host's name.
+  std::string hostname = "127.0.0.1";
+  // Network interface to listen on instead of `hostname` (e.g. "eth0"); empty: unused.
+  std::string interface;
+  // Compare each collective's signature across ranks before moving data. Costs one
+  // exchange of a 64-byte message with every peer per collective; turning it off trusts the
+  // caller (a mismatch may then corrupt memory or abort the process, as in raw Gloo).
+  bool verify_collectives = true;
+  // CUDA device this rank uses for CUDA buffers, or -1 to infer it from the first CUDA buffer.
+  // Point-to-point on CUDA needs it set (NCCL's communicator is created collectively).
+  int cuda_device = -1;
+};
+
+// One operation of a grouped point-to-point batch.
+struct P2POp {
+  enum class Kind : uint8_t { kSend, kRecv };
+  Kind kind;
+  Buffer buffer;
+  int peer;
+  uint32_t tag = 0;
+
+  static P2POp Send(Buffer b, int peer, uint32_t tag = 0) { return {Kind::kSend, b, peer, tag}; }
+  static P2POp Recv(Buffer b, int peer, uint32_t tag = 0) { return {Kind::kRecv, b, peer, tag}; }
+};
+
+// Bytes this rank put on the wire since creation, by operation family (for benchmarks
+// and for checking that an algorithm sends what its formula says).
+struct TrafficCounters {
+  uint64_t collective_payload_bytes = 0;  // payload handed to collectives (not wire bytes)
+  uint64_t p2p_bytes_sent = 0;            // payload bytes of completed sends
+  uint64_t p2p_bytes_received = 0;
+};
+
+class Communicator {
+ public:
+  // Rendezvous with the other `size - 1` ranks through `store` and connect a full mesh.
+  // Throws TimeoutError if they do not all arrive within options.timeout.
+  static std::unique_ptr<Communicator> Create(std::shared_ptr<Store> store, int rank, int size,
+                                              CommunicatorOptions options = {});
+  ~Communicator();
+
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int size() const;
+  const CommunicatorOptions& options() const;
+
+  // In place: data <- reduce(data of every rank). float16/bfloat16 are reduced in float32
+  // and rounded once. kAvg needs a floating dtype.
+  std::shared_ptr<Work> allreduce(Buffer data, ReduceOp op = ReduceOp::kSum);
+  // In place: data <- data of `root`.
+  std::shared_ptr<Work> broadcast(Buffer data, int root);
+  // output (size() * input.count elements) <- concatenation of every rank's input.
+  std::shared_ptr<Work> allgather(Buffer input, Buffer output);
+  // output <- concatenation of every rank's input; rank r contributes counts[r] elements
+  // (input.count == counts[rank()]; output.count == sum(counts)). Every rank passes the same counts.
+  std::shared_ptr<Work> allgatherv(Buffer input, Buffer output, std::vector<size_t> counts);
+  // input has size() * output.count elements; rank r gets reduce over ranks of chunk r.
+  std::shared_ptr<Work> reduce_scatter(Buffer input, Buffer output, ReduceOp op = ReduceOp::kSum);
+  // input and output have size() equal chunks; chunk j of the input goes to rank j, and
+  // chunk i of the output comes from rank i.
+  std::shared_ptr<Work> alltoall(Buffer input, Buffer output);
+  // As alltoall with per-peer element counts: send_counts[j] to rank j, recv_counts[i] from
+  // rank i (which must equal rank i's send_counts[rank()]).
+  std::shared_ptr<Work> alltoallv(Buffer input, std::vector<size_t> send_counts, Buffer output,
+                                  std::vector<size_t> recv_counts);
+  std::shared_ptr<Work> barrier();
+
+  // Point to point. Messages between one pair with one tag are matched in posting order.
+  std::shared_ptr<Work> send(Buffer data, int peer, uint32_t tag = 0);
+  std::shared_ptr<Work> recv(Buffer data, int peer, uint32_t tag = 0);
+  // Posts every operation at once; the Work completes when all have.
+  std::shared_ptr<Work> p2p(absl::Span<const P2POp> ops);
+
+  // Refuses new operations and fails pending ones with AbortedError. Idempotent; the
+  // destructor calls it.
+  void shutdown();
+
+  TrafficCounters traffic() const;
+
+  class Impl;
+
+ private:
+  explicit Communicator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gossipcc

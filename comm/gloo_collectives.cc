@@ -1,0 +1,122 @@
+#include "comm/gloo_collectives.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/context.h>
+
+#include <cstring>
+#include <memory>
+
+#include "comm/reduce.h"
+#include "comm/ring_reduce_scatter.h"
+
+namespace gossipcc {
+namespace {
+
+// Gloo's allreduce is typed only by element size; the reduction is our kernel. Works on
+// the caller's memory in place: no staging copy.
+template <typename Word>
+void AllreduceWords(const GlooCall& call, void* data, size_t count, ReduceFn fn) {
+  gloo::AllreduceOptions opts(call.context);
+  opts.setOutput(static_cast<Word*>(data), count);
+  opts.setReduceFunction([fn](void* c, const void* a, const void* b, size_t n) { fn(c, a, b, n); });
+  opts.setTag(call.tag);
+  opts.setTimeout(call.timeout);
+  gloo::allreduce(opts);
+}
+
+void AllreduceRaw(const GlooCall& call, void* data, size_t count, DType dtype, ReduceFn fn) {
+  switch (ElementSize(dtype)) {
+    case 1: AllreduceWords<uint8_t>(call, data, count, fn); break;
+    case 2: AllreduceWords<uint16_t>(call, data, count, fn); break;
+    case 4: AllreduceWords<uint32_t>(call, data, count, fn); break;
+    case 8: AllreduceWords<uint64_t>(call, data, count, fn); break;
+  }
+}
+
+uint8_t* Bytes(const Buffer& b) { return static_cast<uint8_t*>(b.data); }
+
+}  // namespace
+
+void GlooAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
+  const int n = call.context->size;
+  if (IsHalfPrecision(data.dtype)) {
+    // Accumulate wide: reduce in float32, round once. Costs a widen and a narrow pass and
+    // twice the wire bytes, in exchange for sums that neither overflow nor drift.
+    std::vector<float> wide(data.count);
+    WidenToFloat(data.data, data.dtype, wide.data(), data.count);
+    AllreduceRaw(call, wide.data(), data.count, DType::kFloat32, GetReduceFn(DType::kFloat32, op));
+    const float scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(n) : 1.0f;
+    NarrowFromFloat(wide.data(), scale, data.dtype, data.data, data.count);
+    return;
+  }
+  AllreduceRaw(call, data.data, data.count, data.dtype, GetReduceFn(data.dtype, op));
+  if (op == ReduceOp::kAvg) ScaleInPlace(data.data, data.count, data.dtype, 1.0 / static_cast<double>(n));
+}
+
+void GlooBroadcast(const GlooCall& call, Buffer data, int root) {
+  gloo::BroadcastOptions opts(call.context);
+  opts.setOutput(Bytes(data), data.bytes());
+  opts.setRoot(root);
+  opts.setTag(call.tag);
+  opts.setTimeout(call.timeout);
+  gloo::broadcast(opts);
+}
+
+void GlooAllgather(const GlooCall& call, Buffer input, Buffer output) {
+  gloo::AllgatherOptions opts(call.context);
+  // In place when the input already sits at this rank's slot of the output.
+  if (Bytes(input) != Bytes(output) + call.context->rank * input.bytes()) opts.setInput(Bytes(input), input.bytes());
+  opts.setOutput(Bytes(output), output.bytes());
+  opts.setTag(call.tag);
+  opts.setTimeout(call.timeout);
+  gloo::allgather(opts);
+}
+
+void GlooAllgatherv(const GlooCall& call, Buffer input, Buffer output, const std::vector<size_t>& counts) {
+  std::vector<size_t> bytes(counts.size());
+  for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * ElementSize(output.dtype);
+  gloo::AllgathervOptions opts(call.context);
+  opts.setInput(Bytes(input), input.bytes());
+  opts.setOutput(Bytes(output), bytes);
+  opts.setTag(call.tag);
+  opts.setTimeout(call.timeout);
+  gloo::allgatherv(opts);
+}
+
+void GlooAlltoall(const GlooCall& call, Buffer input, Buffer output) {
+  gloo::AlltoallOptions opts(call.context);
+  opts.setInput(Bytes(input), input.bytes());
+  opts.setOutput(Bytes(output), output.bytes());
+  opts.setTag(call.tag);
+  opts.setTimeout(call.timeout);
+  gloo::alltoall(opts);
+}
+
+void GlooAlltoallv(const GlooCall& call, Buffer input, const std::vector<size_t>& send_counts, Buffer output,
+                   const std::vector<size_t>& recv_counts) {
+  const size_t es = ElementSize(input.dtype);
+  std::vector<int64_t> in_bytes(send_counts.size()), out_bytes(recv_counts.size());
+  for (size_t i = 0; i < send_counts.size(); ++i) in_bytes[i] = static_cast<int64_t>(send_counts[i] * es);
+  for (size_t i = 0; i < recv_counts.size(); ++i) out_bytes[i] = static_cast<int64_t>(recv_counts[i] * es);
+  gloo::AlltoallvOptions opts(call.context);
+  opts.setInput(Bytes(input), in_bytes);
+  opts.setOutput(Bytes(output), out_bytes);
+  opts.setTag(call.tag);
+  opts.setTimeout(call.timeout);
+  gloo::alltoallv(opts);
+}
+
+void GlooBarrier(const GlooCall& call) {
+  gloo::BarrierOptions opts(call.context);
+  opts.setTag(call.tag);
+  opts.setTimeout(call.timeout);
+  gloo::barrier(opts);
+}
+
+}  // namespace gossipcc

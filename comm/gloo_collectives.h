@@ -1,0 +1,34 @@
+// CPU collectives on a connected Gloo context. Arguments were validated by the
+// Communicator and agreed across ranks (consistency_check.h); these run the data path.
+// Gloo exceptions escape as they are; the caller maps them (RethrowGlooError).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/types.h"
+
+namespace gloo {
+class Context;
+}  // namespace gloo
+
+namespace gossipcc {
+
+struct GlooCall {
+  std::shared_ptr<gloo::Context> context;
+  uint32_t tag;
+  std::chrono::milliseconds timeout;
+};
+
+void GlooAllreduce(const GlooCall& call, Buffer data, ReduceOp op);
+void GlooBroadcast(const GlooCall& call, Buffer data, int root);
+void GlooAllgather(const GlooCall& call, Buffer input, Buffer output);
+void GlooAllgatherv(const GlooCall& call, Buffer input, Buffer output, const std::vector<size_t>& counts);
+void GlooAlltoall(const GlooCall& call, Buffer input, Buffer output);
+void GlooAlltoallv(const GlooCall& call, Buffer input, const std::vector<size_t>& send_counts, Buffer output,
+                   const std::vector<size_t>& recv_counts);
+void GlooBarrier(const GlooCall& call);
+
+}  // namespace gossipcc

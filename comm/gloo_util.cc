@@ -1,0 +1,77 @@
+#include "comm/gloo_util.h"
+
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "comm/errors.h"
+
+namespace gossipcc {
+namespace {
+
+// Presents a gossipcc Store to Gloo's rendezvous (connectFullMesh).
+class StoreToGloo : public gloo::rendezvous::Store {
+ public:
+  StoreToGloo(std::shared_ptr<gossipcc::Store> store, std::chrono::milliseconds timeout)
+      : store_(std::move(store)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override { store_->set(key, data); }
+  std::vector<char> get(const std::string& key) override { return store_->get(key, timeout_); }
+  void wait(const std::vector<std::string>& keys) override { store_->wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    store_->wait(keys, timeout);
+  }
+
+ private:
+  std::shared_ptr<gossipcc::Store> store_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+void RethrowGlooError(const std::string& context, const std::exception& e) {
+  const std::string what = e.what();
+  if (absl::StrContains(what, "Timed out") || absl::StrContains(what, "timeout") ||
+      absl::StrContains(what, "Timeout")) {
+    throw TimeoutError(absl::StrCat(context, ": timed out: ", what));
+  }
+  if (dynamic_cast<const CommError*>(&e) != nullptr) {
+    throw CommError(absl::StrCat(context, ": ", what));
+  }
+  throw PeerError(absl::StrCat(context, ": transport error: ", what));
+}
+
+std::shared_ptr<gloo::Context> ConnectGlooMesh(std::shared_ptr<Store> store, int rank, int size,
+                                               const GlooMeshOptions& options) {
+  gloo::transport::tcp::attr attr;
+  if (!options.interface.empty()) {
+    attr.iface = options.interface;
+  } else {
+    attr.hostname = options.hostname;
+  }
+  std::shared_ptr<gloo::transport::Device> device;
+  try {
+    device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw InvalidArgumentError(absl::StrCat("rank ", rank, ": cannot listen on ",
+                                            options.interface.empty() ? "host " + options.hostname
+                                                                      : "interface " + options.interface,
+                                            ": ", e.what()));
+  }
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  context->setTimeout(options.timeout);
+  StoreToGloo gloo_store(std::move(store), options.timeout);
+  try {
+    context->connectFullMesh(gloo_store, device);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(absl::StrCat("rank ", rank, " of ", size, ": rendezvous did not complete within ",
+                                    options.timeout.count(), " ms (did every rank start?): ", e.what()));
+  } catch (const std::exception& e) {
+    RethrowGlooError(absl::StrCat("rank ", rank, " of ", size, ": connecting the mesh"), e);
+  }
+  return context;
+}
+
+}  // namespace gossipcc

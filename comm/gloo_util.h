@@ -1,0 +1,42 @@
+// Internal helpers shared by the Gloo-backed pieces of the comm layer.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "comm/store.h"
+
+namespace gloo {
+class Context;
+}  // namespace gloo
+
+namespace gossipcc {
+
+// Slot prefixes for the messages gossipcc posts itself. Gloo's own algorithms use
+// prefixes 0x01..0x08 (gloo/types.h); ours start at 0x40 so they can never collide.
+inline constexpr uint8_t kFingerprintSlotPrefix = 0x40;
+inline constexpr uint8_t kP2PHeaderSlotPrefix = 0x41;
+inline constexpr uint8_t kP2PDataSlotPrefix = 0x42;
+inline constexpr uint8_t kReduceScatterSlotPrefix = 0x43;
+inline constexpr uint8_t kVerdictSlotPrefix = 0x44;
+
+inline uint64_t MakeSlot(uint8_t prefix, uint32_t tag) {
+  return (static_cast<uint64_t>(prefix) << 56) | tag;
+}
+
+// Rethrows a Gloo exception as TimeoutError or PeerError, prefixed with `context`.
+[[noreturn]] void RethrowGlooError(const std::string& context, const std::exception& e);
+
+struct GlooMeshOptions {
+  std::string hostname;
+  std::string interface;
+  std::chrono::milliseconds timeout;
+};
+
+// Creates a TCP device and connects every pair of ranks through `store`.
+std::shared_ptr<gloo::Context> ConnectGlooMesh(std::shared_ptr<Store> store, int rank, int size,
+                                               const GlooMeshOptions& options);
+
+}  // namespace gossipcc

@@ -1,0 +1,68 @@
+// Point-to-point messages over Gloo with size and dtype checking.
+//
+// Each message is a 32-byte header (element count, dtype, tag) followed by the payload on
+// a second slot. Sends post both at once. A receive waits for the header, checks it against
+// its own buffer, and only then posts the payload receive with the exact size, so a longer
+// message can never overrun the buffer (raw Gloo aborts the process) and a shorter one
+// cannot pass for a full one (raw Gloo reports success). On a mismatch the payload is
+// drained into scratch memory and the receive fails with a MismatchError naming both sides.
+//
+// Batches are posted on the caller's thread and completed in order by one progress thread.
+// Because every send is posted immediately, a batch only ever waits for peers' sends,
+// which never wait for us: a gossip round cannot deadlock.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "comm/communicator.h"
+#include "comm/work.h"
+
+namespace gloo {
+class Context;
+}  // namespace gloo
+
+namespace gossipcc {
+
+class P2PExchange {
+ public:
+  // `on_failure` is told about transport failures (not mismatches), which leave the
+  // p2p message stream out of step.
+  P2PExchange(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout,
+              std::function<void(std::exception_ptr)> on_failure);
+  ~P2PExchange();
+
+  // Ops were validated by the caller (CPU buffers, peers in range and not self).
+  std::shared_ptr<Work> Post(absl::Span<const P2POp> ops, std::string description);
+  void Shutdown(const std::string& reason);
+
+  uint64_t bytes_sent() const;
+  uint64_t bytes_received() const;
+
+ private:
+  struct Message;
+  struct Batch;
+  void ProgressLoop();
+  void Complete(Batch& batch);
+
+  std::shared_ptr<gloo::Context> context_;
+  const std::chrono::milliseconds timeout_;
+  std::function<void(std::exception_ptr)> on_failure_;
+
+  mutable absl::Mutex mu_;
+  std::deque<std::unique_ptr<Batch>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::string stop_reason_ ABSL_GUARDED_BY(mu_);
+  uint64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread progress_;
+};
+
+}  // namespace gossipcc

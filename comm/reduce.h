@@ -1,0 +1,37 @@
+// Element-wise reduction kernels for CPU buffers, and float16/bfloat16 conversions.
+//
+// float16 and bfloat16 are never reduced in their own precision: collectives widen them
+// to float32, reduce, and round once at the end (see Communicator::allreduce).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "comm/types.h"
+
+namespace gossipcc {
+
+// out[i] = op(a[i], b[i]); out may alias a or b. kAvg reduces as a sum (the caller divides).
+using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t count);
+
+// Kernel for a non-half dtype. Throws InvalidArgumentError for half dtypes (widen first) and
+// for kAvg on integer dtypes (integer division would silently truncate).
+ReduceFn GetReduceFn(DType dtype, ReduceOp op);
+
+// Throws InvalidArgumentError naming the combination when `op` cannot apply to `dtype`.
+void CheckReduceSupported(DType dtype, ReduceOp op);
+
+// data[i] *= factor, for float32/float64.
+void ScaleInPlace(void* data, size_t count, DType dtype, double factor);
+
+float HalfToFloat(uint16_t bits);
+uint16_t FloatToHalf(float value);  // round to nearest even; overflow -> inf; NaN preserved
+float BFloat16ToFloat(uint16_t bits);
+uint16_t FloatToBFloat16(float value);  // round to nearest even; NaN preserved
+
+// Widen `count` float16/bfloat16 elements to float32.
+void WidenToFloat(const void* src, DType dtype, float* dst, size_t count);
+// Round `count` float32 elements (times `scale`) to float16/bfloat16.
+void NarrowFromFloat(const float* src, float scale, DType dtype, void* dst, size_t count);
+
+}  // namespace gossipcc

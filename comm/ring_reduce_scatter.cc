@@ -1,0 +1,78 @@
+#include "comm/ring_reduce_scatter.h"
+
+#include <gloo/context.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <cstring>
+#include <vector>
+
+#include "comm/gloo_util.h"
+#include "comm/reduce.h"
+
+namespace gossipcc {
+namespace {
+
+// The ring on elements of `dtype` (never half: those are widened first). Result lands in `out`.
+void Ring(const GlooCall& call, const void* input, void* out, size_t chunk, DType dtype, ReduceOp op) {
+  gloo::Context& ctx = *call.context;
+  const int n = ctx.size;
+  const int r = ctx.rank;
+  const size_t bytes = chunk * ElementSize(dtype);
+  const auto* in = static_cast<const uint8_t*>(input);
+  if (n == 1) {
+    std::memcpy(out, in, bytes);
+    return;
+  }
+  const ReduceFn reduce = GetReduceFn(dtype, op);
+  const int right = (r + 1) % n;
+  const int left = (r - 1 + n) % n;
+  const uint64_t slot = MakeSlot(kReduceScatterSlotPrefix, call.tag);
+  auto mod = [n](int i) { return ((i % n) + n) % n; };
+
+  // recv: incoming partial; acc[2]: alternating outgoing partials (a buffer is overwritten
+  // only after the send from it completed).
+  std::vector<uint8_t> recv(bytes), acc0(bytes), acc1(bytes);
+  auto input_ub = ctx.createUnboundBuffer(const_cast<uint8_t*>(in), bytes * n);
+  auto recv_ub = ctx.createUnboundBuffer(recv.data(), bytes);
+  auto acc0_ub = ctx.createUnboundBuffer(acc0.data(), bytes);
+  auto acc1_ub = ctx.createUnboundBuffer(acc1.data(), bytes);
+  uint8_t* acc[2] = {acc0.data(), acc1.data()};
+  gloo::transport::UnboundBuffer* acc_ub[2] = {acc0_ub.get(), acc1_ub.get()};
+
+  for (int step = 0; step < n - 1; ++step) {
+    recv_ub->recv(left, slot);
+    if (step == 0) {
+      input_ub->send(right, slot, static_cast<size_t>(mod(r - 1)) * bytes, bytes);
+    } else {
+      acc_ub[(step - 1) % 2]->send(right, slot);
+    }
+    recv_ub->waitRecv(call.timeout);
+    const int chunk_index = mod(r - step - 2);
+    void* dst = step == n - 2 ? out : acc[step % 2];
+    reduce(dst, recv.data(), in + static_cast<size_t>(chunk_index) * bytes, chunk);
+    if (step == 0) {
+      input_ub->waitSend(call.timeout);
+    } else {
+      acc_ub[(step - 1) % 2]->waitSend(call.timeout);
+    }
+  }
+}
+
+}  // namespace
+
+void RingReduceScatter(const GlooCall& call, Buffer input, Buffer output, ReduceOp op) {
+  const int n = call.context->size;
+  const size_t chunk = output.count;
+  if (IsHalfPrecision(input.dtype)) {
+    std::vector<float> wide(input.count), out(chunk);
+    WidenToFloat(input.data, input.dtype, wide.data(), input.count);
+    Ring(call, wide.data(), out.data(), chunk, DType::kFloat32, op);
+    const float scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(n) : 1.0f;
+    NarrowFromFloat(out.data(), scale, output.dtype, output.data, chunk);
+    return;
+  }
+  Ring(call, input.data, output.data, chunk, input.dtype, op);
+  if (op == ReduceOp::kAvg) ScaleInPlace(output.data, chunk, output.dtype, 1.0 / static_cast<double>(n));
+}
+
+}  // namespace gossipcc
