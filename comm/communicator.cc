@@ -119,6 +119,12 @@ class Communicator::Impl {
       if (b.device.index < 0) {
         throw InvalidArgumentError(absl::StrCat(Where(op), ": ", name, " is on CUDA without a device ordinal"));
       }
+      const int visible = NcclTransport::DeviceCount();
+      if (b.device.index >= visible) {
+        throw InvalidArgumentError(absl::StrCat(Where(op), ": ", name, " is on ", b.device.ToString(), " but ",
+                                                visible, " CUDA device(s) are visible",
+                                                visible == 0 ? " (no GPU, no driver, or built without CUDA)" : ""));
+      }
       const int bound = options_.cuda_device >= 0 ? options_.cuda_device : (nccl_ ? nccl_->device() : -1);
       if (bound >= 0 && b.device.index != bound) {
         throw InvalidArgumentError(absl::StrCat(Where(op), ": ", name, " is on ", b.device.ToString(),

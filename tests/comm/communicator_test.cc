@@ -1,0 +1,277 @@
+// Every collective of Communicator against a locally computed reference: n = 1..8 ranks,
+// as threads and as processes, every dtype, sizes 0, 1, odd and larger; 64 MB separately.
+#include "comm/communicator.h"
+
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/comm/harness.h"
+#include "tests/comm/typed_array.h"
+
+namespace gossipcc {
+namespace testing {
+namespace {
+
+const std::vector<size_t> kSizes = {0, 1, 7, 1001};
+const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax,
+                                    ReduceOp::kProduct};
+
+// Small integers, so every sum is exact in every dtype (|sum| <= 40 fits int8).
+double InputValue(int rank, size_t i, DType dtype, ReduceOp op) {
+  if (op == ReduceOp::kProduct) {
+    if (dtype == DType::kUInt8) return (rank + i) % 5 == 0 ? 2 : 1;
+    return (rank + i) % 3 == 0 ? -1 : 1;
+  }
+  const double v = static_cast<double>((rank * 7 + i * 3) % 11);
+  return dtype == DType::kUInt8 ? v : v - 5;
+}
+
+double Reference(int n, size_t i, DType dtype, ReduceOp op) {
+  double acc = InputValue(0, i, dtype, op);
+  for (int r = 1; r < n; ++r) {
+    const double v = InputValue(r, i, dtype, op);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg: acc += v; break;
+      case ReduceOp::kProduct: acc *= v; break;
+      case ReduceOp::kMin: acc = std::min(acc, v); break;
+      case ReduceOp::kMax: acc = std::max(acc, v); break;
+    }
+  }
+  return op == ReduceOp::kAvg ? acc / n : acc;
+}
+
+void Fill(TypedArray& a, int rank, ReduceOp op, size_t offset = 0) {
+  for (size_t i = 0; i < a.size(); ++i) a.set(i, InputValue(rank, i + offset, a.dtype(), op));
+}
+
+using Param = std::tuple<LaunchMode, int>;
+
+class CollectivesTest : public ::testing::TestWithParam<Param> {
+ protected:
+  LaunchMode mode() const { return std::get<0>(GetParam()); }
+  int n() const { return std::get<1>(GetParam()); }
+};
+
+TEST_P(CollectivesTest, AllreduceEveryDtypeOpAndSize) {
+  RunRanks(n(), mode(), [](Communicator& comm) {
+    const int n = comm.size();
+    for (DType dtype : AllDTypes()) {
+      for (ReduceOp op : kOps) {
+        if (op == ReduceOp::kAvg && !IsFloatingPoint(dtype)) continue;  // rejected: see errors test
+        for (size_t count : kSizes) {
+          TypedArray a(dtype, count);
+          Fill(a, comm.rank(), op);
+          comm.allreduce(a.buffer(), op)->wait();
+          for (size_t i = 0; i < count; ++i) {
+            const double want = Reference(n, i, dtype, op);
+            ASSERT_NEAR(a.get(i), want, Tolerance(dtype, want))
+                << DTypeName(dtype) << " " << ReduceOpName(op) << " count " << count << " index " << i;
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST_P(CollectivesTest, BroadcastFromEveryRoot) {
+  RunRanks(n(), mode(), [](Communicator& comm) {
+    for (DType dtype : AllDTypes()) {
+      for (int root = 0; root < comm.size(); ++root) {
+        for (size_t count : kSizes) {
+          TypedArray a(dtype, count);
+          Fill(a, comm.rank(), ReduceOp::kSum);
+          comm.broadcast(a.buffer(), root)->wait();
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(a.get(i), InputValue(root, i, dtype, ReduceOp::kSum)) << DTypeName(dtype) << " root " << root;
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST_P(CollectivesTest, AllgatherAndAllgatherv) {
+  RunRanks(n(), mode(), [](Communicator& comm) {
+    const int n = comm.size();
+    for (DType dtype : AllDTypes()) {
+      for (size_t count : kSizes) {
+        TypedArray in(dtype, count), out(dtype, count * n);
+        Fill(in, comm.rank(), ReduceOp::kSum);
+        comm.allgather(in.buffer(), out.buffer())->wait();
+        for (int r = 0; r < n; ++r)
+          for (size_t i = 0; i < count; ++i)
+            ASSERT_EQ(out.get(r * count + i), InputValue(r, i, dtype, ReduceOp::kSum)) << DTypeName(dtype);
+      }
+      // Varying sizes, including a rank that contributes nothing.
+      std::vector<size_t> counts(n);
+      for (int r = 0; r < n; ++r) counts[r] = (r * 5 + 3) % 7;
+      const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+      TypedArray in(dtype, counts[comm.rank()]), out(dtype, total);
+      Fill(in, comm.rank(), ReduceOp::kSum);
+      comm.allgatherv(in.buffer(), out.buffer(), counts)->wait();
+      size_t offset = 0;
+      for (int r = 0; r < n; ++r) {
+        for (size_t i = 0; i < counts[r]; ++i)
+          ASSERT_EQ(out.get(offset + i), InputValue(r, i, dtype, ReduceOp::kSum)) << DTypeName(dtype) << " rank " << r;
+        offset += counts[r];
+      }
+    }
+  });
+}
+
+TEST_P(CollectivesTest, ReduceScatter) {
+  RunRanks(n(), mode(), [](Communicator& comm) {
+    const int n = comm.size();
+    for (DType dtype : AllDTypes()) {
+      for (ReduceOp op : kOps) {
+        if (op == ReduceOp::kAvg && !IsFloatingPoint(dtype)) continue;
+        for (size_t chunk : kSizes) {
+          TypedArray in(dtype, chunk * n), out(dtype, chunk);
+          Fill(in, comm.rank(), op);
+          comm.reduce_scatter(in.buffer(), out.buffer(), op)->wait();
+          for (size_t i = 0; i < chunk; ++i) {
+            const double want = Reference(n, comm.rank() * chunk + i, dtype, op);
+            ASSERT_NEAR(out.get(i), want, Tolerance(dtype, want))
+                << DTypeName(dtype) << " " << ReduceOpName(op) << " chunk " << chunk << " index " << i;
+          }
+        }
+      }
+    }
+  });
+}
+
+// Element i of the chunk rank `from` sends to rank `to`.
+double A2AValue(int from, int to, size_t i) { return static_cast<double>((from * 13 + to * 5 + i) % 23); }
+
+TEST_P(CollectivesTest, AlltoallAndAlltoallv) {
+  RunRanks(n(), mode(), [](Communicator& comm) {
+    const int n = comm.size();
+    const int me = comm.rank();
+    for (DType dtype : AllDTypes()) {
+      for (size_t chunk : kSizes) {
+        TypedArray in(dtype, chunk * n), out(dtype, chunk * n);
+        for (int to = 0; to < n; ++to)
+          for (size_t i = 0; i < chunk; ++i) in.set(to * chunk + i, A2AValue(me, to, i));
+        comm.alltoall(in.buffer(), out.buffer())->wait();
+        for (int from = 0; from < n; ++from)
+          for (size_t i = 0; i < chunk; ++i) ASSERT_EQ(out.get(from * chunk + i), A2AValue(from, me, i));
+      }
+      // Rank f sends (f + t) % 4 elements to rank t.
+      std::vector<size_t> send(n), recv(n);
+      for (int t = 0; t < n; ++t) send[t] = (me + t) % 4;
+      for (int f = 0; f < n; ++f) recv[f] = (f + me) % 4;
+      TypedArray in(dtype, std::accumulate(send.begin(), send.end(), size_t{0}));
+      TypedArray out(dtype, std::accumulate(recv.begin(), recv.end(), size_t{0}));
+      size_t off = 0;
+      for (int t = 0; t < n; ++t)
+        for (size_t i = 0; i < send[t]; ++i) in.set(off++, A2AValue(me, t, i));
+      comm.alltoallv(in.buffer(), send, out.buffer(), recv)->wait();
+      off = 0;
+      for (int f = 0; f < n; ++f)
+        for (size_t i = 0; i < recv[f]; ++i) ASSERT_EQ(out.get(off++), A2AValue(f, me, i)) << DTypeName(dtype);
+    }
+  });
+}
+
+TEST_P(CollectivesTest, BarrierAndPointToPoint) {
+  RunRanks(n(), mode(), [](Communicator& comm) {
+    const int n = comm.size();
+    const int me = comm.rank();
+    comm.barrier()->wait();
+    if (n == 1) return;
+    for (DType dtype : AllDTypes()) {
+      for (size_t count : kSizes) {
+        // A gossip-style round: send to both ring neighbours and receive from both, fused.
+        const int right = (me + 1) % n, left = (me - 1 + n) % n;
+        TypedArray to_right(dtype, count), to_left(dtype, count), from_left(dtype, count), from_right(dtype, count);
+        for (size_t i = 0; i < count; ++i) {
+          to_right.set(i, A2AValue(me, right, i));
+          to_left.set(i, A2AValue(me, left, i) + 1);
+        }
+        std::vector<P2POp> ops = {P2POp::Send(to_right.buffer(), right, 1), P2POp::Send(to_left.buffer(), left, 2),
+                                  P2POp::Recv(from_left.buffer(), left, 1), P2POp::Recv(from_right.buffer(), right, 2)};
+        comm.p2p(ops)->wait();
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(from_left.get(i), A2AValue(left, me, i));
+          ASSERT_EQ(from_right.get(i), A2AValue(right, me, i) + 1);
+        }
+      }
+    }
+    // Plain send/recv, posted recv-first on odd ranks and send-first on even ranks.
+    TypedArray out(DType::kInt64, 3), in(DType::kInt64, 3);
+    for (int i = 0; i < 3; ++i) out.set(i, me * 100 + i);
+    const int peer = me ^ 1;
+    if (peer < n) {
+      auto r = me % 2 ? comm.recv(in.buffer(), peer, 9) : nullptr;
+      auto s = comm.send(out.buffer(), peer, 9);
+      if (!r) r = comm.recv(in.buffer(), peer, 9);
+      s->wait();
+      r->wait();
+      EXPECT_TRUE(r->is_completed());
+      for (int i = 0; i < 3; ++i) EXPECT_EQ(in.get(i), peer * 100 + i);
+    }
+    const TrafficCounters t = comm.traffic();
+    EXPECT_GT(t.p2p_bytes_sent, 0u);
+    EXPECT_EQ(t.p2p_bytes_sent, t.p2p_bytes_received) << "every p2p exchange here is symmetric";
+  });
+}
+
+TEST_P(CollectivesTest, ManyOutstandingOperationsCompleteInOrder) {
+  RunRanks(n(), mode(), [](Communicator& comm) {
+    std::vector<TypedArray> arrays;
+    for (int k = 0; k < 32; ++k) {
+      arrays.emplace_back(DType::kInt32, 17);
+      for (size_t i = 0; i < 17; ++i) arrays.back().set(i, k + comm.rank());
+    }
+    std::vector<std::shared_ptr<Work>> works;
+    for (auto& a : arrays) works.push_back(comm.allreduce(a.buffer(), ReduceOp::kMax));
+    for (auto& w : works) w->wait();
+    for (int k = 0; k < 32; ++k) EXPECT_EQ(arrays[k].get(16), k + comm.size() - 1);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesTest,
+                         ::testing::Combine(::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
+                                            ::testing::Range(1, 9)),
+                         [](const ::testing::TestParamInfo<Param>& info) {
+                           return absl::StrCat(LaunchModeName(std::get<0>(info.param)), "_n",
+                                               std::get<1>(info.param));
+                         });
+
+// 64 MB per rank: the size where chunking, segmenting and socket buffers all matter.
+class LargeTest : public ::testing::TestWithParam<LaunchMode> {};
+
+TEST_P(LargeTest, Allreduce64MBFloat32OnFourRanks) {
+  RunRanks(4, GetParam(), [](Communicator& comm) {
+    const size_t count = (64u << 20) / sizeof(float);
+    std::vector<float> data(count);
+    for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>((i % 1000) * (comm.rank() + 1));
+    comm.allreduce(CpuBuffer(data.data(), count), ReduceOp::kSum)->wait();
+    for (size_t i = 0; i < count; ++i) {
+      if (data[i] != static_cast<float>((i % 1000) * 10)) FAIL() << "index " << i << ": " << data[i];
+    }
+  });
+}
+
+TEST_P(LargeTest, ReduceScatterAndAllgather16MBOnFourRanks) {
+  RunRanks(4, GetParam(), [](Communicator& comm) {
+    const size_t chunk = (4u << 20) / sizeof(double);
+    std::vector<double> in(chunk * 4), out(chunk), gathered(chunk * 4);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<double>(i % 977) + comm.rank();
+    comm.reduce_scatter(CpuBuffer(in.data(), in.size()), CpuBuffer(out.data(), chunk), ReduceOp::kSum)->wait();
+    comm.allgather(CpuBuffer(out.data(), chunk), CpuBuffer(gathered.data(), gathered.size()))->wait();
+    for (size_t i = 0; i < gathered.size(); ++i) {
+      if (gathered[i] != 4.0 * static_cast<double>(i % 977) + 6.0) FAIL() << "index " << i << ": " << gathered[i];
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, LargeTest, ::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
+                         [](const ::testing::TestParamInfo<LaunchMode>& info) { return LaunchModeName(info.param); });
+
+}  // namespace
+}  // namespace testing
+}  // namespace gossipcc

@@ -1,0 +1,113 @@
+#include "tests/comm/harness.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace gossipcc {
+namespace testing {
+
+std::string LaunchModeName(LaunchMode mode) { return mode == LaunchMode::kThreads ? "threads" : "processes"; }
+
+std::string FreshTempDir() {
+  static std::atomic<int> counter{0};
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir = absl::StrCat(base ? base : "/tmp", "/gossipcc_", getpid(), "_", counter++);
+  mkdir(dir.c_str(), 0700);
+  return dir;
+}
+
+void RunRanksWithStore(int n, LaunchMode mode, const std::function<void(int, std::shared_ptr<Store>)>& body,
+                       std::chrono::milliseconds deadline) {
+  if (mode == LaunchMode::kThreads) {
+    auto store = MakeHashStore();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          body(r, store);
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "rank " << r << " threw: " << e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    return;
+  }
+  const std::string dir = FreshTempDir();
+  std::cout.flush();
+  std::cerr.flush();
+  std::vector<pid_t> children;
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      int code = 0;
+      try {
+        body(r, MakeFileStore(dir));
+        code = ::testing::Test::HasFailure() ? 1 : 0;
+      } catch (const std::exception& e) {
+        std::cerr << "rank " << r << " threw: " << e.what() << std::endl;
+        code = 2;
+      }
+      std::cout.flush();
+      std::cerr.flush();
+      _exit(code);
+    }
+    ASSERT_GT(pid, 0) << "fork failed";
+    children.push_back(pid);
+  }
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  std::vector<bool> done(n, false);
+  int remaining = n;
+  while (remaining > 0) {
+    for (int r = 0; r < n; ++r) {
+      if (done[r]) continue;
+      int status = 0;
+      pid_t got = waitpid(children[r], &status, WNOHANG);
+      if (got == children[r]) {
+        done[r] = true;
+        --remaining;
+        if (WIFEXITED(status)) {
+          EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << r << " (pid " << children[r] << ") failed";
+        } else {
+          ADD_FAILURE() << "rank " << r << " died with signal " << WTERMSIG(status);
+        }
+      }
+    }
+    if (remaining > 0 && std::chrono::steady_clock::now() > until) {
+      for (int r = 0; r < n; ++r) {
+        if (!done[r]) {
+          kill(children[r], SIGKILL);
+          waitpid(children[r], nullptr, 0);
+          ADD_FAILURE() << "rank " << r << " did not finish within " << deadline.count() << " ms (killed)";
+        }
+      }
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+void RunRanks(int n, LaunchMode mode, const std::function<void(Communicator&)>& body, CommunicatorOptions options,
+              std::chrono::milliseconds deadline) {
+  RunRanksWithStore(
+      n, mode,
+      [&](int rank, std::shared_ptr<Store> store) {
+        auto comm = Communicator::Create(store, rank, n, options);
+        body(*comm);
+      },
+      deadline);
+}
+
+}  // namespace testing
+}  // namespace gossipcc

@@ -1,0 +1,35 @@
+// Runs N ranks of a test inside one gtest case: as threads of this process (Gloo HashStore)
+// or as forked processes (Gloo FileStore in a fresh directory), all over loopback.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace gossipcc {
+namespace testing {
+
+enum class LaunchMode { kThreads, kProcesses };
+std::string LaunchModeName(LaunchMode mode);
+
+struct RankResult {
+  double seconds = 0;  // how long the rank's body took
+};
+
+// Creates a Communicator per rank and calls body(comm) on each. gtest failures inside a
+// rank fail the test (in process mode the child's exit status carries them). Each rank
+// must finish within `deadline`, else the test fails (processes are killed).
+void RunRanks(int n, LaunchMode mode, const std::function<void(Communicator&)>& body,
+              CommunicatorOptions options = {}, std::chrono::milliseconds deadline = std::chrono::seconds(120));
+
+// As RunRanks, but creates no Communicator: body(rank, store) does.
+void RunRanksWithStore(int n, LaunchMode mode, const std::function<void(int, std::shared_ptr<Store>)>& body,
+                       std::chrono::milliseconds deadline = std::chrono::seconds(120));
+
+// A directory unique to this call, under the test's temporary directory.
+std::string FreshTempDir();
+
+}  // namespace testing
+}  // namespace gossipcc
