@@ -1,0 +1,250 @@
+// Bad input and failures: each case asserts the error type, that the message names what
+// was wrong and where, and that every rank returns within the timeout.
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "comm/communicator.h"
+#include "comm/errors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/comm/harness.h"
+#include "tests/comm/typed_array.h"
+
+namespace gossipcc {
+namespace testing {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+// Waits on `work` and returns the message of the `E` it must fail with.
+template <typename E>
+std::string ExpectFailure(const std::shared_ptr<Work>& work) {
+  try {
+    work->wait();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong error type: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected an error from " << work->description();
+  return "";
+}
+
+template <typename E, typename Fn>
+std::string ExpectThrow(Fn fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong error type: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected an exception";
+  return "";
+}
+
+CommunicatorOptions Quick(int timeout_ms = 2000) {
+  CommunicatorOptions o;
+  o.timeout = std::chrono::milliseconds(timeout_ms);
+  return o;
+}
+
+class ErrorsTest : public ::testing::TestWithParam<LaunchMode> {};
+
+TEST_P(ErrorsTest, MismatchedElementCountsAreDetectedOnEveryRankAndCommStaysUsable) {
+  RunRanks(4, GetParam(), [](Communicator& comm) {
+    std::vector<float> data(comm.rank() == 2 ? 99 : 100, 1.0f);
+    const auto msg = ExpectFailure<MismatchError>(comm.allreduce(CpuBuffer(data.data(), data.size())));
+    EXPECT_THAT(msg, AllOf(HasSubstr("allreduce #0"), HasSubstr("element count"), HasSubstr("rank 2: 99"),
+                           HasSubstr("rank 1: 100"), HasSubstr(absl::StrCat("on rank ", comm.rank()))));
+    // No data moved, and the next collective works.
+    EXPECT_EQ(data[0], 1.0f);
+    std::vector<float> ok(10, 1.0f);
+    comm.allreduce(CpuBuffer(ok.data(), ok.size()))->wait();
+    EXPECT_EQ(ok[9], 4.0f);
+  }, Quick());
+}
+
+TEST_P(ErrorsTest, MismatchedDtypesOpsRootsAndKindsAreNamed) {
+  RunRanks(3, GetParam(), [](Communicator& comm) {
+    // Same byte count, different dtype: raw Gloo would silently reinterpret.
+    std::vector<int32_t> ints(8, 1);
+    std::vector<float> floats(8, 1.0f);
+    auto w = comm.rank() == 0 ? comm.allreduce(CpuBuffer(ints.data(), 8)) : comm.allreduce(CpuBuffer(floats.data(), 8));
+    EXPECT_THAT(ExpectFailure<MismatchError>(w), AllOf(HasSubstr("dtype"), HasSubstr("rank 0: int32"),
+                                                       HasSubstr("rank 1: float32")));
+    w = comm.allreduce(CpuBuffer(floats.data(), 8), comm.rank() == 1 ? ReduceOp::kMax : ReduceOp::kSum);
+    EXPECT_THAT(ExpectFailure<MismatchError>(w), AllOf(HasSubstr("reduce op"), HasSubstr("rank 1: max")));
+    w = comm.broadcast(CpuBuffer(floats.data(), 8), comm.rank() == 2 ? 1 : 0);
+    EXPECT_THAT(ExpectFailure<MismatchError>(w), AllOf(HasSubstr("root"), HasSubstr("rank 2: 1")));
+    w = comm.rank() == 1 ? comm.barrier() : comm.allreduce(CpuBuffer(floats.data(), 8));
+    EXPECT_THAT(ExpectFailure<MismatchError>(w), AllOf(HasSubstr("operation"), HasSubstr("rank 1: barrier")));
+    std::vector<float> gathered(comm.rank() == 0 ? 3 * 4 : 3 * 8);
+    w = comm.allgather(CpuBuffer(floats.data(), comm.rank() == 0 ? 4 : 8), CpuBuffer(gathered.data(), gathered.size()));
+    EXPECT_THAT(ExpectFailure<MismatchError>(w), HasSubstr("input element count"));
+    comm.barrier()->wait();
+  }, Quick());
+}
+
+TEST_P(ErrorsTest, AllgathervAndAlltoallvCountDisagreements) {
+  RunRanks(3, GetParam(), [](Communicator& comm) {
+    const int me = comm.rank();
+    std::vector<size_t> counts = {1, 2, 3};
+    if (me == 1) counts = {2, 2, 2};
+    std::vector<float> in(counts[me]), out(6);
+    EXPECT_THAT(ExpectFailure<MismatchError>(comm.allgatherv(CpuBuffer(in.data(), in.size()), CpuBuffer(out.data(), 6), counts)),
+                HasSubstr("counts"));
+    // Rank 0 sends 2 to rank 2, but rank 2 expects 1 from rank 0: every rank (also rank 1) fails.
+    std::vector<size_t> send = {1, 1, 1}, recv = {1, 1, 1};
+    if (me == 0) send = {1, 1, 2};
+    std::vector<float> a(4), b(3);
+    const auto msg = ExpectFailure<MismatchError>(
+        comm.alltoallv(CpuBuffer(a.data(), me == 0 ? 4 : 3), send, CpuBuffer(b.data(), 3), recv));
+    EXPECT_THAT(msg, HasSubstr("rank 0 sends 2 elements to rank 2 but rank 2 expects 1"));
+  }, Quick());
+}
+
+TEST_P(ErrorsTest, PointToPointSizeAndDtypeMismatch) {
+  RunRanks(2, GetParam(), [](Communicator& comm) {
+    std::vector<float> big(12, 7.0f), small(10, 0.0f);
+    if (comm.rank() == 0) {
+      comm.send(CpuBuffer(big.data(), 12), 1, 3)->wait();  // the sender's part succeeds
+      comm.send(CpuBuffer(big.data(), 5), 1, 4)->wait();
+      std::vector<int32_t> ints(10, 1);
+      comm.send(CpuBuffer(ints.data(), 10), 1, 5)->wait();
+    } else {
+      // Longer than the buffer: raw Gloo would abort the process.
+      EXPECT_THAT(ExpectFailure<MismatchError>(comm.recv(CpuBuffer(small.data(), 10), 0, 3)),
+                  AllOf(HasSubstr("expected 10 x float32"), HasSubstr("rank 0 sent 12 x float32"), HasSubstr("tag 3")));
+      EXPECT_EQ(small[0], 0.0f) << "buffer must be untouched";
+      // Shorter than the buffer: raw Gloo would report success.
+      EXPECT_THAT(ExpectFailure<MismatchError>(comm.recv(CpuBuffer(small.data(), 10), 0, 4)),
+                  HasSubstr("sent 5 x float32"));
+      EXPECT_THAT(ExpectFailure<MismatchError>(comm.recv(CpuBuffer(small.data(), 10), 0, 5)),
+                  HasSubstr("sent 10 x int32"));
+    }
+    comm.barrier()->wait();
+  }, Quick());
+}
+
+TEST_P(ErrorsTest, InvalidArgumentsRaiseSynchronously) {
+  RunRanks(2, GetParam(), [](Communicator& comm) {
+    std::vector<float> f(4);
+    std::vector<int32_t> ints(4);
+    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] { comm.send(CpuBuffer(f.data(), 4), 2); }),
+                AllOf(HasSubstr("peer 2 is out of range [0, 2)"), HasSubstr("rank")));
+    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] { comm.recv(CpuBuffer(f.data(), 4), -1); }),
+                HasSubstr("peer -1 is out of range"));
+    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] { comm.send(CpuBuffer(f.data(), 4), comm.rank()); }),
+                HasSubstr("this rank itself"));
+    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] { comm.broadcast(CpuBuffer(f.data(), 4), 7); }),
+                HasSubstr("root 7 is out of range"));
+    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] { comm.allreduce(CpuBuffer(ints.data(), 4), ReduceOp::kAvg); }),
+                HasSubstr("avg is not supported for integer dtype int32"));
+    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] {
+                  comm.allreduce(Buffer{nullptr, 4, DType::kFloat32, Device::CPU()});
+                }),
+                HasSubstr("null but has 4 elements"));
+    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] { comm.allgather(CpuBuffer(f.data(), 4), CpuBuffer(f.data(), 4)); }),
+                HasSubstr("output has 4 elements but size() * input.count = 2 * 4 = 8"));
+    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] {
+                  comm.reduce_scatter(CpuBuffer(f.data(), 4), CpuBuffer(ints.data(), 2));
+                }),
+                HasSubstr("input is float32 but output is int32"));
+    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] {
+                  comm.allgatherv(CpuBuffer(f.data(), 1), CpuBuffer(f.data(), 2), {1});
+                }),
+                HasSubstr("one per rank (2)"));
+    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] {
+                  comm.allreduce(Buffer{f.data(), 4, DType::kFloat32, Device::CUDA(0)});
+                }),
+                HasSubstr("cuda:0"));
+    // Nothing above was queued: the group is still in step.
+    comm.allreduce(CpuBuffer(f.data(), 4))->wait();
+  }, Quick());
+}
+
+TEST_P(ErrorsTest, MissingPeerTimesOutPromptlyThenCommIsAborted) {
+  RunRanks(2, GetParam(), [](Communicator& comm) {
+    std::vector<float> f(4, 1.0f);
+    if (comm.rank() == 0) {
+      const auto start = Clock::now();
+      const auto msg = ExpectFailure<TimeoutError>(comm.allreduce(CpuBuffer(f.data(), 4)));
+      const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+      EXPECT_LT(took.count(), 5000) << "timeout is 1000 ms";
+      EXPECT_THAT(msg, AllOf(HasSubstr("allreduce #0"), HasSubstr("rank 0 of 2")));
+      EXPECT_THAT(ExpectThrow<AbortedError>([&] { comm.allreduce(CpuBuffer(f.data(), 4)); }),
+                  HasSubstr("earlier failure"));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // never joins the collective
+    }
+  }, Quick(1000));
+}
+
+TEST_P(ErrorsTest, PeerThatLeavesIsReportedNotWaitedFor) {
+  RunRanks(2, GetParam(), [](Communicator& comm) {
+    std::vector<float> f(1 << 16, 1.0f);
+    comm.barrier()->wait();
+    if (comm.rank() == 1) {
+      comm.shutdown();  // closes its connections, as a crashed peer's kernel would
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const auto start = Clock::now();
+    try {
+      comm.allreduce(CpuBuffer(f.data(), f.size()))->wait();
+      ADD_FAILURE() << "allreduce with a departed peer succeeded";
+    } catch (const CommError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("allreduce #1"));
+    }
+    EXPECT_LT(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count(), 10000);
+  }, Quick(3000));
+}
+
+TEST_P(ErrorsTest, WaitWithShortTimeoutAndCallsAfterShutdown) {
+  RunRanks(2, GetParam(), [](Communicator& comm) {
+    std::vector<float> f(4, 1.0f);
+    if (comm.rank() == 0) {
+      auto w = comm.recv(CpuBuffer(f.data(), 4), 1, 0);
+      EXPECT_FALSE(w->is_completed());
+      EXPECT_THAT(ExpectThrow<TimeoutError>([&] { w->wait(std::chrono::milliseconds(50)); }),
+                  HasSubstr("wait timed out after 50 ms"));
+      comm.barrier()->wait();  // now rank 1 sends
+      w->wait();
+      EXPECT_TRUE(w->is_completed());
+    } else {
+      comm.barrier()->wait();
+      comm.send(CpuBuffer(f.data(), 4), 0, 0)->wait();
+    }
+    comm.barrier()->wait();
+    comm.shutdown();
+    comm.shutdown();  // idempotent
+    EXPECT_THAT(ExpectThrow<AbortedError>([&] { comm.allreduce(CpuBuffer(f.data(), 4)); }), HasSubstr("shut down"));
+    EXPECT_THAT(ExpectThrow<AbortedError>([&] { comm.send(CpuBuffer(f.data(), 4), 1 - comm.rank()); }),
+                HasSubstr("shut down"));
+  }, Quick());
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ErrorsTest, ::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
+                         [](const ::testing::TestParamInfo<LaunchMode>& info) { return LaunchModeName(info.param); });
+
+TEST(CreateTest, RejectsBadArgumentsAndTimesOutWhenRanksAreMissing) {
+  EXPECT_THAT(ExpectThrow<InvalidArgumentError>([] { Communicator::Create(MakeHashStore(), 3, 2); }),
+              HasSubstr("rank 3 is out of range [0, 2)"));
+  EXPECT_THAT(ExpectThrow<InvalidArgumentError>([] { Communicator::Create(MakeHashStore(), 0, 0); }),
+              HasSubstr("size must be >= 1"));
+  EXPECT_THAT(ExpectThrow<InvalidArgumentError>([] { Communicator::Create(nullptr, 0, 1); }), HasSubstr("store"));
+  const auto start = Clock::now();
+  EXPECT_THAT(ExpectThrow<TimeoutError>([] { Communicator::Create(MakeHashStore(), 0, 2, Quick(500)); }),
+              AllOf(HasSubstr("rank 0 of 2"), HasSubstr("rendezvous")));
+  EXPECT_LT(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count(), 5000);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gossipcc
