@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs every Debian package gossipcc needs. Idempotent; quiet on success.
+# Nothing is downloaded at build time: Bazel builds against these packages offline.
+set -euo pipefail
+
+PACKAGES=(
+  # Build: Bazel 4.2.3 and the rule repositories it needs locally.
+  bazel-bootstrap bazel-platforms bazel-rules-java bazel-skylib g++
+  # Libraries: Gloo (CPU transport), Abseil, GoogleTest/GoogleMock, Eigen (PowerSGD on CPU).
+  libgloo-dev libabsl-dev libgtest-dev libgmock-dev libeigen3-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+log=$(mktemp /tmp/gossipcc-setup.XXXXXX.log)
+if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+  echo "setup: installing ${missing[*]} failed; log follows" >&2
+  cat "$log" >&2
+  exit 1
+fi
+rm -f "$log"
+if [ ! -e /usr/local/cuda/include/nccl.h ]; then
+  echo "setup: note: no CUDA toolkit at /usr/local/cuda; CUDA/NCCL paths compile out and their tests skip" >&2
+fi
