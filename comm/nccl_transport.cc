@@ -66,7 +66,7 @@ ncclRedOp_t ToNccl(ReduceOp op) {
 }
 
 // Completion of one enqueued NCCL operation: an event on the communication stream.
-class NcclWork : public Work {
+class NcclWork : public Work, public std::enable_shared_from_this<NcclWork> {
  public:
   NcclWork(std::string description, cudaEvent_t done, ncclComm_t comm, std::chrono::milliseconds timeout)
       : description_(std::move(description)), done_(done), comm_(comm), timeout_(timeout) {}
@@ -107,9 +107,10 @@ class NcclWork : public Work {
 
   void add_done_callback(std::function<void()> fn) override {
     // Runs on a helper thread that waits for the event: callbacks must not block the caller.
-    std::thread([this, fn = std::move(fn)] {
+    // Holds a reference so the Work outlives the helper thread even if the caller drops it.
+    std::thread([self = shared_from_this(), fn = std::move(fn)] {
       try {
-        wait(std::chrono::milliseconds::zero());
+        self->wait(std::chrono::milliseconds::zero());
       } catch (...) {
       }
       fn();
