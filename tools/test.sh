@@ -21,3 +21,5 @@ trap report EXIT
 stage "setup (apt packages)" tools/setup.sh
 stage "build //..." bazel build //...
 stage "test //..." bazel test //... "$@"
+# The C++ suite again under AddressSanitizer + UndefinedBehaviorSanitizer (.bazelrc: asan).
+stage "test //... (asan+ubsan)" bazel test --config=asan //... "$@"
