@@ -129,7 +129,7 @@ void P2PExchange::Complete(Batch& batch) {
   } catch (const std::exception& e) {
     std::exception_ptr error;
     try {
-      RethrowGlooError(absl::StrCat(batch.description, " on rank ", context_->rank), e);
+      RethrowGlooError(batch.description, e);  // the description already names the rank
     } catch (...) {
       error = std::current_exception();
     }

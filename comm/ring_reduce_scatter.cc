@@ -31,7 +31,9 @@ void Ring(const GlooCall& call, const void* input, void* out, size_t chunk, DTyp
 
   // recv: incoming partial; acc[2]: alternating outgoing partials (a buffer is overwritten
   // only after the send from it completed).
-  std::vector<uint8_t> recv(bytes), acc0(bytes), acc1(bytes);
+  // Step s < n-2 writes acc[s % 2]; the last step writes `out` directly, so n = 2 needs no
+  // accumulator and n = 3 needs one.
+  std::vector<uint8_t> recv(bytes), acc0(n > 2 ? bytes : 0), acc1(n > 3 ? bytes : 0);
   auto input_ub = ctx.createUnboundBuffer(const_cast<uint8_t*>(in), bytes * n);
   auto recv_ub = ctx.createUnboundBuffer(recv.data(), bytes);
   auto acc0_ub = ctx.createUnboundBuffer(acc0.data(), bytes);

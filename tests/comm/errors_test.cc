@@ -186,6 +186,23 @@ TEST_P(ErrorsTest, MissingPeerTimesOutPromptlyThenCommIsAborted) {
   }, Quick(1000));
 }
 
+TEST_P(ErrorsTest, ReceiveFromSilentPeerTimesOutAndAbortsTheCommunicator) {
+  RunRanks(2, GetParam(), [](Communicator& comm) {
+    std::vector<float> f(4, 1.0f);
+    if (comm.rank() == 0) {
+      const auto start = Clock::now();
+      EXPECT_THAT(ExpectFailure<TimeoutError>(comm.recv(CpuBuffer(f.data(), 4), 1, 42)),
+                  AllOf(HasSubstr("recv 4 x float32 on cpu from rank 1 (tag 42) on rank 0 of 2: timed out")));
+      EXPECT_LT(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count(), 5000);
+      // The p2p stream is out of step after a timeout: later calls fail fast.
+      EXPECT_THAT(ExpectThrow<AbortedError>([&] { comm.send(CpuBuffer(f.data(), 4), 1, 0); }),
+                  HasSubstr("earlier failure"));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // never sends
+    }
+  }, Quick(800));
+}
+
 TEST_P(ErrorsTest, PeerThatLeavesIsReportedNotWaitedFor) {
   RunRanks(2, GetParam(), [](Communicator& comm) {
     std::vector<float> f(1 << 16, 1.0f);
