@@ -21,10 +21,9 @@ struct Header {
 };
 static_assert(sizeof(Header) == 32, "p2p header layout");
 
-using Clock = std::chrono::steady_clock;
 
-std::chrono::milliseconds Remaining(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+std::chrono::milliseconds Remaining(std::chrono::steady_clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
   return std::max(left, std::chrono::milliseconds(1));
 }
 
@@ -47,13 +46,13 @@ struct P2PExchange::Batch {
 
 P2PExchange::P2PExchange(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout,
                          std::function<void(std::exception_ptr)> on_failure)
-    : context_(std::move(context)), timeout_(timeout), on_failure_(std::move(on_failure)) {
-  progress_ = std::thread([this] { ProgressLoop(); });
-}
+    : context_(std::move(context)), timeout_(timeout), on_failure_(std::move(on_failure)) {}
 
 P2PExchange::~P2PExchange() {
   Shutdown("communicator destroyed");
-  if (progress_.joinable()) progress_.join();
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int* active) { return *active == 0; }, &active_batches_));
 }
 
 std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string description) {
@@ -84,57 +83,97 @@ std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string
   } catch (const std::exception& e) {
     RethrowGlooError(batch->description, e);
   }
-  queue_.push_back(std::move(batch));
+  // One thread per batch: batches complete independently of each other, in any order.
+  ++active_batches_;
+  std::thread([this, b = std::move(batch)]() mutable { RunBatch(std::move(b)); }).detach();
   return work;
 }
 
+struct P2PExchange::ReceiveOutcome {
+  std::exception_ptr mismatch;  // the sender's count or dtype differs: payload drained
+  std::exception_ptr failure;   // transport failure or timeout
+  uint64_t bytes = 0;
+};
+
+// Header first, then the payload with the size the sender announced.
+P2PExchange::ReceiveOutcome P2PExchange::ReceiveOne(Message& m, Clock::time_point deadline,
+                                                    const std::string& description) {
+  gloo::Context& context = *context_;
+  ReceiveOutcome out;
+  try {
+    m.header_ub->waitRecv(Remaining(deadline));
+    const Header& h = m.header;
+    const Buffer& b = m.op.buffer;
+    const DType sender_dtype = static_cast<DType>(h.dtype);
+    const bool match = h.magic == kHeaderMagic && h.count == b.count && sender_dtype == b.dtype;
+    const size_t incoming = h.count * ElementSize(sender_dtype);
+    if (!match) {
+      out.mismatch = std::make_exception_ptr(MismatchError(absl::StrCat(
+          description, ": recv from rank ", m.op.peer, " (tag ", m.op.tag, ") expected ", b.count, " x ",
+          DTypeName(b.dtype), " but rank ", m.op.peer, " sent ", h.count, " x ", DTypeName(sender_dtype),
+          "; the buffer was left untouched")));
+    }
+    if (incoming == 0) return out;
+    void* dst = b.data;
+    if (!match) {
+      m.drain.resize(incoming);
+      dst = m.drain.data();
+    }
+    m.data_ub = context.createUnboundBuffer(dst, incoming);
+    m.data_ub->recv(m.op.peer, MakeSlot(kP2PDataSlotPrefix, m.op.tag));
+    m.data_ub->waitRecv(Remaining(deadline));
+    out.bytes = match ? incoming : 0;
+  } catch (const std::exception& e) {
+    try {
+      RethrowGlooError(description, e);  // the description already names the rank
+    } catch (...) {
+      out.failure = std::current_exception();
+    }
+  }
+  return out;
+}
+
 void P2PExchange::Complete(Batch& batch) {
-  std::exception_ptr mismatch;
+  // Every receive progresses on its own (the first on this thread, others on helpers), so
+  // a receive whose sender is late never holds back the payload of one that has arrived:
+  // the sender of that payload may be waiting for it before it does what the late one needs.
+  std::vector<Message*> receives;
+  for (Message& m : batch.messages) {
+    if (m.op.kind == P2POp::Kind::kRecv) receives.push_back(&m);
+  }
+  std::vector<ReceiveOutcome> outcomes(receives.size());
+  std::vector<std::thread> helpers;
+  for (size_t i = 1; i < receives.size(); ++i) {
+    helpers.emplace_back([&, i] { outcomes[i] = ReceiveOne(*receives[i], batch.deadline, batch.description); });
+  }
+  if (!receives.empty()) outcomes[0] = ReceiveOne(*receives[0], batch.deadline, batch.description);
+
+  std::exception_ptr failure;
   uint64_t sent = 0, received = 0;
   try {
-    // Receives: header first, then the payload with the size the sender announced.
     for (Message& m : batch.messages) {
-      if (m.op.kind != P2POp::Kind::kRecv) continue;
-      m.header_ub->waitRecv(Remaining(batch.deadline));
-      const Header& h = m.header;
-      const Buffer& b = m.op.buffer;
-      const DType sender_dtype = static_cast<DType>(h.dtype);
-      const bool match = h.magic == kHeaderMagic && h.count == b.count && sender_dtype == b.dtype;
-      const size_t incoming = h.count * ElementSize(sender_dtype);
-      if (!match && !mismatch) {
-        mismatch = std::make_exception_ptr(MismatchError(absl::StrCat(
-            batch.description, ": recv from rank ", m.op.peer, " (tag ", m.op.tag, ") expected ", b.count, " x ",
-            DTypeName(b.dtype), " but rank ", m.op.peer, " sent ", h.count, " x ", DTypeName(sender_dtype),
-            "; the buffer was left untouched")));
-      }
-      if (incoming == 0) continue;
-      void* dst = b.data;
-      if (!match) {
-        m.drain.resize(incoming);
-        dst = m.drain.data();
-      }
-      m.data_ub = context_->createUnboundBuffer(dst, incoming);
-      m.data_ub->recv(m.op.peer, MakeSlot(kP2PDataSlotPrefix, m.op.tag));
-    }
-    for (Message& m : batch.messages) {
-      if (m.op.kind == P2POp::Kind::kSend) {
-        m.header_ub->waitSend(Remaining(batch.deadline));
-        if (m.data_ub) m.data_ub->waitSend(Remaining(batch.deadline));
-        sent += m.op.buffer.bytes();
-      } else if (m.data_ub) {
-        m.data_ub->waitRecv(Remaining(batch.deadline));
-        received += m.data_ub->size;
-      }
+      if (m.op.kind != P2POp::Kind::kSend) continue;
+      m.header_ub->waitSend(Remaining(batch.deadline));
+      if (m.data_ub) m.data_ub->waitSend(Remaining(batch.deadline));
+      sent += m.op.buffer.bytes();
     }
   } catch (const std::exception& e) {
-    std::exception_ptr error;
     try {
-      RethrowGlooError(batch.description, e);  // the description already names the rank
+      RethrowGlooError(batch.description, e);
     } catch (...) {
-      error = std::current_exception();
+      failure = std::current_exception();
     }
-    on_failure_(error);
-    batch.work->Complete(error);
+  }
+  for (std::thread& t : helpers) t.join();
+  std::exception_ptr mismatch;
+  for (const ReceiveOutcome& o : outcomes) {
+    if (!failure && o.failure) failure = o.failure;
+    if (!mismatch && o.mismatch) mismatch = o.mismatch;
+    received += o.bytes;
+  }
+  if (failure) {
+    on_failure_(failure);
+    batch.work->Complete(failure);
     return;
   }
   {
@@ -145,31 +184,20 @@ void P2PExchange::Complete(Batch& batch) {
   batch.work->Complete(mismatch);
 }
 
-void P2PExchange::ProgressLoop() {
-  for (;;) {
-    std::unique_ptr<Batch> batch;
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](P2PExchange* self) ABSL_NO_THREAD_SAFETY_ANALYSIS { return self->stopping_ || !self->queue_.empty(); },
-          this));
-      if (queue_.empty()) return;
-      batch = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    Complete(*batch);
-  }
+void P2PExchange::RunBatch(std::unique_ptr<Batch> batch) {
+  Complete(*batch);
+  batch.reset();  // releases the Gloo buffers before this exchange may be destroyed
+  absl::MutexLock lock(&mu_);
+  --active_batches_;
 }
 
 void P2PExchange::Shutdown(const std::string& reason) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return;
-    stopping_ = true;
-    stop_reason_ = reason;
-  }
-  // Pending batches still get completed by the progress thread (each bounded by its
-  // deadline): their buffers are registered with Gloo and must not be released early.
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return;
+  stopping_ = true;
+  stop_reason_ = reason;
+  // Batches in flight still complete (each bounded by its deadline): their buffers are
+  // registered with Gloo and must not be released early.
 }
 
 uint64_t P2PExchange::bytes_sent() const {

@@ -7,9 +7,12 @@
 // cannot pass for a full one (raw Gloo reports success). On a mismatch the payload is
 // drained into scratch memory and the receive fails with a MismatchError naming both sides.
 //
-// Batches are posted on the caller's thread and completed in order by one progress thread.
-// Because every send is posted immediately, a batch only ever waits for peers' sends,
-// which never wait for us: a gossip round cannot deadlock.
+// Batches are posted on the caller's thread; each then progresses on a thread of its own,
+// its receives independently of each other, and completes as soon as its own messages
+// have: no batch or receive waits behind another. Because every send is posted at once
+// and every receive advances on its own, an exchange only ever waits for peers to post,
+// never for this rank to make progress elsewhere: a gossip round cannot deadlock, and
+// neither can nonblocking sends/receives issued in any order (as MPI guarantees).
 #pragma once
 
 #include <chrono>
@@ -47,22 +50,24 @@ class P2PExchange {
   uint64_t bytes_received() const;
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Message;
   struct Batch;
-  void ProgressLoop();
+  struct ReceiveOutcome;
+  ReceiveOutcome ReceiveOne(Message& m, Clock::time_point deadline, const std::string& description);
   void Complete(Batch& batch);
+  void RunBatch(std::unique_ptr<Batch> batch);
 
   std::shared_ptr<gloo::Context> context_;
   const std::chrono::milliseconds timeout_;
   std::function<void(std::exception_ptr)> on_failure_;
 
   mutable absl::Mutex mu_;
-  std::deque<std::unique_ptr<Batch>> queue_ ABSL_GUARDED_BY(mu_);
+  int active_batches_ ABSL_GUARDED_BY(mu_) = 0;  // the destructor waits for these
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
-  std::thread progress_;
 };
 
 }  // namespace gossipcc

@@ -219,6 +219,46 @@ TEST_P(CollectivesTest, BarrierAndPointToPoint) {
   });
 }
 
+// Separately posted sends and receives complete whatever order they were posted in, and a
+// receive whose sender is late does not hold back one whose payload has arrived.
+TEST(PointToPointProgressTest, NonblockingOperationsPostedInAnyOrderComplete) {
+  for (LaunchMode mode : {LaunchMode::kThreads, LaunchMode::kProcesses}) {
+    RunRanks(4, mode, [](Communicator& comm) {
+      const int n = comm.size(), me = comm.rank();
+      const int right = (me + 1) % n, left = (me - 1 + n) % n;
+      // Sends with tags 1, 2 to the right; receives posted in the opposite tag order.
+      TypedArray a(DType::kFloat32, 33), b(DType::kFloat32, 5), got_a(DType::kFloat32, 33), got_b(DType::kFloat32, 5);
+      for (size_t i = 0; i < 33; ++i) a.set(i, me * 1000 + i);
+      for (size_t i = 0; i < 5; ++i) b.set(i, -me - 1.0 * i);
+      auto s1 = comm.send(a.buffer(), right, 1);
+      auto s2 = comm.send(b.buffer(), right, 2);
+      auto r2 = comm.recv(got_b.buffer(), left, 2);
+      auto r1 = comm.recv(got_a.buffer(), left, 1);
+      for (auto& w : {s1, s2, r2, r1}) w->wait();
+      for (size_t i = 0; i < 33; ++i) ASSERT_EQ(got_a.get(i), left * 1000 + i);
+      for (size_t i = 0; i < 5; ++i) ASSERT_EQ(got_b.get(i), -left - 1.0 * i);
+      // A chain: rank 0 posts receives from 1 then 2; rank 2 sends to 0 and waits before
+      // sending to 1; rank 1 sends to 0 only after hearing from 2.
+      TypedArray x(DType::kInt32, 9), y(DType::kInt32, 9);
+      for (size_t i = 0; i < 9; ++i) x.set(i, me + 10 * i);
+      if (me == 0) {
+        auto from1 = comm.recv(y.buffer(), 1, 7);
+        auto from2 = comm.recv(x.buffer(), 2, 7);
+        from2->wait();
+        from1->wait();
+        EXPECT_EQ(x.get(3), 2 + 30);
+        EXPECT_EQ(y.get(3), 1 + 30);
+      } else if (me == 2) {
+        comm.send(x.buffer(), 0, 7)->wait();
+        comm.send(x.buffer(), 1, 7)->wait();
+      } else if (me == 1) {
+        comm.recv(y.buffer(), 2, 7)->wait();
+        comm.send(x.buffer(), 0, 7)->wait();
+      }
+    });
+  }
+}
+
 TEST_P(CollectivesTest, ManyOutstandingOperationsCompleteInOrder) {
   RunRanks(n(), mode(), [](Communicator& comm) {
     std::vector<TypedArray> arrays;
