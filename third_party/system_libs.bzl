@@ -47,6 +47,33 @@ cuda_repository = repository_rule(
     local = True,
 )
 
+def _python_repository_impl(rctx):
+    # The interpreter that has torch: Debian's /usr/bin/python3 (3.11 on bookworm, 3.13 in the
+    # trixie root). Its C headers, for the pybind11 extension module.
+    python = rctx.os.environ.get("GOSSIPCC_PYTHON", "/usr/bin/python3")
+    result = rctx.execute([python, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"])
+    include = result.stdout.strip()
+    if result.return_code != 0 or not include or not rctx.path(include + "/Python.h").exists:
+        fail("gossipcc: no Python headers for {} (install python3-dev): {}".format(python, result.stderr))
+    rctx.symlink(include, "include")
+    rctx.file("BUILD.bazel", """
+package(default_visibility = ["//visibility:public"])
+
+# Python headers of {python} and Debian's pybind11 (/usr/include/pybind11). Extension
+# modules resolve libpython's symbols from the interpreter that loads them.
+cc_library(
+    name = "python_headers",
+    hdrs = glob(["include/**/*.h"]),
+    includes = ["include"],
+)
+""".format(python = python))
+
+python_repository = repository_rule(
+    implementation = _python_repository_impl,
+    environ = ["GOSSIPCC_PYTHON"],
+    local = True,
+)
+
 def gossipcc_system_libraries():
     native.new_local_repository(
         name = "gloo",
@@ -74,3 +101,4 @@ def gossipcc_system_libraries():
         build_file = "@gossipcc//third_party:libtorch.BUILD",
     )
     cuda_repository(name = "cuda")
+    python_repository(name = "python")

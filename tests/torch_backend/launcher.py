@@ -1,0 +1,53 @@
+"""Runs a function on N local ranks, each its own process, and reports every rank's failure."""
+import multiprocessing
+import os
+import tempfile
+import traceback
+
+
+def _entry(fn, rank, world_size, init_file, env, args, queue):
+    try:
+        os.environ.update(env or {})
+        os.environ["GOSSIPCC_TEST_INIT_FILE"] = init_file
+        result = fn(rank, world_size, *args)
+        queue.put((rank, None, result))
+    except BaseException:  # noqa: BLE001 - report everything to the parent
+        queue.put((rank, traceback.format_exc(), None))
+
+
+def init_method():
+    return "file://" + os.environ["GOSSIPCC_TEST_INIT_FILE"]
+
+
+def run_ranks(fn, world_size, *args, env=None, timeout=120):
+    """fn(rank, world_size, *args) on each rank; returns the list of results by rank.
+
+    Raises AssertionError with every failing rank's traceback; kills ranks that do not
+    finish within `timeout` seconds.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
+        init_file = os.path.join(tmp, "init")
+        procs = [ctx.Process(target=_entry, args=(fn, r, world_size, init_file, env, args, queue))
+                 for r in range(world_size)]
+        for p in procs:
+            p.start()
+        results, errors = {}, []
+        import queue as queue_module
+        try:
+            for _ in range(world_size):
+                rank, err, result = queue.get(timeout=timeout)
+                if err:
+                    errors.append(f"rank {rank}:\n{err}")
+                results[rank] = result
+        except queue_module.Empty:
+            errors.append(f"ranks {sorted(set(range(world_size)) - set(results))} did not finish in {timeout}s")
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        if errors:
+            raise AssertionError("\n".join(errors))
+        return [results[r] for r in range(world_size)]

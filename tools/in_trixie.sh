@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs a command inside the trixie (torch 2.x) root made by tools/trixie_root.sh, with this
+# repository bind-mounted at the same path and /proc, /dev, /dev/shm mounted; every mount is
+# undone on exit, also on failure or Ctrl-C.
+#   tools/in_trixie.sh COMMAND...      (run from anywhere; COMMAND runs in the repository root)
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=${GOSSIPCC_TRIXIE_ROOT:-/var/lib/gossipcc/trixie}
+[ -x "$ROOT/usr/bin/python3" ] || { echo "no trixie root at $ROOT: run tools/trixie_root.sh" >&2; exit 1; }
+mounted=()
+cleanup() {
+  local i
+  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}" 2>/dev/null || true; done
+}
+trap cleanup EXIT INT TERM
+mount_once() {  # mount_once TARGET MOUNT-ARGS...
+  local target=$1; shift
+  mkdir -p "$target"
+  if ! mountpoint -q "$target"; then mount "$@" "$target"; mounted+=("$target"); fi
+}
+mount_once "$ROOT/proc" -t proc proc
+mount_once "$ROOT/dev" --bind /dev
+mount_once "$ROOT/dev/shm" -t tmpfs tmpfs
+mount_once "$ROOT/tmp" -t tmpfs tmpfs
+mount_once "$ROOT$REPO" --bind "$REPO"
+cp /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
+chroot "$ROOT" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  LANG=C.UTF-8 TERM="${TERM:-dumb}" /bin/bash -c 'cd "$0" && exec "$@"' "$REPO" "$@"

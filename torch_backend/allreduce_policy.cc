@@ -1,0 +1,46 @@
+#include "torch_backend/allreduce_policy.h"
+
+#include "comm/errors.h"
+
+namespace gossipcc {
+namespace torch_backend {
+namespace {
+
+constexpr char kValidPolicies[] =
+    "valid policies: \"exact\", \"powersgd\" or \"powersgd:key=value,...\" (see docs/pytorch.md)";
+
+std::string Trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\n");
+  if (b == std::string::npos) return "";
+  size_t e = s.find_last_not_of(" \t\n");
+  return s.substr(b, e - b + 1);
+}
+
+}  // namespace
+
+AllreducePolicy AllreducePolicy::Parse(const std::string& text) {
+  const std::string trimmed = Trim(text);
+  AllreducePolicy policy;
+  if (trimmed.empty() || trimmed == "exact") return policy;
+  const size_t colon = trimmed.find(':');
+  const std::string name = Trim(trimmed.substr(0, colon));
+  if (name == "exact") {
+    throw InvalidArgumentError("gossipcc allreduce policy \"" + text + "\": \"exact\" takes no options; " +
+                               kValidPolicies);
+  }
+  if (name != "powersgd") {
+    throw InvalidArgumentError("gossipcc allreduce policy \"" + text + "\": unknown policy \"" + name + "\"; " +
+                               kValidPolicies);
+  }
+  policy.kind = Kind::kPowerSGD;
+  policy.powersgd_options = colon == std::string::npos ? "" : Trim(trimmed.substr(colon + 1));
+  return policy;
+}
+
+std::string AllreducePolicy::ToString() const {
+  if (kind == Kind::kExact) return "exact";
+  return powersgd_options.empty() ? "powersgd" : "powersgd:" + powersgd_options;
+}
+
+}  // namespace torch_backend
+}  // namespace gossipcc

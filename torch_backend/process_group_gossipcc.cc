@@ -1,0 +1,501 @@
+#include "torch_backend/process_group_gossipcc.h"
+
+#include <ATen/core/ivalue.h>
+#include <ATen/core/jit_type.h>
+
+#include <cstdlib>
+#include <functional>
+#include <numeric>
+#include <utility>
+
+#include "comm/errors.h"
+#include "torch_backend/c10d_store.h"
+#include "torch_backend/tensor_buffer.h"
+
+namespace gossipcc {
+namespace torch_backend {
+namespace {
+
+using ::c10d::OpType;
+using C10dWork = ::c10d::Work;
+
+std::vector<c10::Device> CudaDevicesOf(const std::vector<at::Tensor>& tensors) {
+  std::vector<c10::Device> devices;
+  for (const at::Tensor& t : tensors) {
+    if (t.defined() && t.is_cuda() &&
+        std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
+      devices.push_back(t.device());
+    }
+  }
+  return devices;
+}
+
+// A c10d Work over a gossipcc Work. Its future completes with `outputs` once the gossipcc
+// operation is done and `finish` (copying staged results into the caller's tensors) has run.
+class GossipccWork : public C10dWork {
+ public:
+  GossipccWork(int rank, OpType type, const char* title, std::shared_ptr<::gossipcc::Work> inner,
+               std::vector<at::Tensor> outputs, std::function<void()> finish)
+      : C10dWork(rank, type, title),
+        inner_(std::move(inner)),
+        outputs_(std::move(outputs)),
+        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                         CudaDevicesOf(outputs_))) {
+    // The callback holds what it needs, not this Work: a caller may drop the Work early.
+    auto future = future_;
+    auto inner_work = inner_;
+    auto outputs_copy = outputs_;
+    inner_->add_done_callback([future, inner_work, outputs_copy, finish = std::move(finish)]() mutable {
+      std::exception_ptr error = inner_work->exception();
+      if (!error) {
+        try {
+          if (finish) finish();
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      finish = nullptr;  // releases staging tensors now
+      if (error) {
+        future->setError(error);
+      } else {
+        future->markCompleted(c10::IValue(c10::List<at::Tensor>(outputs_copy)));
+      }
+    });
+  }
+
+  bool isCompleted() override { return future_->completed(); }
+  bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
+  std::exception_ptr exception() const override {
+    return future_->completed() && future_->hasError() ? future_->exception_ptr() : nullptr;
+  }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  void synchronize() override {}
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    inner_->wait(timeout);  // throws TimeoutError / the operation's error
+    future_->wait();        // `finish` has run
+    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+    return true;
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  std::shared_ptr<::gossipcc::Work> inner_;
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+c10::intrusive_ptr<C10dWork> Wrap(int rank, OpType type, const char* title, std::shared_ptr<::gossipcc::Work> inner,
+                                  std::vector<at::Tensor> outputs, std::function<void()> finish = nullptr) {
+  return c10::make_intrusive<GossipccWork>(rank, type, title, std::move(inner), std::move(outputs), std::move(finish));
+}
+
+[[noreturn]] void Unsupported(const std::string& what) {
+  throw InvalidArgumentError("gossipcc backend does not support " + what);
+}
+
+// c10d's ReduceOp -> gossipcc's. bool tensors reduce as logical or/and (sum/max -> max,
+// product/min -> min), as torch's NCCL backend does.
+ReduceOp ToReduceOp(const ::c10d::ReduceOp& op, const at::Tensor& tensor, const char* where) {
+  const bool is_bool = tensor.scalar_type() == at::kBool;
+  switch (static_cast<::c10d::ReduceOp::RedOpType>(op)) {
+    case ::c10d::ReduceOp::SUM: return is_bool ? ReduceOp::kMax : ReduceOp::kSum;
+    case ::c10d::ReduceOp::AVG:
+      if (is_bool) Unsupported(std::string(where) + " with ReduceOp.AVG on bool tensors");
+      return ReduceOp::kAvg;
+    case ::c10d::ReduceOp::PRODUCT: return is_bool ? ReduceOp::kMin : ReduceOp::kProduct;
+    case ::c10d::ReduceOp::MIN: return ReduceOp::kMin;
+    case ::c10d::ReduceOp::MAX: return ReduceOp::kMax;
+    case ::c10d::ReduceOp::BAND: Unsupported(std::string(where) + " with ReduceOp.BAND");
+    case ::c10d::ReduceOp::BOR: Unsupported(std::string(where) + " with ReduceOp.BOR");
+    case ::c10d::ReduceOp::BXOR: Unsupported(std::string(where) + " with ReduceOp.BXOR");
+    default: Unsupported(std::string(where) + " with this ReduceOp (PREMUL_SUM or unknown)");
+  }
+}
+
+void CheckRoot(int64_t root, int size, const char* op) {
+  if (root < 0 || root >= size) {
+    throw InvalidArgumentError(std::string("gossipcc ") + op + ": root rank " + std::to_string(root) +
+                               " is out of range [0, " + std::to_string(size) + ")");
+  }
+}
+
+void CheckPeer(int peer, int size, const char* op) {
+  if (peer < 0 || peer >= size) {
+    throw InvalidArgumentError(std::string("gossipcc ") + op + ": peer rank " + std::to_string(peer) +
+                               " is out of range [0, " + std::to_string(size) + ")");
+  }
+}
+
+uint32_t ToTag(int tag, const char* op) {
+  if (tag < 0) throw InvalidArgumentError(std::string("gossipcc ") + op + ": tag must be >= 0, got " + std::to_string(tag));
+  return static_cast<uint32_t>(tag);
+}
+
+// One flat tensor holding `tensors` back to back (all of `like`'s dtype and device).
+at::Tensor Flatten(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
+// Copies consecutive pieces of `flat` into `tensors`.
+void Unflatten(const at::Tensor& flat, std::vector<at::Tensor>& tensors) {
+  int64_t offset = 0;
+  for (at::Tensor& t : tensors) {
+    const int64_t n = t.numel();
+    t.copy_(flat.narrow(0, offset, n).view(t.sizes()));
+    offset += n;
+  }
+}
+
+std::string TransportHostname() {
+  for (const char* name : {"GOSSIPCC_HOSTNAME"}) {
+    if (const char* v = std::getenv(name)) return v;
+  }
+  return "";
+}
+
+std::string TransportInterface() {
+  for (const char* name : {"GOSSIPCC_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+    if (const char* v = std::getenv(name); v && *v) return v;
+  }
+  return "";
+}
+
+CommunicatorOptions MakeCommunicatorOptions(const ProcessGroupOptions& options) {
+  CommunicatorOptions c = options.communicator;
+  c.timeout = options.timeout;
+  const std::string iface = TransportInterface();
+  const std::string host = TransportHostname();
+  if (!iface.empty()) c.interface = iface;
+  if (!host.empty()) c.hostname = host;
+  return c;
+}
+
+}  // namespace
+
+ProcessGroupGossipcc::ProcessGroupGossipcc(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
+                                           ProcessGroupOptions options)
+    : C10dBackendBase(rank, size), options_(std::move(options)) {
+  communicator_ = Communicator::Create(WrapC10dStore(store), rank, size, MakeCommunicatorOptions(options_));
+}
+
+ProcessGroupGossipcc::~ProcessGroupGossipcc() { shutdown(); }
+
+void ProcessGroupGossipcc::shutdown() {
+  if (communicator_) communicator_->shutdown();
+}
+
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::broadcast(std::vector<at::Tensor>& tensors,
+                                                             const ::c10d::BroadcastOptions& opts) {
+  const at::Tensor& t = SingleTensor(tensors, "broadcast", "");
+  CheckRoot(opts.rootRank, size_, "broadcast");
+  if (opts.rootTensor != 0) Unsupported("broadcast with rootTensor != 0 (one tensor per rank)");
+  auto work = communicator_->broadcast(ToBuffer(t, "broadcast", "tensor"), static_cast<int>(opts.rootRank));
+  return Wrap(rank_, OpType::BROADCAST, "gossipcc:broadcast", std::move(work), tensors);
+}
+
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce(std::vector<at::Tensor>& tensors,
+                                                             const ::c10d::AllreduceOptions& opts) {
+  const at::Tensor& t = SingleTensor(tensors, "allreduce", "");
+  const ReduceOp op = ToReduceOp(opts.reduceOp, t, "allreduce");
+  auto work = communicator_->allreduce(ToBuffer(t, "allreduce", "tensor"), op);
+  return Wrap(rank_, OpType::ALLREDUCE, "gossipcc:allreduce", std::move(work), tensors);
+}
+
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
+  if (tensors.empty()) throw InvalidArgumentError("gossipcc allreduce_coalesced: empty tensor list");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    if (t.scalar_type() != tensors[0].scalar_type() || t.device() != tensors[0].device()) {
+      throw InvalidArgumentError("gossipcc allreduce_coalesced: tensor[" + std::to_string(i) + "] is " +
+                                 c10::str(t.scalar_type(), " on ", t.device()) + ", tensor[0] is " +
+                                 c10::str(tensors[0].scalar_type(), " on ", tensors[0].device()) +
+                                 " (all must share dtype and device)");
+    }
+    ToBuffer(t, "allreduce_coalesced", "tensor[" + std::to_string(i) + "]");
+  }
+  const ReduceOp op = ToReduceOp(opts.reduceOp, tensors[0], "allreduce_coalesced");
+  at::Tensor flat = Flatten(tensors);
+  auto work = communicator_->allreduce(ToBuffer(flat, "allreduce_coalesced", "flattened tensors"), op);
+  std::vector<at::Tensor> outputs = tensors;
+  return Wrap(rank_, OpType::ALLREDUCE_COALESCED, "gossipcc:allreduce_coalesced", std::move(work), outputs,
+              [flat, outputs]() mutable { Unflatten(flat, outputs); });
+}
+
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce(std::vector<at::Tensor>& tensors,
+                                                          const ::c10d::ReduceOptions& opts) {
+  const at::Tensor& t = SingleTensor(tensors, "reduce", "");
+  CheckRoot(opts.rootRank, size_, "reduce");
+  if (opts.rootTensor != 0) Unsupported("reduce with rootTensor != 0 (one tensor per rank)");
+  const ReduceOp op = ToReduceOp(opts.reduceOp, t, "reduce");
+  // An all-reduce; ranks other than the root reduce into a scratch copy so their input is
+  // left as it was (c10d leaves non-root tensors unspecified; we keep them intact).
+  if (rank_ == opts.rootRank) {
+    auto work = communicator_->allreduce(ToBuffer(t, "reduce", "tensor"), op);
+    return Wrap(rank_, OpType::REDUCE, "gossipcc:reduce", std::move(work), tensors);
+  }
+  at::Tensor scratch = t.clone();
+  auto work = communicator_->allreduce(ToBuffer(scratch, "reduce", "tensor"), op);
+  return Wrap(rank_, OpType::REDUCE, "gossipcc:reduce", std::move(work), tensors, [scratch]() {});
+}
+
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                             std::vector<at::Tensor>& inputs,
+                                                             const ::c10d::AllgatherOptions&) {
+  const at::Tensor& input = SingleTensor(inputs, "allgather", "input");
+  if (outputs.size() != 1) {
+    throw InvalidArgumentError("gossipcc allgather: expects one output list per rank, got " +
+                               std::to_string(outputs.size()));
+  }
+  std::vector<at::Tensor>& out = outputs[0];
+  if (static_cast<int>(out.size()) != size_) {
+    throw InvalidArgumentError("gossipcc allgather: output list has " + std::to_string(out.size()) +
+                               " tensors, expected world size " + std::to_string(size_));
+  }
+  CheckSameLayout(out, input, "allgather", "output");
+  at::Tensor flat = at::empty({static_cast<int64_t>(size_) * input.numel()}, input.options());
+  auto work = communicator_->allgather(ToBuffer(input, "allgather", "input"), ToBuffer(flat, "allgather", "output"));
+  std::vector<at::Tensor> result = out;
+  return Wrap(rank_, OpType::ALLGATHER, "gossipcc:allgather", std::move(work), result,
+              [flat, result]() mutable { Unflatten(flat, result); });
+}
+
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                   const ::c10d::AllgatherOptions&) {
+  if (output.scalar_type() != input.scalar_type() || output.device() != input.device() ||
+      output.numel() != size_ * input.numel()) {
+    throw InvalidArgumentError("gossipcc _allgather_base: output is " +
+                               c10::str(output.numel(), " x ", output.scalar_type(), " on ", output.device()) +
+                               ", expected world size x input = " +
+                               c10::str(size_ * input.numel(), " x ", input.scalar_type(), " on ", input.device()));
+  }
+  auto work = communicator_->allgather(ToBuffer(input, "_allgather_base", "input"),
+                                       ToBuffer(output, "_allgather_base", "output"));
+  return Wrap(rank_, OpType::_ALLGATHER_BASE, "gossipcc:_allgather_base", std::move(work), {output});
+}
+
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const ::c10d::AllgatherOptions&) {
+  // Every rank contributes the same list of tensors; gathered as one flat allgather.
+  if (inputs.empty()) throw InvalidArgumentError("gossipcc allgather_coalesced: empty input list");
+  if (static_cast<int>(outputs.size()) != size_) {
+    throw InvalidArgumentError("gossipcc allgather_coalesced: " + std::to_string(outputs.size()) +
+                               " output lists, expected world size " + std::to_string(size_));
+  }
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    if (outputs[r].size() != inputs.size()) {
+      throw InvalidArgumentError("gossipcc allgather_coalesced: output list " + std::to_string(r) + " has " +
+                                 std::to_string(outputs[r].size()) + " tensors, expected " +
+                                 std::to_string(inputs.size()));
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) CheckSameLayout({outputs[r][i]}, inputs[i], "allgather_coalesced", "output");
+  }
+  at::Tensor flat_in = Flatten(inputs);
+  at::Tensor flat_out = at::empty({static_cast<int64_t>(size_) * flat_in.numel()}, flat_in.options());
+  auto work = communicator_->allgather(ToBuffer(flat_in, "allgather_coalesced", "input"),
+                                       ToBuffer(flat_out, "allgather_coalesced", "output"));
+  std::vector<at::Tensor> all;
+  for (auto& list : outputs) all.insert(all.end(), list.begin(), list.end());
+  return Wrap(rank_, OpType::ALLGATHER_COALESCED, "gossipcc:allgather_coalesced", std::move(work), all,
+              [flat_in, flat_out, all]() mutable { Unflatten(flat_out, all); });
+}
+
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const ::c10d::GatherOptions& opts) {
+  const at::Tensor& input = SingleTensor(inputs, "gather", "input");
+  CheckRoot(opts.rootRank, size_, "gather");
+  const int root = static_cast<int>(opts.rootRank);
+  const size_t n = static_cast<size_t>(input.numel());
+  // An all-to-all-v in which every rank sends its input to the root only: one message per
+  // rank, ordered with the other collectives.
+  std::vector<size_t> send_counts(size_, 0), recv_counts(size_, 0);
+  send_counts[root] = n;
+  at::Tensor flat;
+  std::vector<at::Tensor> result;
+  if (rank_ == root) {
+    if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_) {
+      throw InvalidArgumentError("gossipcc gather: the root needs one output list of world size " +
+                                 std::to_string(size_) + " tensors");
+    }
+    CheckSameLayout(outputs[0], input, "gather", "output");
+    std::fill(recv_counts.begin(), recv_counts.end(), n);
+    flat = at::empty({static_cast<int64_t>(size_ * n)}, input.options());
+    result = outputs[0];
+  } else {
+    if (!outputs.empty() && !(outputs.size() == 1 && outputs[0].empty())) {
+      throw InvalidArgumentError("gossipcc gather: non-root rank " + std::to_string(rank_) +
+                                 " must pass no output tensors");
+    }
+    flat = at::empty({0}, input.options());
+  }
+  auto work = communicator_->alltoallv(ToBuffer(input, "gather", "input"), send_counts,
+                                       ToBuffer(flat, "gather", "output"), recv_counts);
+  return Wrap(rank_, OpType::GATHER, "gossipcc:gather", std::move(work), result,
+              [flat, result]() mutable { Unflatten(flat, result); });
+}
+
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::scatter(std::vector<at::Tensor>& outputs,
+                                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                                           const ::c10d::ScatterOptions& opts) {
+  const at::Tensor& output = SingleTensor(outputs, "scatter", "output");
+  CheckRoot(opts.rootRank, size_, "scatter");
+  const int root = static_cast<int>(opts.rootRank);
+  const size_t n = static_cast<size_t>(output.numel());
+  std::vector<size_t> send_counts(size_, 0), recv_counts(size_, 0);
+  recv_counts[root] = n;
+  at::Tensor flat;
+  if (rank_ == root) {
+    if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
+      throw InvalidArgumentError("gossipcc scatter: the root needs one input list of world size " +
+                                 std::to_string(size_) + " tensors");
+    }
+    CheckSameLayout(inputs[0], output, "scatter", "input");
+    std::fill(send_counts.begin(), send_counts.end(), n);
+    flat = Flatten(inputs[0]);
+  } else {
+    if (!inputs.empty() && !(inputs.size() == 1 && inputs[0].empty())) {
+      throw InvalidArgumentError("gossipcc scatter: non-root rank " + std::to_string(rank_) +
+                                 " must pass no input tensors");
+    }
+    flat = at::empty({0}, output.options());
+  }
+  auto work = communicator_->alltoallv(ToBuffer(flat, "scatter", "input"), send_counts,
+                                       ToBuffer(output, "scatter", "output"), recv_counts);
+  return Wrap(rank_, OpType::SCATTER, "gossipcc:scatter", std::move(work), outputs, [flat]() {});
+}
+
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                  std::vector<std::vector<at::Tensor>>& inputs,
+                                                                  const ::c10d::ReduceScatterOptions& opts) {
+  const at::Tensor& output = SingleTensor(outputs, "reduce_scatter", "output");
+  if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
+    throw InvalidArgumentError("gossipcc reduce_scatter: expects one input list of world size " +
+                               std::to_string(size_) + " tensors");
+  }
+  CheckSameLayout(inputs[0], output, "reduce_scatter", "input");
+  const ReduceOp op = ToReduceOp(opts.reduceOp, output, "reduce_scatter");
+  at::Tensor flat = Flatten(inputs[0]);
+  auto work = communicator_->reduce_scatter(ToBuffer(flat, "reduce_scatter", "input"),
+                                            ToBuffer(output, "reduce_scatter", "output"), op);
+  return Wrap(rank_, OpType::REDUCE_SCATTER, "gossipcc:reduce_scatter", std::move(work), outputs, [flat]() {});
+}
+
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                        const ::c10d::ReduceScatterOptions& opts) {
+  const ReduceOp op = ToReduceOp(opts.reduceOp, output, "_reduce_scatter_base");
+  auto work = communicator_->reduce_scatter(ToBuffer(input, "_reduce_scatter_base", "input"),
+                                            ToBuffer(output, "_reduce_scatter_base", "output"), op);
+  return Wrap(rank_, OpType::_REDUCE_SCATTER_BASE, "gossipcc:_reduce_scatter_base", std::move(work), {output});
+}
+
+namespace {
+
+// Split sizes (in rows of dim 0) -> element counts; empty means equal splits.
+std::vector<size_t> SplitCounts(const at::Tensor& t, const std::vector<int64_t>& splits, int size,
+                                const char* what) {
+  const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  const int64_t row_elems = rows == 0 ? 0 : t.numel() / rows;
+  std::vector<size_t> counts(size);
+  if (splits.empty()) {
+    if (rows % size != 0) {
+      throw InvalidArgumentError(std::string("gossipcc alltoall_base: ") + what + " has " + std::to_string(rows) +
+                                 " rows, not divisible by world size " + std::to_string(size));
+    }
+    std::fill(counts.begin(), counts.end(), static_cast<size_t>(rows / size * row_elems));
+    return counts;
+  }
+  if (static_cast<int>(splits.size()) != size) {
+    throw InvalidArgumentError(std::string("gossipcc alltoall_base: ") + what + " split sizes have " +
+                               std::to_string(splits.size()) + " entries, expected world size " + std::to_string(size));
+  }
+  int64_t total = 0;
+  for (int i = 0; i < size; ++i) {
+    if (splits[i] < 0) throw InvalidArgumentError(std::string("gossipcc alltoall_base: negative ") + what + " split size");
+    counts[i] = static_cast<size_t>(splits[i] * row_elems);
+    total += splits[i];
+  }
+  if (total != rows) {
+    throw InvalidArgumentError(std::string("gossipcc alltoall_base: ") + what + " split sizes sum to " +
+                               std::to_string(total) + ", but the tensor has " + std::to_string(rows) + " rows");
+  }
+  return counts;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                                 std::vector<int64_t>& output_split_sizes,
+                                                                 std::vector<int64_t>& input_split_sizes,
+                                                                 const ::c10d::AllToAllOptions&) {
+  std::vector<size_t> send = SplitCounts(input, input_split_sizes, size_, "input");
+  std::vector<size_t> recv = SplitCounts(output, output_split_sizes, size_, "output");
+  auto work = communicator_->alltoallv(ToBuffer(input, "alltoall_base", "input"), send,
+                                       ToBuffer(output, "alltoall_base", "output"), recv);
+  return Wrap(rank_, OpType::ALLTOALL_BASE, "gossipcc:alltoall_base", std::move(work), {output});
+}
+
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall(std::vector<at::Tensor>& outputs,
+                                                            std::vector<at::Tensor>& inputs,
+                                                            const ::c10d::AllToAllOptions&) {
+  if (static_cast<int>(inputs.size()) != size_ || static_cast<int>(outputs.size()) != size_) {
+    throw InvalidArgumentError("gossipcc alltoall: expects world size " + std::to_string(size_) +
+                               " input and output tensors, got " + std::to_string(inputs.size()) + " and " +
+                               std::to_string(outputs.size()));
+  }
+  std::vector<size_t> send(size_), recv(size_);
+  for (int i = 0; i < size_; ++i) {
+    if (inputs[i].scalar_type() != inputs[0].scalar_type() || outputs[i].scalar_type() != inputs[0].scalar_type() ||
+        inputs[i].device() != inputs[0].device() || outputs[i].device() != inputs[0].device()) {
+      throw InvalidArgumentError("gossipcc alltoall: every input and output tensor must share dtype and device");
+    }
+    send[i] = static_cast<size_t>(inputs[i].numel());
+    recv[i] = static_cast<size_t>(outputs[i].numel());
+  }
+  at::Tensor flat_in = Flatten(inputs);
+  at::Tensor flat_out = at::empty({std::accumulate(recv.begin(), recv.end(), int64_t{0})}, inputs[0].options());
+  auto work = communicator_->alltoallv(ToBuffer(flat_in, "alltoall", "input"), send,
+                                       ToBuffer(flat_out, "alltoall", "output"), recv);
+  std::vector<at::Tensor> result = outputs;
+  return Wrap(rank_, OpType::ALLTOALL, "gossipcc:alltoall", std::move(work), result,
+              [flat_in, flat_out, result]() mutable { Unflatten(flat_out, result); });
+}
+
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  const at::Tensor& t = SingleTensor(tensors, "send", "");
+  CheckPeer(dst_rank, size_, "send");
+  auto work = communicator_->send(ToBuffer(t, "send", "tensor"), dst_rank, ToTag(tag, "send"));
+  return Wrap(rank_, OpType::SEND, "gossipcc:send", std::move(work), tensors);
+}
+
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  const at::Tensor& t = SingleTensor(tensors, "recv", "");
+  CheckPeer(src_rank, size_, "recv");
+  auto work = communicator_->recv(ToBuffer(t, "recv", "tensor"), src_rank, ToTag(tag, "recv"));
+  return Wrap(rank_, OpType::RECV, "gossipcc:recv", std::move(work), tensors);
+}
+
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::recvAnysource(std::vector<at::Tensor>&, int) {
+  Unsupported("recv from any source (recvAnysource): pass src");
+}
+
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::barrier(const ::c10d::BarrierOptions&) {
+  return Wrap(rank_, OpType::BARRIER, "gossipcc:barrier", communicator_->barrier(), {});
+}
+
+void ProcessGroupGossipcc::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool) {
+  auto work = communicator_->barrier();
+  work->wait(opts.timeout.count() > 0 ? opts.timeout : std::chrono::milliseconds::zero());
+}
+
+void ProcessGroupGossipcc::setSequenceNumberForGroup() { sequence_number_ = 0; }
+uint64_t ProcessGroupGossipcc::getSequenceNumberForGroup() { return sequence_number_; }
+
+}  // namespace torch_backend
+}  // namespace gossipcc

@@ -1,0 +1,82 @@
+"""gossipcc: gossip and compressed collectives as a torch.distributed backend.
+
+``import gossipcc`` registers the backend once under the name ``"gossipcc"``::
+
+    import gossipcc, torch.distributed as dist
+    dist.init_process_group(backend="gossipcc", init_method="env://")
+
+CPU tensors travel over Gloo, CUDA tensors over NCCL. How DistributedDataParallel all-reduces
+its gradient buckets is the *allreduce policy*: ``configure(allreduce=...)`` before
+``init_process_group``, else the ``GOSSIPCC_ALLREDUCE`` environment variable, else ``"exact"``.
+See docs/pytorch.md.
+"""
+import os
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+from ._C import (AbortedError, CommError, InvalidArgumentError, MismatchError, PeerError,
+                 ProcessGroupGossipcc, TimeoutError)
+
+BACKEND_NAME = "gossipcc"
+ENV_ALLREDUCE = "GOSSIPCC_ALLREDUCE"
+
+_configured = {"allreduce": None}
+
+
+def configure(allreduce=None):
+    """Sets the backend's options for process groups created after this call.
+
+    allreduce: policy string, e.g. "exact" or "powersgd:rank=2,start_iter=10". Validated now;
+    it takes precedence over the GOSSIPCC_ALLREDUCE environment variable.
+    """
+    if allreduce is not None:
+        _C.parse_allreduce_policy(allreduce)
+    _configured["allreduce"] = allreduce
+
+
+def allreduce_policy():
+    """The policy a process group created now would get (normal form)."""
+    text = _configured["allreduce"]
+    if text is None:
+        text = os.environ.get(ENV_ALLREDUCE, "exact")
+    return _C.parse_allreduce_policy(text)
+
+
+def _create_backend(store, rank, size, timeout):
+    # Called by torch.distributed.init_process_group / new_group.
+    return ProcessGroupGossipcc(store, rank, size, timeout, allreduce_policy())
+
+
+def _register():
+    if BACKEND_NAME.upper() in dist.Backend.__dict__ or BACKEND_NAME in getattr(dist.Backend, "backend_list", []):
+        return  # already registered (register_backend raises on a second call)
+    if _C.TORCH_HAS_BACKEND_CLASS:
+        dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=["cpu", "cuda"])
+    else:
+        dist.Backend.register_backend(BACKEND_NAME, _create_backend)
+
+
+_register()
+
+from . import ddp as _ddp  # noqa: E402  (installs the DDP allreduce-policy hook)
+
+
+def get_backend_object(group=None):
+    """The ProcessGroupGossipcc behind `group` (default: the default group)."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if isinstance(pg, ProcessGroupGossipcc):
+        return pg
+    if hasattr(pg, "_get_backend"):  # torch 2.x: a ProcessGroup dispatching to backends
+        backend = pg._get_backend(torch.device("cpu"))
+        if isinstance(backend, ProcessGroupGossipcc):
+            return backend
+    raise ValueError("gossipcc: the process group does not use the gossipcc backend")
+
+
+__all__ = [
+    "BACKEND_NAME", "ENV_ALLREDUCE", "configure", "allreduce_policy", "get_backend_object",
+    "ProcessGroupGossipcc", "CommError", "InvalidArgumentError", "MismatchError", "TimeoutError",
+    "PeerError", "AbortedError",
+]

@@ -1,0 +1,32 @@
+// Tensor -> gossipcc::Buffer views, with the checks every c10d call makes on its arguments.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "comm/types.h"
+
+namespace gossipcc {
+namespace torch_backend {
+
+// The dtype gossipcc moves `type` as; throws InvalidArgumentError naming `op` for dtypes it
+// cannot (complex, quantized). bool travels as uint8 (the same bytes).
+DType ToDType(at::ScalarType type, const char* op);
+Device ToDevice(const at::Device& device, const char* op);
+
+// A view of a dense, contiguous CPU or CUDA tensor; throws InvalidArgumentError naming `op`
+// and `what` ("input", "output[2]") otherwise.
+Buffer ToBuffer(const at::Tensor& tensor, const char* op, const std::string& what);
+
+// Checks that `tensors` holds exactly one tensor (c10d passes lists; gossipcc runs one
+// tensor per rank and per call, as ProcessGroupGloo does for a single device).
+const at::Tensor& SingleTensor(const std::vector<at::Tensor>& tensors, const char* op, const char* what);
+
+// Checks that every tensor in `tensors` has `reference`'s dtype, device and element count.
+void CheckSameLayout(const std::vector<at::Tensor>& tensors, const at::Tensor& reference, const char* op,
+                     const char* what);
+
+}  // namespace torch_backend
+}  // namespace gossipcc
