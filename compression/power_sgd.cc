@@ -1,0 +1,615 @@
+#include "compression/power_sgd.h"
+
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "comm/errors.h"
+#include "compression/power_sgd_math.h"
+
+namespace gossipcc {
+namespace compression {
+
+using internal::MathBackend;
+
+namespace {
+
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+
+struct Hasher {
+  uint64_t h = kFnvOffset;
+  void Bytes(const void* p, size_t n) {
+    const uint8_t* b = static_cast<const uint8_t*>(p);
+    for (size_t i = 0; i < n; ++i) {
+      h ^= b[i];
+      h *= 0x100000001b3ull;
+    }
+  }
+  template <typename T>
+  void Pod(const T& v) { Bytes(&v, sizeof(v)); }
+  void Str(const std::string& s) {
+    Pod<uint64_t>(s.size());
+    Bytes(s.data(), s.size());
+  }
+};
+
+uint64_t SplitMix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Standard normal samples from a seed, with our own generator and Box-Muller, so every rank
+// (and the CPU and CUDA paths) draws the same numbers whatever the standard library.
+void FillNormal(uint64_t seed, float* out, size_t n) {
+  uint64_t s = seed;
+  for (size_t i = 0; i < n; i += 2) {
+    const double u1 = (static_cast<double>(SplitMix64(s) >> 11) + 1.0) * (1.0 / 9007199254740993.0);  // (0, 1]
+    const double u2 = static_cast<double>(SplitMix64(s) >> 11) * (1.0 / 9007199254740992.0);           // [0, 1)
+    const double radius = std::sqrt(-2.0 * std::log(u1));
+    out[i] = static_cast<float>(radius * std::cos(2 * M_PI * u2));
+    if (i + 1 < n) out[i + 1] = static_cast<float>(radius * std::sin(2 * M_PI * u2));
+  }
+}
+
+uint64_t OptionsHash(const PowerSGDOptions& o) {
+  Hasher h;
+  h.Pod<int32_t>(o.matrix_approximation_rank);
+  h.Pod<int64_t>(o.start_powerSGD_iter);
+  h.Pod<double>(o.min_compression_rate);
+  h.Pod<uint8_t>(o.use_error_feedback);
+  h.Pod<uint8_t>(o.warm_start);
+  h.Pod<double>(o.orthogonalization_epsilon);
+  h.Pod<uint64_t>(o.random_seed);
+  h.Pod<uint8_t>(o.batch_tensors_with_same_shape);
+  h.Pod<int32_t>(o.num_iters_per_step);
+  h.Pod<uint8_t>(static_cast<uint8_t>(o.nonfinite));
+  return h.h;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&s, i ? ", " : "", shape[i]);
+  return s + "]";
+}
+
+// Fields of the cross-rank check, one int64 each.
+enum CheckField { kFingerprint, kOptions, kTensors, kElements, kNonFinite, kNumCheckFields };
+
+}  // namespace
+
+// ---- stats ----
+
+void PowerSGDStats::Add(const PowerSGDStats& o) {
+  calls += o.calls;
+  tensors += o.tensors;
+  compressed_tensors += o.compressed_tensors;
+  elements_before += o.elements_before;
+  elements_after += o.elements_after;
+  bytes_before += o.bytes_before;
+  bytes_after += o.bytes_after;
+  check_bytes += o.check_bytes;
+  allreduce_calls += o.allreduce_calls;
+  nonfinite_calls += o.nonfinite_calls;
+}
+
+std::string PowerSGDStats::ToString() const {
+  return absl::StrFormat(
+      "%d call(s), %d tensor(s) (%d compressed), elements %d -> %d, bytes %d -> %d (ratio %.2fx), %d all-reduce(s), "
+      "%d check bytes, %d call(s) with NaN/Inf",
+      calls, tensors, compressed_tensors, elements_before, elements_after, bytes_before, bytes_after,
+      compression_ratio(), allreduce_calls, check_bytes, nonfinite_calls);
+}
+
+// ---- state ----
+
+struct PowerSGD::State {
+  std::vector<int64_t> shape;
+  DType dtype = DType::kFloat32;
+  int64_t steps = 0;
+  MathBackend* backend = nullptr;  // where error and q live
+  std::shared_ptr<void> error;     // n*m floats or null
+  size_t error_count = 0;
+  std::shared_ptr<void> q;  // m*r floats or null
+  size_t q_count = 0;
+
+  float* error_ptr() const { return static_cast<float*>(error.get()); }
+  float* q_ptr() const { return static_cast<float*>(q.get()); }
+
+  std::vector<float> Download(const std::shared_ptr<void>& a, size_t count) const {
+    std::vector<float> out(count);
+    if (count) backend->Download(a.get(), out.data(), count * sizeof(float));
+    return out;
+  }
+  // Moves the arrays into `target`'s memory.
+  void MoveTo(MathBackend& target) {
+    if (backend == &target) return;
+    auto move = [&](std::shared_ptr<void>& a, size_t count) {
+      if (!a) return;
+      std::vector<float> host = Download(a, count);
+      a = target.Alloc(count * sizeof(float));
+      target.Upload(host.data(), a.get(), count * sizeof(float));
+    };
+    move(error, error_count);
+    move(q, q_count);
+    backend = &target;
+  }
+};
+
+struct PowerSGD::Plan {
+  size_t index = 0;  // into the call's tensors
+  int64_t n = 0, m = 0;
+  int r = 0;
+  size_t p_offset = 0, q_offset = 0;  // in floats, into the P and Q packs
+  State* state = nullptr;
+  float* M = nullptr;
+  std::shared_ptr<void> scratch;
+};
+
+PowerSGD::PowerSGD(PowerSGDOptions options) : options_(options), cpu_(internal::MakeCpuBackend()) {
+  options_.Validate();
+}
+
+PowerSGD::~PowerSGD() = default;
+
+MathBackend& PowerSGD::BackendFor(Device device) {
+  if (!device.is_cuda()) return *cpu_;
+  auto& b = cuda_[device.index];
+  if (!b) b = internal::MakeCudaBackend(device.index);
+  return *b;
+}
+
+bool PowerSGD::ShouldCompress(const std::vector<int64_t>& shape, const PowerSGDOptions& options, int* rank_used) {
+  if (shape.size() < 2) return false;
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  if (numel == 0) return false;
+  const int64_t n = shape[0], m = numel / n;
+  const int64_t r = std::min<int64_t>({n, m, options.matrix_approximation_rank});
+  if (rank_used) *rank_used = static_cast<int>(r);
+  return static_cast<double>((n + m) * r) * options.min_compression_rate < static_cast<double>(n * m);
+}
+
+void PowerSGD::Exact(Communicator& comm, absl::Span<const GradientTensor> tensors, const std::vector<size_t>& which,
+                     PowerSGDStats& stats) {
+  // One packed all-reduce per dtype (one in the usual single-dtype case); a lone tensor is
+  // reduced in place.
+  std::map<DType, std::vector<size_t>> by_dtype;
+  for (size_t i : which) {
+    if (tensors[i].data.count > 0) by_dtype[tensors[i].data.dtype].push_back(i);
+  }
+  for (auto& [dtype, list] : by_dtype) {
+    const size_t esize = ElementSize(dtype);
+    size_t total = 0;
+    for (size_t i : list) total += tensors[i].data.count;
+    stats.elements_after += total;
+    stats.bytes_after += total * esize;
+    ++stats.allreduce_calls;
+    if (list.size() == 1) {
+      comm.allreduce(tensors[list[0]].data, ReduceOp::kAvg)->wait();
+      continue;
+    }
+    MathBackend& backend = BackendFor(tensors[list[0]].data.device);
+    std::shared_ptr<void> pack = backend.Alloc(total * esize);
+    uint8_t* base = static_cast<uint8_t*>(pack.get());
+    size_t offset = 0;
+    for (size_t i : list) {
+      backend.Copy(base + offset, tensors[i].data.data, tensors[i].data.bytes());
+      offset += tensors[i].data.bytes();
+    }
+    backend.Synchronize();
+    comm.allreduce(Buffer{pack.get(), total, dtype, backend.device()}, ReduceOp::kAvg)->wait();
+    offset = 0;
+    for (size_t i : list) {
+      backend.Copy(tensors[i].data.data, base + offset, tensors[i].data.bytes());
+      offset += tensors[i].data.bytes();
+    }
+    backend.Synchronize();
+  }
+}
+
+PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientTensor> tensors) {
+  const std::string where = absl::StrCat("PowerSGD allreduce on rank ", comm.rank(), " of ", comm.size());
+  auto invalid = [&](const std::string& why) { throw InvalidArgumentError(absl::StrCat(where, ": ", why)); };
+
+  // ---- local validation: nothing sent yet ----
+  Device device;
+  std::set<std::string> keys;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const GradientTensor& t = tensors[i];
+    const std::string what = absl::StrCat("tensor ", i, " (\"", t.key, "\")");
+    if (t.key.empty()) invalid(absl::StrCat("tensor ", i, " has an empty key"));
+    if (!keys.insert(t.key).second) invalid(absl::StrCat("key \"", t.key, "\" appears twice"));
+    if (!IsFloatingPoint(t.data.dtype)) {
+      invalid(absl::StrCat(what, " has dtype ", DTypeName(t.data.dtype), "; PowerSGD averages float32, float64, float16 and bfloat16"));
+    }
+    uint64_t numel = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0) invalid(absl::StrCat(what, " has a negative dimension in shape ", ShapeString(t.shape)));
+      numel *= static_cast<uint64_t>(d);
+    }
+    if (numel != t.data.count) {
+      invalid(absl::StrCat(what, ": shape ", ShapeString(t.shape), " has ", numel, " elements but the buffer has ", t.data.count));
+    }
+    if (t.data.count > 0 && t.data.data == nullptr) invalid(absl::StrCat(what, " has null data"));
+    if (i == 0) device = t.data.device;
+    if (t.data.device != device) {
+      invalid(absl::StrCat(what, " is on ", t.data.device.ToString(), " but tensor 0 is on ", device.ToString(),
+                           "; one call takes tensors of one device"));
+    }
+    auto it = states_.find(t.key);
+    if (it != states_.end() && (it->second->shape != t.shape || it->second->dtype != t.data.dtype)) {
+      invalid(absl::StrCat(what, " has shape ", ShapeString(t.shape), " ", DTypeName(t.data.dtype), " but earlier calls gave ",
+                           ShapeString(it->second->shape), " ", DTypeName(it->second->dtype),
+                           "; keys must name the same tensor on every call"));
+    }
+  }
+  MathBackend& backend = BackendFor(device);
+
+  // ---- plan ----
+  PowerSGDStats stats;
+  stats.calls = 1;
+  stats.tensors = tensors.size();
+  std::vector<size_t> exact;
+  std::vector<Plan> plans;
+  Hasher fp;
+  fp.Pod<uint64_t>(tensors.size());
+  uint64_t total_elements = 0, nonfinite = 0;
+  std::string nonfinite_keys;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const GradientTensor& t = tensors[i];
+    auto it = states_.find(t.key);
+    const int64_t steps = it == states_.end() ? 0 : it->second->steps;
+    int r = 0;
+    const bool compress = steps >= options_.start_powerSGD_iter && ShouldCompress(t.shape, options_, &r);
+    fp.Str(t.key);
+    fp.Pod<uint8_t>(static_cast<uint8_t>(t.data.dtype));
+    fp.Pod<uint64_t>(t.shape.size());
+    for (int64_t d : t.shape) fp.Pod<int64_t>(d);
+    fp.Pod<int64_t>(steps);
+    fp.Pod<uint8_t>(compress);
+    total_elements += t.data.count;
+    stats.elements_before += t.data.count;
+    stats.bytes_before += t.data.bytes();
+    if (options_.nonfinite != NonFinitePolicy::kUnchecked && !backend.AllFinite(t.data)) {
+      ++nonfinite;
+      if (nonfinite <= 5) absl::StrAppend(&nonfinite_keys, nonfinite > 1 ? ", " : "", "\"", t.key, "\"");
+    }
+    if (!compress) {
+      exact.push_back(i);
+      continue;
+    }
+    Plan p;
+    p.index = i;
+    p.n = t.shape[0];
+    p.m = static_cast<int64_t>(t.data.count) / p.n;
+    p.r = r;
+    p.state = nullptr;
+    plans.push_back(p);
+  }
+
+  // ---- cross-rank check: one allgather of 5 int64 per rank, before any payload moves ----
+  const int W = comm.size();
+  std::vector<int64_t> mine(kNumCheckFields), table(kNumCheckFields * W);
+  mine[kFingerprint] = static_cast<int64_t>(fp.h);
+  mine[kOptions] = static_cast<int64_t>(OptionsHash(options_));
+  mine[kTensors] = static_cast<int64_t>(tensors.size());
+  mine[kElements] = static_cast<int64_t>(total_elements);
+  mine[kNonFinite] = static_cast<int64_t>(nonfinite);
+  comm.allgather(CpuBuffer(mine.data(), mine.size()), CpuBuffer(table.data(), table.size()))->wait();
+  stats.check_bytes = mine.size() * sizeof(int64_t);
+  auto field = [&](int rank, CheckField f) { return table[rank * kNumCheckFields + f]; };
+  bool options_differ = false, tensors_differ = false;
+  int64_t ranks_nonfinite = 0;
+  for (int q = 0; q < W; ++q) {
+    options_differ |= field(q, kOptions) != field(0, kOptions);
+    tensors_differ |= field(q, kFingerprint) != field(0, kFingerprint);
+    ranks_nonfinite += field(q, kNonFinite) > 0;
+  }
+  if (options_differ) {
+    std::string detail;
+    for (int q = 0; q < W; ++q) absl::StrAppend(&detail, q ? ", " : "", "rank ", q, ": ", absl::Hex(field(q, kOptions)));
+    throw MismatchError(absl::StrCat(where, ": ranks use different PowerSGD options (hashes ", detail,
+                                     "); this rank: ", options_.ToString(), "; no data was exchanged"));
+  }
+  if (tensors_differ) {
+    std::string detail;
+    for (int q = 0; q < W; ++q) {
+      absl::StrAppend(&detail, q ? "; " : "", "rank ", q, ": ", field(q, kTensors), " tensors, ", field(q, kElements),
+                      " elements, fingerprint ", absl::Hex(field(q, kFingerprint)));
+    }
+    throw MismatchError(absl::StrCat(where,
+                                     ": ranks disagree on the tensor list (keys, order, shapes, dtypes or per-key step "
+                                     "counts): ",
+                                     detail, "; no data was exchanged"));
+  }
+  if (ranks_nonfinite > 0) {
+    stats.nonfinite_calls = 1;
+    if (options_.nonfinite == NonFinitePolicy::kError) {
+      std::string detail;
+      for (int q = 0; q < W; ++q) {
+        if (field(q, kNonFinite) > 0) absl::StrAppend(&detail, detail.empty() ? "" : ", ", "rank ", q, ": ", field(q, kNonFinite));
+      }
+      throw InvalidArgumentError(absl::StrCat(where, ": NaN or Inf in the input (tensors with NaN/Inf per rank: ", detail,
+                                              nonfinite_keys.empty() ? "" : absl::StrCat("; here: ", nonfinite_keys),
+                                              "); nothing was reduced and the PowerSGD state is unchanged"));
+    }
+    // Pass-through: an exact average of everything, state untouched.
+    std::vector<size_t> all(tensors.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    Exact(comm, tensors, all, stats);
+    last_ = stats;
+    total_.Add(stats);
+    return stats;
+  }
+
+  // ---- state for every key (created now that the call is known to be consistent) ----
+  for (const GradientTensor& t : tensors) {
+    auto& s = states_[t.key];
+    if (!s) {
+      s = std::make_unique<State>();
+      s->shape = t.shape;
+      s->dtype = t.data.dtype;
+      s->backend = &backend;
+    }
+  }
+
+  // ---- exact part ----
+  Exact(comm, tensors, exact, stats);
+
+  // ---- compressed part ----
+  if (!plans.empty()) {
+    size_t p_total = 0, q_total = 0;
+    for (Plan& p : plans) {
+      p.p_offset = p_total;
+      p.q_offset = q_total;
+      p_total += p.n * p.r;
+      q_total += p.m * p.r;
+      p.state = states_[tensors[p.index].key].get();
+    }
+    stats.compressed_tensors = plans.size();
+    std::shared_ptr<void> p_pack = backend.Alloc(p_total * sizeof(float));
+    std::shared_ptr<void> q_pack = backend.Alloc(q_total * sizeof(float));
+    float* P = static_cast<float*>(p_pack.get());
+    float* Q = static_cast<float*>(q_pack.get());
+    const float eps = static_cast<float>(options_.orthogonalization_epsilon);
+
+    for (Plan& p : plans) {
+      const GradientTensor& t = tensors[p.index];
+      State& s = *p.state;
+      s.MoveTo(backend);
+      const size_t nm = static_cast<size_t>(p.n * p.m), mr = static_cast<size_t>(p.m * p.r);
+      if (!s.q || s.q_count != mr || !options_.warm_start) {
+        // Same seed on every rank: random_seed mixed with the key (and the step without warm start).
+        Hasher h;
+        h.Pod<uint64_t>(options_.random_seed);
+        h.Str(t.key);
+        if (!options_.warm_start) h.Pod<int64_t>(s.steps);
+        std::vector<float> host(mr);
+        FillNormal(h.h, host.data(), mr);
+        cpu_->Orthogonalize(host.data(), p.m, p.r, eps);
+        if (!s.q || s.q_count != mr) s.q = backend.Alloc(mr * sizeof(float));
+        s.q_count = mr;
+        backend.Upload(host.data(), s.q.get(), mr * sizeof(float));
+      }
+      if (options_.use_error_feedback && !s.error) {
+        s.error = backend.Alloc(nm * sizeof(float));
+        s.error_count = nm;
+      }
+      if (t.data.dtype != DType::kFloat32) p.scratch = backend.Alloc(nm * sizeof(float));
+      p.M = backend.LoadMatrix(t.data, options_.use_error_feedback ? s.error_ptr() : nullptr,
+                               static_cast<float*>(p.scratch.get()));
+    }
+
+    for (int it = 0; it < options_.num_iters_per_step; ++it) {
+      for (Plan& p : plans) {
+        const float* q_in = it == 0 ? p.state->q_ptr() : Q + p.q_offset;
+        backend.MultiplyMQ(p.M, q_in, P + p.p_offset, p.n, p.m, p.r);
+      }
+      backend.Synchronize();
+      comm.allreduce(Buffer{P, p_total, DType::kFloat32, backend.device()}, ReduceOp::kSum)->wait();
+      for (Plan& p : plans) {
+        backend.Orthogonalize(P + p.p_offset, p.n, p.r, eps);
+        backend.MultiplyMtP(p.M, P + p.p_offset, Q + p.q_offset, p.n, p.m, p.r);
+      }
+      backend.Synchronize();
+      comm.allreduce(Buffer{Q, q_total, DType::kFloat32, backend.device()}, ReduceOp::kAvg)->wait();
+      stats.allreduce_calls += 2;
+      stats.elements_after += p_total + q_total;
+      stats.bytes_after += (p_total + q_total) * sizeof(float);
+    }
+
+    for (Plan& p : plans) {
+      State& s = *p.state;
+      backend.Finish(p.M, P + p.p_offset, Q + p.q_offset, p.n, p.m, p.r,
+                     options_.use_error_feedback ? s.error_ptr() : nullptr, tensors[p.index].data);
+      backend.Copy(s.q.get(), Q + p.q_offset, s.q_count * sizeof(float));
+    }
+    backend.Synchronize();
+  }
+
+  for (const GradientTensor& t : tensors) ++states_[t.key]->steps;
+  last_ = stats;
+  total_.Add(stats);
+  return stats;
+}
+
+// ---- checkpoints ----
+
+PowerSGDCheckpoint PowerSGD::SaveState() const {
+  PowerSGDCheckpoint c;
+  c.options = options_;
+  for (const auto& [key, s] : states_) GetTensorState(key, &c.tensors[key]);
+  return c;
+}
+
+bool PowerSGD::GetTensorState(const std::string& key, PowerSGDTensorState* out) const {
+  auto it = states_.find(key);
+  if (it == states_.end()) return false;
+  const State& s = *it->second;
+  out->shape = s.shape;
+  out->dtype = s.dtype;
+  out->steps = s.steps;
+  out->error = s.error ? s.Download(s.error, s.error_count) : std::vector<float>();
+  out->q = s.q ? s.Download(s.q, s.q_count) : std::vector<float>();
+  return true;
+}
+
+void PowerSGD::LoadState(const PowerSGDCheckpoint& c) {
+  auto invalid = [](const std::string& why) { throw InvalidArgumentError("PowerSGD::LoadState: " + why); };
+  if (c.options.matrix_approximation_rank != options_.matrix_approximation_rank) {
+    invalid(absl::StrCat("the checkpoint has rank ", c.options.matrix_approximation_rank, ", this object rank ",
+                         options_.matrix_approximation_rank));
+  }
+  if (c.options.use_error_feedback != options_.use_error_feedback) {
+    invalid("the checkpoint and this object differ in use_error_feedback");
+  }
+  std::map<std::string, std::unique_ptr<State>> loaded;
+  for (const auto& [key, t] : c.tensors) {
+    uint64_t numel = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0) invalid(absl::StrCat("key \"", key, "\" has a negative dimension"));
+      numel *= static_cast<uint64_t>(d);
+    }
+    if (!IsFloatingPoint(t.dtype)) invalid(absl::StrCat("key \"", key, "\" has a non-float dtype"));
+    if (t.steps < 0) invalid(absl::StrCat("key \"", key, "\" has a negative step count"));
+    uint64_t m = 0, r = 0;
+    if (t.shape.size() >= 2 && numel > 0) {
+      const uint64_t n = static_cast<uint64_t>(t.shape[0]);
+      m = numel / n;
+      r = std::min<uint64_t>({n, m, static_cast<uint64_t>(options_.matrix_approximation_rank)});
+    }
+    if (!t.error.empty() && t.error.size() != numel) {
+      invalid(absl::StrCat("key \"", key, "\": error memory has ", t.error.size(), " elements, shape ",
+                           ShapeString(t.shape), " needs ", numel));
+    }
+    if (!t.q.empty() && t.q.size() != m * r) {
+      invalid(absl::StrCat("key \"", key, "\": Q has ", t.q.size(), " elements, ", m, " x ", r, " expected"));
+    }
+    auto s = std::make_unique<State>();
+    s->shape = t.shape;
+    s->dtype = t.dtype;
+    s->steps = t.steps;
+    s->backend = cpu_.get();
+    auto put = [&](const std::vector<float>& v, std::shared_ptr<void>& a, size_t& count) {
+      if (v.empty()) return;
+      a = cpu_->Alloc(v.size() * sizeof(float));
+      cpu_->Upload(v.data(), a.get(), v.size() * sizeof(float));
+      count = v.size();
+    };
+    put(t.error, s->error, s->error_count);
+    put(t.q, s->q, s->q_count);
+    loaded[key] = std::move(s);
+  }
+  states_ = std::move(loaded);
+}
+
+namespace {
+
+constexpr char kMagic[8] = {'G', 'S', 'P', 'S', 'G', 'D', '0', '1'};
+
+class Writer {
+ public:
+  template <typename T>
+  void Pod(T v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); }
+  void Str(const std::string& s) {
+    Pod<uint64_t>(s.size());
+    out += s;
+  }
+  void Floats(const std::vector<float>& v) {
+    Pod<uint64_t>(v.size());
+    out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  }
+  std::string out;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& s) : s_(s) {}
+  void Need(uint64_t n) {
+    if (n > s_.size() - pos_) throw InvalidArgumentError(absl::StrCat("PowerSGD checkpoint truncated at byte ", pos_, " of ", s_.size()));
+  }
+  template <typename T>
+  T Pod() {
+    Need(sizeof(T));
+    T v;
+    std::memcpy(&v, s_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  std::string Str() {
+    const uint64_t n = Pod<uint64_t>();
+    Need(n);
+    std::string v = s_.substr(pos_, n);
+    pos_ += n;
+    return v;
+  }
+  std::vector<float> Floats() {
+    const uint64_t n = Pod<uint64_t>();
+    if (n > (s_.size() - pos_) / sizeof(float)) {
+      throw InvalidArgumentError(absl::StrCat("PowerSGD checkpoint truncated: ", n, " floats announced at byte ", pos_,
+                                              " of ", s_.size()));
+    }
+    std::vector<float> v(n);
+    if (n) std::memcpy(v.data(), s_.data() + pos_, n * sizeof(float));
+    pos_ += n * sizeof(float);
+    return v;
+  }
+  bool AtEnd() const { return pos_ == s_.size(); }
+
+ private:
+  const std::string& s_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::string PowerSGDCheckpoint::Serialize() const {
+  Writer w;
+  w.out.append(kMagic, sizeof(kMagic));
+  w.Str(options.ToString());
+  w.Pod<uint64_t>(tensors.size());
+  for (const auto& [key, t] : tensors) {
+    w.Str(key);
+    w.Pod<uint8_t>(static_cast<uint8_t>(t.dtype));
+    w.Pod<uint64_t>(t.shape.size());
+    for (int64_t d : t.shape) w.Pod<int64_t>(d);
+    w.Pod<int64_t>(t.steps);
+    w.Floats(t.error);
+    w.Floats(t.q);
+  }
+  return w.out;
+}
+
+PowerSGDCheckpoint PowerSGDCheckpoint::Deserialize(const std::string& bytes) {
+  if (bytes.size() < sizeof(kMagic) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+    throw InvalidArgumentError("not a PowerSGD checkpoint (magic GSPSGD01 missing)");
+  }
+  Reader r(bytes);
+  for (size_t i = 0; i < sizeof(kMagic); ++i) r.Pod<char>();
+  PowerSGDCheckpoint c;
+  c.options = ParsePowerSGDOptions(r.Str());
+  const uint64_t count = r.Pod<uint64_t>();
+  for (uint64_t i = 0; i < count; ++i) {
+    std::string key = r.Str();
+    PowerSGDTensorState t;
+    const uint8_t dtype = r.Pod<uint8_t>();
+    if (dtype >= kNumDTypes) throw InvalidArgumentError(absl::StrCat("PowerSGD checkpoint: bad dtype ", dtype));
+    t.dtype = static_cast<DType>(dtype);
+    const uint64_t dims = r.Pod<uint64_t>();
+    if (dims > 64) throw InvalidArgumentError(absl::StrCat("PowerSGD checkpoint: ", dims, " dimensions"));
+    for (uint64_t d = 0; d < dims; ++d) t.shape.push_back(r.Pod<int64_t>());
+    t.steps = r.Pod<int64_t>();
+    t.error = r.Floats();
+    t.q = r.Floats();
+    c.tensors[key] = std::move(t);
+  }
+  if (!r.AtEnd()) throw InvalidArgumentError("PowerSGD checkpoint has trailing bytes");
+  return c;
+}
+
+}  // namespace compression
+}  // namespace gossipcc

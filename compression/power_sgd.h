@@ -1,0 +1,137 @@
+// PowerSGD compressed all-reduce (Vogels et al., NeurIPS 2019) as a collective over a
+// Communicator: averages a list of gradient tensors across ranks, sending two low-rank factors
+// per matrix instead of the matrix. See docs/powersgd.md.
+//
+//   gossipcc::compression::PowerSGD psgd(ParsePowerSGDOptions("rank=2,start_iter=10"));
+//   std::vector<GradientTensor> grads = {{"layer1.weight", CpuBuffer(w, 64 * 27), {64, 3, 3, 3}},
+//                                        {"layer1.bias", CpuBuffer(b, 64), {64}}};
+//   psgd.AllReduce(*comm, grads);   // in place: each buffer now holds the (approximate) average
+//
+// Per call: tensors with one dimension, too small to be worth compressing, or whose key has
+// had fewer than start_iter calls are averaged exactly, in one packed all-reduce per dtype.
+// The rest (viewed as shape[0] x numel/shape[0]) go through PowerSGD: their P factors in one
+// packed float32 all-reduce, their Q factors in another (per power iteration).
+//
+// Not thread-safe: one thread per PowerSGD object, and (as for every collective) the same
+// sequence of calls with the same keys and shapes on every rank.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "comm/communicator.h"
+#include "comm/types.h"
+#include "compression/power_sgd_options.h"
+
+namespace gossipcc {
+namespace compression {
+
+namespace internal {
+class MathBackend;
+}
+
+// One tensor to average: a view of its memory (updated in place) plus its shape and a key
+// that identifies it stably across steps (e.g. the parameter's name). Float dtypes only
+// (float32, float64, float16, bfloat16); all tensors of one call on the same device.
+struct GradientTensor {
+  std::string key;
+  Buffer data;
+  std::vector<int64_t> shape;
+};
+
+// Sizes of one call (or, summed, of every call so far).
+struct PowerSGDStats {
+  uint64_t calls = 0;
+  uint64_t tensors = 0;
+  uint64_t compressed_tensors = 0;
+  uint64_t elements_before = 0;  // elements of the tensors
+  uint64_t elements_after = 0;   // elements handed to the data all-reduces (exact + P + Q)
+  uint64_t bytes_before = 0;     // bytes of the tensors, in their dtypes
+  uint64_t bytes_after = 0;      // bytes handed to the data all-reduces (P and Q are float32)
+  uint64_t check_bytes = 0;      // the cross-rank consistency check (an allgather, 40 bytes a call)
+  uint64_t allreduce_calls = 0;  // data all-reduces issued
+  uint64_t nonfinite_calls = 0;  // calls that met NaN/Inf (pass-through: averaged exactly)
+
+  double compression_ratio() const {  // elements before / elements after (PyTorch's measure)
+    return elements_after == 0 ? 1.0 : static_cast<double>(elements_before) / elements_after;
+  }
+  void Add(const PowerSGDStats& o);
+  std::string ToString() const;
+};
+
+// The state of one tensor key, as saved in checkpoints. `error` (n*m floats, row-major) and
+// `q` (m*r floats, row-major) are empty until the key's first compressed step (error also
+// stays empty without error feedback).
+struct PowerSGDTensorState {
+  std::vector<int64_t> shape;
+  DType dtype = DType::kFloat32;
+  int64_t steps = 0;  // calls that included this key (exact or compressed)
+  std::vector<float> error;
+  std::vector<float> q;
+};
+
+struct PowerSGDCheckpoint {
+  PowerSGDOptions options;
+  std::map<std::string, PowerSGDTensorState> tensors;
+
+  // A self-describing little-endian byte string ("GSPSGD01" ...) and back. Deserialize
+  // throws InvalidArgumentError on anything malformed or truncated.
+  std::string Serialize() const;
+  static PowerSGDCheckpoint Deserialize(const std::string& bytes);
+};
+
+class PowerSGD {
+ public:
+  // Validates the options (InvalidArgumentError).
+  explicit PowerSGD(PowerSGDOptions options = {});
+  ~PowerSGD();
+  PowerSGD(const PowerSGD&) = delete;
+  PowerSGD& operator=(const PowerSGD&) = delete;
+
+  // Averages `tensors` across the ranks of `comm` in place and returns this call's stats.
+  // Synchronous. Errors:
+  //  - InvalidArgumentError (this rank, before any communication): bad shape/count, empty or
+  //    duplicate key, non-float dtype, mixed devices, null data.
+  //  - MismatchError (every rank, before any payload moves): ranks passed different keys,
+  //    shapes, dtypes, options or per-key step counts (a fingerprint of all of them is
+  //    compared), naming each rank's tensor count, element count and fingerprint.
+  //  - InvalidArgumentError on every rank for NaN/Inf when options.nonfinite == kError.
+  //  - Whatever the Communicator raises (TimeoutError, PeerError, AbortedError).
+  // On an error no state changes; after a transport failure mid-call the tensors are undefined.
+  PowerSGDStats AllReduce(Communicator& comm, absl::Span<const GradientTensor> tensors);
+
+  const PowerSGDOptions& options() const { return options_; }
+  const PowerSGDStats& last_stats() const { return last_; }
+  const PowerSGDStats& total_stats() const { return total_; }
+
+  // State of every key seen (copied to host memory for CUDA tensors).
+  PowerSGDCheckpoint SaveState() const;
+  // Replaces every key's state. The checkpoint's options must match this object's in rank and
+  // error feedback, and each state's sizes must fit its shape (else InvalidArgumentError).
+  void LoadState(const PowerSGDCheckpoint& checkpoint);
+  // One key's state (host copy); nullopt-like: returns false if the key is unknown.
+  bool GetTensorState(const std::string& key, PowerSGDTensorState* out) const;
+
+  // Would a tensor of this shape be compressed (once past start_iter)? And its rank min(n,m,r).
+  static bool ShouldCompress(const std::vector<int64_t>& shape, const PowerSGDOptions& options, int* rank_used = nullptr);
+
+ private:
+  struct State;
+  struct Plan;
+  internal::MathBackend& BackendFor(Device device);
+  void Exact(Communicator& comm, absl::Span<const GradientTensor> tensors, const std::vector<size_t>& which,
+             PowerSGDStats& stats);
+
+  PowerSGDOptions options_;
+  std::map<std::string, std::unique_ptr<State>> states_;
+  std::unique_ptr<internal::MathBackend> cpu_;
+  std::map<int, std::unique_ptr<internal::MathBackend>> cuda_;
+  PowerSGDStats last_, total_;
+};
+
+}  // namespace compression
+}  // namespace gossipcc
