@@ -162,6 +162,20 @@ MathBackend& PowerSGD::BackendFor(Device device) {
   return *b;
 }
 
+std::vector<float> PowerSGD::InitialQ(const PowerSGDOptions& options, const std::string& key, int64_t m, int r,
+                                     int64_t step) {
+  // Same seed on every rank: random_seed mixed with the key (and the step without warm start).
+  Hasher h;
+  h.Pod<uint64_t>(options.random_seed);
+  h.Str(key);
+  if (!options.warm_start) h.Pod<int64_t>(step);
+  const size_t mr = static_cast<size_t>(m) * r;
+  std::vector<float> q(mr);
+  FillNormal(h.h, q.data(), mr);
+  internal::MakeCpuBackend()->Orthogonalize(q.data(), m, r, static_cast<float>(options.orthogonalization_epsilon));
+  return q;
+}
+
 bool PowerSGD::ShouldCompress(const std::vector<int64_t>& shape, const PowerSGDOptions& options, int* rank_used) {
   if (shape.size() < 2) return false;
   int64_t numel = 1;
@@ -383,14 +397,7 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
       s.MoveTo(backend);
       const size_t nm = static_cast<size_t>(p.n * p.m), mr = static_cast<size_t>(p.m * p.r);
       if (!s.q || s.q_count != mr || !options_.warm_start) {
-        // Same seed on every rank: random_seed mixed with the key (and the step without warm start).
-        Hasher h;
-        h.Pod<uint64_t>(options_.random_seed);
-        h.Str(t.key);
-        if (!options_.warm_start) h.Pod<int64_t>(s.steps);
-        std::vector<float> host(mr);
-        FillNormal(h.h, host.data(), mr);
-        cpu_->Orthogonalize(host.data(), p.m, p.r, eps);
+        std::vector<float> host = InitialQ(options_, t.key, p.m, p.r, s.steps);
         if (!s.q || s.q_count != mr) s.q = backend.Alloc(mr * sizeof(float));
         s.q_count = mr;
         backend.Upload(host.data(), s.q.get(), mr * sizeof(float));

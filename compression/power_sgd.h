@@ -116,6 +116,12 @@ class PowerSGD {
   // One key's state (host copy); nullopt-like: returns false if the key is unknown.
   bool GetTensorState(const std::string& key, PowerSGDTensorState* out) const;
 
+  // The Q (m x r, row-major) a key starts from: standard normal draws from a generator seeded
+  // with random_seed and the key (and `step`, only without warm start), then orthonormalised.
+  // A pure function: identical on every rank without communication.
+  static std::vector<float> InitialQ(const PowerSGDOptions& options, const std::string& key, int64_t m, int r,
+                                     int64_t step);
+
   // Would a tensor of this shape be compressed (once past start_iter)? And its rank min(n,m,r).
   static bool ShouldCompress(const std::vector<int64_t>& shape, const PowerSGDOptions& options, int* rank_used = nullptr);
 
