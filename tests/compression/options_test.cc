@@ -1,0 +1,124 @@
+// PowerSGDOptions: PyTorch's defaults, validation, and the "rank=2,start_iter=10" parser the
+// c10d backend uses for GOSSIPCC_ALLREDUCE=powersgd:<options>.
+#include "compression/power_sgd_options.h"
+
+#include "comm/errors.h"
+#include "compression/power_sgd.h"
+#include "gtest/gtest.h"
+
+namespace gossipcc {
+namespace compression {
+namespace {
+
+std::string ErrorOf(const std::string& text) {
+  try {
+    ParsePowerSGDOptions(text);
+  } catch (const InvalidArgumentError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PowerSGDOptionsTest, DefaultsArePyTorchs) {
+  const PowerSGDOptions o;
+  EXPECT_EQ(o.matrix_approximation_rank, 1);
+  EXPECT_EQ(o.start_powerSGD_iter, 1000);
+  EXPECT_EQ(o.min_compression_rate, 2);
+  EXPECT_TRUE(o.use_error_feedback);
+  EXPECT_TRUE(o.warm_start);
+  EXPECT_EQ(o.orthogonalization_epsilon, 0);
+  EXPECT_EQ(o.random_seed, 0u);
+  EXPECT_FALSE(o.batch_tensors_with_same_shape);
+  EXPECT_EQ(o.num_iters_per_step, 1);
+  EXPECT_EQ(o.nonfinite, NonFinitePolicy::kPassThrough);
+  EXPECT_NO_THROW(o.Validate());
+  EXPECT_EQ(ParsePowerSGDOptions("").ToString(), o.ToString());
+}
+
+TEST(PowerSGDOptionsTest, ParsesEveryKey) {
+  const PowerSGDOptions o = ParsePowerSGDOptions(
+      "rank=2,start_iter=10,min_compression_rate=3.5,error_feedback=0,warm_start=false,seed=42,iterations=3,"
+      "batch_same_shape=1,epsilon=1e-8,nonfinite=error");
+  EXPECT_EQ(o.matrix_approximation_rank, 2);
+  EXPECT_EQ(o.start_powerSGD_iter, 10);
+  EXPECT_EQ(o.min_compression_rate, 3.5);
+  EXPECT_FALSE(o.use_error_feedback);
+  EXPECT_FALSE(o.warm_start);
+  EXPECT_EQ(o.random_seed, 42u);
+  EXPECT_EQ(o.num_iters_per_step, 3);
+  EXPECT_TRUE(o.batch_tensors_with_same_shape);
+  EXPECT_EQ(o.orthogonalization_epsilon, 1e-8);
+  EXPECT_EQ(o.nonfinite, NonFinitePolicy::kError);
+  // ToString parses back to the same options.
+  EXPECT_EQ(ParsePowerSGDOptions(o.ToString()).ToString(), o.ToString());
+}
+
+TEST(PowerSGDOptionsTest, AcceptsPyTorchNamesAndSpaces) {
+  const PowerSGDOptions o = ParsePowerSGDOptions(
+      " matrix_approximation_rank = 4 , start_powerSGD_iter=2,use_error_feedback=true,random_seed=7,"
+      "num_iters_per_step=2,batch_tensors_with_same_shape=0,orthogonalization_epsilon=0,nonfinite=unchecked");
+  EXPECT_EQ(o.matrix_approximation_rank, 4);
+  EXPECT_EQ(o.start_powerSGD_iter, 2);
+  EXPECT_TRUE(o.use_error_feedback);
+  EXPECT_EQ(o.random_seed, 7u);
+  EXPECT_EQ(o.num_iters_per_step, 2);
+  EXPECT_EQ(o.nonfinite, NonFinitePolicy::kUnchecked);
+  // The example from the c10d backend's variable, and the full example string.
+  EXPECT_EQ(ParsePowerSGDOptions("rank=2,start_iter=10").matrix_approximation_rank, 2);
+  const PowerSGDOptions full = ParsePowerSGDOptions(
+      "rank=2,start_iter=10,min_compression_rate=2,error_feedback=1,warm_start=1,seed=0,iterations=1,batch_same_shape=0");
+  EXPECT_EQ(full.start_powerSGD_iter, 10);
+}
+
+TEST(PowerSGDOptionsTest, RejectsBadStringsListingTheValidKeys) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"rank=0", "rank must be in [1, 1048576]"},
+      {"rank=-3", "rank must be in [1, 1048576]"},
+      {"rank=two", "rank=two is not an integer"},
+      {"rnak=2", "unknown key \"rnak\""},
+      {"rank=2,rank=3", "given twice"},
+      {"rank=2,matrix_approximation_rank=3", "given twice"},
+      {"rank", "\"rank\" is not key=value"},
+      {"rank=", "has no value"},
+      {"error_feedback=yes", "is not a boolean"},
+      {"min_compression_rate=-1", "min_compression_rate must be a finite number >= 0"},
+      {"min_compression_rate=nan", "not a finite number"},
+      {"epsilon=-1", "orthogonalization_epsilon (epsilon) must be"},
+      {"start_iter=-5", "start_powerSGD_iter (start_iter) must be >= 0"},
+      {"iterations=0", "iterations must be in [1, 1000]"},
+      {"seed=-1", "not an unsigned integer"},
+      {"nonfinite=ignore", "is not one of pass, error, unchecked"},
+  };
+  for (const auto& [text, why] : cases) {
+    const std::string e = ErrorOf(text);
+    EXPECT_NE(e.find(why), std::string::npos) << text << " -> " << e;
+    EXPECT_NE(e.find("valid keys: rank (or matrix_approximation_rank)"), std::string::npos) << e;
+    EXPECT_NE(e.find("iterations (or num_iters_per_step)"), std::string::npos) << e;
+  }
+}
+
+TEST(PowerSGDOptionsTest, ValidateAndTheConstructorRejectOutOfRangeValues) {
+  PowerSGDOptions o;
+  o.matrix_approximation_rank = 0;
+  EXPECT_THROW(o.Validate(), InvalidArgumentError);
+  try {
+    PowerSGD p(o);
+    ADD_FAILURE() << "expected InvalidArgumentError";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("matrix_approximation_rank (rank) must be >= 1, got 0"), std::string::npos)
+        << e.what();
+  }
+  o = PowerSGDOptions();
+  o.num_iters_per_step = 0;
+  EXPECT_THROW(PowerSGD{o}, InvalidArgumentError);
+  o = PowerSGDOptions();
+  o.orthogonalization_epsilon = -1;
+  EXPECT_THROW(PowerSGD{o}, InvalidArgumentError);
+  o = PowerSGDOptions();
+  o.start_powerSGD_iter = -1;
+  EXPECT_THROW(PowerSGD{o}, InvalidArgumentError);
+}
+
+}  // namespace
+}  // namespace compression
+}  // namespace gossipcc
