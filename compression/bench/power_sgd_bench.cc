@@ -1,0 +1,283 @@
+// PowerSGD vs exact all-reduce on the gradient shapes of ResNet-18 and ResNet-50
+// (generate_shapes.py wrote them from torchvision), N local ranks as processes over loopback.
+// Prints, per model and method: bytes handed to the comm layer per step and rank, the
+// compression ratio, the median time per step, and, for PowerSGD, the approximation error
+// after warm-up relative to the best rank-r approximation (singular values by Eigen's BDCSVD).
+//
+//   bazel run //compression/bench:power_sgd_bench -- [--ranks=4] [--steps=5] [--warmup=5]
+//       [--models=resnet18_cifar,resnet18,resnet50] [--ranks_r=1,2,4]
+//
+// Gradients are synthetic: per matrix a fixed rank-8 "signal" with singular values 1, 1/2,
+// 1/4, ... shared by all ranks, plus independent per-rank noise (std 0.3/sqrt(m)) each step.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <Eigen/Dense>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/errors.h"
+#include "comm/store.h"
+#include "compression/power_sgd.h"
+
+namespace gossipcc {
+namespace compression {
+namespace {
+
+struct Param {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t numel = 1;
+};
+
+std::vector<Param> ReadShapes(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  std::vector<Param> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ss(line);
+    Param p;
+    ss >> p.name;
+    int64_t d;
+    while (ss >> d) {
+      p.shape.push_back(d);
+      p.numel *= d;
+    }
+    out.push_back(p);
+  }
+  return out;
+}
+
+struct Args {
+  int ranks = 4, steps = 5, warmup = 5;
+  std::vector<std::string> models = {"resnet18_cifar", "resnet18", "resnet50"};
+  std::vector<int> ranks_r = {1, 2, 4};
+  std::string shapes_dir = "compression/bench";
+};
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(item);
+  return out;
+}
+
+// Results rank 0 reports back through a pipe.
+struct Row {
+  char model[32];
+  int method;  // 0 exact, else the PowerSGD rank
+  double bytes_per_step, ratio, median_ms, rel_error, best_rel_error;
+};
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// One model, one method, on this rank. Returns the row (meaningful on rank 0).
+Row RunOne(Communicator& comm, const std::string& model, const std::vector<Param>& params, int method, const Args& args) {
+  const int me = comm.rank();
+  PowerSGDOptions o;
+  o.matrix_approximation_rank = std::max(method, 1);
+  o.start_powerSGD_iter = method == 0 ? (int64_t{1} << 40) : 0;  // exact: never compress
+  PowerSGD psgd(o);
+  std::vector<std::vector<float>> signal(params.size()), grads(params.size());
+  for (size_t t = 0; t < params.size(); ++t) {
+    const Param& p = params[t];
+    signal[t].resize(p.numel);
+    grads[t].resize(p.numel);
+    const int64_t n = p.shape.empty() ? 1 : p.shape[0], m = p.numel / std::max<int64_t>(n, 1);
+    // Rank-8 signal with decaying spectrum, the same on every rank (seeded by the index).
+    const int k = static_cast<int>(std::min<int64_t>({8, n, m}));
+    RowMatrix u(n, k), v(m, k);
+    uint64_t s = Mix(t + 1);
+    auto unit = [&] { return static_cast<float>(static_cast<double>((s = Mix(s)) >> 11) / 9007199254740992.0 * 2 - 1); };
+    for (int64_t i = 0; i < u.size(); ++i) u.data()[i] = unit() / std::sqrt(static_cast<float>(n));
+    for (int64_t i = 0; i < v.size(); ++i) v.data()[i] = unit();
+    for (int c = 0; c < k; ++c) u.col(c) *= std::ldexp(3.0f, -c);
+    Eigen::Map<RowMatrix>(signal[t].data(), n, m) = u * v.transpose();
+  }
+  std::vector<GradientTensor> list;
+  for (size_t t = 0; t < params.size(); ++t) {
+    list.push_back({params[t].name, CpuBuffer(grads[t].data(), grads[t].size()), params[t].shape});
+  }
+  auto fill = [&](int step) {
+    for (size_t t = 0; t < params.size(); ++t) {
+      const int64_t m = params[t].shape.size() >= 2 ? params[t].numel / params[t].shape[0] : 1;
+      const float scale = 0.3f * std::sqrt(3.0f / m);
+      uint64_t s = Mix((static_cast<uint64_t>(me) << 40) ^ (static_cast<uint64_t>(step) << 20) ^ t);
+      float* g = grads[t].data();
+      const float* sig = signal[t].data();
+      for (int64_t i = 0; i < params[t].numel; ++i) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        g[i] = sig[i] + scale * (static_cast<float>(s >> 40) / 8388608.0f - 1.0f);
+      }
+    }
+  };
+  std::vector<double> times;
+  for (int step = 0; step < args.warmup + args.steps; ++step) {
+    fill(step);
+    comm.barrier()->wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    psgd.AllReduce(comm, list);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (step >= args.warmup) times.push_back(ms);
+  }
+  Row row{};
+  std::snprintf(row.model, sizeof(row.model), "%s", model.c_str());
+  row.method = method;
+  const PowerSGDStats& last = psgd.last_stats();
+  row.bytes_per_step = static_cast<double>(last.bytes_after);
+  row.ratio = static_cast<double>(last.bytes_before) / last.bytes_after;
+  std::sort(times.begin(), times.end());
+  row.median_ms = times[times.size() / 2];
+  if (method > 0) {
+    // One more step, measured: M_j = grad_j + error_j, its exact average against PowerSGD's output.
+    fill(args.warmup + args.steps);
+    std::vector<std::vector<float>> avg(params.size());
+    for (size_t t = 0; t < params.size(); ++t) {
+      avg[t] = grads[t];
+      PowerSGDTensorState st;
+      if (psgd.GetTensorState(params[t].name, &st) && !st.error.empty()) {
+        for (size_t i = 0; i < st.error.size(); ++i) avg[t][i] += st.error[i];
+      }
+      comm.allreduce(CpuBuffer(avg[t].data(), avg[t].size()), ReduceOp::kAvg)->wait();
+    }
+    psgd.AllReduce(comm, list);
+    double err2 = 0, best2 = 0, norm2 = 0;
+    if (me == 0) {
+      for (size_t t = 0; t < params.size(); ++t) {
+        int r = 0;
+        if (!PowerSGD::ShouldCompress(params[t].shape, o, &r)) continue;
+        const int64_t n = params[t].shape[0], m = params[t].numel / n;
+        Eigen::Map<const RowMatrix> a(avg[t].data(), n, m), out(grads[t].data(), n, m);
+        err2 += (a - out).squaredNorm();
+        norm2 += a.squaredNorm();
+        Eigen::BDCSVD<Eigen::MatrixXf> svd(a);  // singular values only
+        const auto& sv = svd.singularValues();
+        for (int64_t k = r; k < sv.size(); ++k) best2 += static_cast<double>(sv[k]) * sv[k];
+      }
+      row.rel_error = std::sqrt(err2 / norm2);
+      row.best_rel_error = std::sqrt(best2 / norm2);
+    }
+    comm.barrier()->wait();
+  }
+  return row;
+}
+
+int Main(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](const char* key) -> const char* {
+      const size_t len = std::strlen(key);
+      return a.compare(0, len, key) == 0 ? a.c_str() + len : nullptr;
+    };
+    if (const char* v = value("--ranks=")) args.ranks = std::atoi(v);
+    else if (const char* v = value("--steps=")) args.steps = std::atoi(v);
+    else if (const char* v = value("--warmup=")) args.warmup = std::atoi(v);
+    else if (const char* v = value("--models=")) args.models = Split(v);
+    else if (const char* v = value("--shapes_dir=")) args.shapes_dir = v;
+    else if (const char* v = value("--ranks_r=")) {
+      args.ranks_r.clear();
+      for (const std::string& s : Split(v)) args.ranks_r.push_back(std::atoi(s.c_str()));
+    } else {
+      std::fprintf(stderr, "unknown argument %s\n", argv[i]);
+      return 2;
+    }
+  }
+  if (args.ranks < 1 || args.steps < 1 || args.warmup < 0) {
+    std::fprintf(stderr, "need --ranks >= 1, --steps >= 1, --warmup >= 0\n");
+    return 2;
+  }
+  std::vector<std::vector<Param>> models;
+  for (const std::string& m : args.models) models.push_back(ReadShapes(args.shapes_dir + "/" + m + "_shapes.txt"));
+
+  char dir_template[] = "/tmp/gossipcc_psgd_bench_XXXXXX";
+  const char* dir = mkdtemp(dir_template);
+  if (dir == nullptr) return 1;
+  int pipefd[2];
+  if (pipe(pipefd) != 0) return 1;
+  std::fflush(stdout);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < args.ranks; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(pipefd[0]);
+      int code = 0;
+      try {
+        CommunicatorOptions co;
+        co.timeout = std::chrono::minutes(10);
+        auto comm = Communicator::Create(MakeFileStore(dir), r, args.ranks, co);
+        for (size_t mi = 0; mi < models.size(); ++mi) {
+          std::vector<int> methods = {0};
+          for (int rr : args.ranks_r) methods.push_back(rr);
+          for (int method : methods) {
+            const Row row = RunOne(*comm, args.models[mi], models[mi], method, args);
+            if (r == 0 && write(pipefd[1], &row, sizeof(row)) != sizeof(row)) code = 1;
+          }
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+        code = 1;
+      }
+      close(pipefd[1]);
+      std::fflush(stdout);
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  close(pipefd[1]);
+  std::printf("PowerSGD vs exact all-reduce: %d ranks (processes, loopback), %d warm-up + %d timed steps\n", args.ranks,
+              args.warmup, args.steps);
+  std::printf("%-15s %-12s %14s %10s %12s %9s %11s %13s\n", "model", "method", "bytes/step", "ratio", "ms/step", "speedup",
+              "rel. error", "best rank-r");
+  double exact_ms = 0;
+  Row row;
+  while (read(pipefd[0], &row, sizeof(row)) == sizeof(row)) {
+    if (row.method == 0) exact_ms = row.median_ms;
+    char method[16];
+    std::snprintf(method, sizeof(method), row.method == 0 ? "exact" : "powersgd r=%d", row.method);
+    std::printf("%-15s %-12s %14.0f %9.1fx %12.1f %8.2fx", row.model, method, row.bytes_per_step, row.ratio,
+                row.median_ms, exact_ms / row.median_ms);
+    if (row.method > 0) {
+      std::printf(" %11.4f %13.4f  (x%.2f)\n", row.rel_error, row.best_rel_error,
+                  row.best_rel_error > 0 ? row.rel_error / row.best_rel_error : 0.0);
+    } else {
+      std::printf(" %11s %13s\n", "0", "-");
+    }
+    std::fflush(stdout);
+  }
+  int failed = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  }
+  std::string cleanup = std::string("rm -rf ") + dir;
+  if (system(cleanup.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir);
+  std::printf("rel. error: ||avg(M) - out||_F / ||avg(M)||_F over the compressed matrices after warm-up (M = grad + error);\n"
+              "best rank-r: the same for the truncated SVD of avg(M); (xN) = PowerSGD error / best error.\n");
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace compression
+}  // namespace gossipcc
+
+int main(int argc, char** argv) { return gossipcc::compression::Main(argc, argv); }
