@@ -101,7 +101,19 @@ void CheckAgainstReference(Communicator& comm, const Case& c) {
     Grads g(kShapes, c.dtype, me, step);
     std::map<std::string, PowerSGDTensorState> before;
     for (const TensorSpec& s : kShapes) psgd.GetTensorState(s.key, &before[s.key]);
+    const uint64_t sent_before = comm.traffic().collective_payload_bytes;
     const PowerSGDStats stats = psgd.AllReduce(comm, g.tensors);
+    const uint64_t sent = comm.traffic().collective_payload_bytes - sent_before;
+    // Bytes handed to the comm layer: the formula from the shapes (exact tensors in their dtype,
+    // 4 * r * (n + m) per power iteration for compressed ones) plus the 40-byte check.
+    uint64_t formula = 40;
+    for (const TensorSpec& s : kShapes) {
+      int r = 0;
+      const int64_t n = s.shape[0], numel = Numel(s.shape);
+      formula += step >= 1 && Compressible(s, o, &r) ? 4 * r * (n + numel / n) * c.iterations : numel * ElementSize(c.dtype);
+    }
+    EXPECT_EQ(sent, formula) << "step " << step;
+    EXPECT_EQ(stats.bytes_after + stats.check_bytes, sent) << "step " << step;
     int expected_compressed = 0;
     for (size_t t = 0; t < kShapes.size(); ++t) {
       const TensorSpec& s = kShapes[t];
