@@ -76,6 +76,8 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+constexpr int kPSlot = 100, kQSlot = 101;  // Pack() slots besides the dtypes
+
 // Fields of the cross-rank check, one int64 each.
 enum CheckField { kFingerprint, kOptions, kTensors, kElements, kNonFinite, kNumCheckFields };
 
@@ -155,6 +157,17 @@ PowerSGD::PowerSGD(PowerSGDOptions options) : options_(options), cpu_(internal::
 
 PowerSGD::~PowerSGD() = default;
 
+void* PowerSGD::Pack(MathBackend& backend, int slot, size_t bytes) {
+  const Device d = backend.device();
+  CachedPack& c = packs_[std::make_tuple(static_cast<int>(d.type), d.index, slot)];
+  if (!c.memory || c.bytes < bytes) {
+    c.memory.reset();
+    c.memory = backend.Alloc(bytes, /*zero=*/false);
+    c.bytes = bytes;
+  }
+  return c.memory.get();
+}
+
 MathBackend& PowerSGD::BackendFor(Device device) {
   if (!device.is_cuda()) return *cpu_;
   auto& b = cuda_[device.index];
@@ -207,15 +220,14 @@ void PowerSGD::Exact(Communicator& comm, absl::Span<const GradientTensor> tensor
       continue;
     }
     MathBackend& backend = BackendFor(tensors[list[0]].data.device);
-    std::shared_ptr<void> pack = backend.Alloc(total * esize);
-    uint8_t* base = static_cast<uint8_t*>(pack.get());
+    uint8_t* base = static_cast<uint8_t*>(Pack(backend, static_cast<int>(dtype), total * esize));
     size_t offset = 0;
     for (size_t i : list) {
       backend.Copy(base + offset, tensors[i].data.data, tensors[i].data.bytes());
       offset += tensors[i].data.bytes();
     }
     backend.Synchronize();
-    comm.allreduce(Buffer{pack.get(), total, dtype, backend.device()}, ReduceOp::kAvg)->wait();
+    comm.allreduce(Buffer{base, total, dtype, backend.device()}, ReduceOp::kAvg)->wait();
     offset = 0;
     for (size_t i : list) {
       backend.Copy(tensors[i].data.data, base + offset, tensors[i].data.bytes());
@@ -385,10 +397,8 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
       p.state = states_[tensors[p.index].key].get();
     }
     stats.compressed_tensors = plans.size();
-    std::shared_ptr<void> p_pack = backend.Alloc(p_total * sizeof(float));
-    std::shared_ptr<void> q_pack = backend.Alloc(q_total * sizeof(float));
-    float* P = static_cast<float*>(p_pack.get());
-    float* Q = static_cast<float*>(q_pack.get());
+    float* P = static_cast<float*>(Pack(backend, kPSlot, p_total * sizeof(float)));
+    float* Q = static_cast<float*>(Pack(backend, kQSlot, q_total * sizeof(float)));
     const float eps = static_cast<float>(options_.orthogonalization_epsilon);
 
     for (Plan& p : plans) {
@@ -406,7 +416,7 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
         s.error = backend.Alloc(nm * sizeof(float));
         s.error_count = nm;
       }
-      if (t.data.dtype != DType::kFloat32) p.scratch = backend.Alloc(nm * sizeof(float));
+      if (t.data.dtype != DType::kFloat32) p.scratch = backend.Alloc(nm * sizeof(float), /*zero=*/false);
       p.M = backend.LoadMatrix(t.data, options_.use_error_feedback ? s.error_ptr() : nullptr,
                                static_cast<float*>(p.scratch.get()));
     }

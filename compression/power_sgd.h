@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/types/span.h"
@@ -131,6 +132,15 @@ class PowerSGD {
   internal::MathBackend& BackendFor(Device device);
   void Exact(Communicator& comm, absl::Span<const GradientTensor> tensors, const std::vector<size_t>& which,
              PowerSGDStats& stats);
+
+  // Packed buffers, kept between calls (grow-only) so steady-state calls do not allocate:
+  // slot = dtype for exact packs, kPSlot / kQSlot for the factors.
+  void* Pack(internal::MathBackend& backend, int slot, size_t bytes);
+  struct CachedPack {
+    std::shared_ptr<void> memory;
+    size_t bytes = 0;
+  };
+  std::map<std::tuple<int, int, int>, CachedPack> packs_;
 
   PowerSGDOptions options_;
   std::map<std::string, std::unique_ptr<State>> states_;

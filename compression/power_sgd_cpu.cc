@@ -30,8 +30,8 @@ class CpuBackend : public MathBackend {
  public:
   Device device() const override { return Device::CPU(); }
 
-  std::shared_ptr<void> Alloc(size_t bytes) override {
-    void* p = std::calloc(bytes == 0 ? 1 : bytes, 1);
+  std::shared_ptr<void> Alloc(size_t bytes, bool zero) override {
+    void* p = zero ? std::calloc(bytes == 0 ? 1 : bytes, 1) : std::malloc(bytes == 0 ? 1 : bytes);
     if (p == nullptr) throw std::bad_alloc();
     return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   }
@@ -104,15 +104,16 @@ class CpuBackend : public MathBackend {
 
   void Finish(float* M, const float* P, const float* Q, int64_t n, int64_t m, int r, float* error,
               const Buffer& grad) override {
+    // One pass over M (and the error memory): row i of out = P(i, :) Q^T, computed once and
+    // used for both the error (M - out) and the result.
     MapM mm(M, n, m);
-    ConstMapM p(P, n, r), q(Q, m, r);
-    if (error != nullptr) {
-      MapM e(error, n, m);
-      e = mm;
-      mm.noalias() = p * q.transpose();
-      e -= mm;
-    } else {
-      mm.noalias() = p * q.transpose();
+    ConstMapM p(P, n, r);
+    const RowMatrix qt = ConstMapM(Q, m, r).transpose();  // r x m, small
+    Eigen::Matrix<float, 1, Eigen::Dynamic> row(m);
+    for (int64_t i = 0; i < n; ++i) {
+      row.noalias() = p.row(i) * qt;
+      if (error != nullptr) MapM(error, n, m).row(i) = mm.row(i) - row;
+      mm.row(i) = row;
     }
     const size_t count = static_cast<size_t>(n * m);
     switch (grad.dtype) {

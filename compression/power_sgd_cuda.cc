@@ -44,11 +44,11 @@ class CudaBackend : public MathBackend {
 
   Device device() const override { return Device::CUDA(ordinal_); }
 
-  std::shared_ptr<void> Alloc(size_t bytes) override {
+  std::shared_ptr<void> Alloc(size_t bytes, bool zero) override {
     Use();
     void* p = nullptr;
     CheckCuda(cudaMalloc(&p, bytes == 0 ? 1 : bytes), "cudaMalloc");
-    CheckCuda(cudaMemset(p, 0, bytes == 0 ? 1 : bytes), "cudaMemset");
+    if (zero) CheckCuda(cudaMemset(p, 0, bytes == 0 ? 1 : bytes), "cudaMemset");
     const int ordinal = ordinal_;
     return std::shared_ptr<void>(p, [ordinal](void* q) {
       cudaSetDevice(ordinal);

@@ -21,8 +21,9 @@ class MathBackend {
   virtual ~MathBackend() = default;
   virtual Device device() const = 0;
 
-  // Zero-filled memory of `bytes` bytes in the backend's space, freed when the last owner drops it.
-  virtual std::shared_ptr<void> Alloc(size_t bytes) = 0;
+  // Memory of `bytes` bytes in the backend's space (zero-filled when `zero`), freed when the
+  // last owner drops it.
+  virtual std::shared_ptr<void> Alloc(size_t bytes, bool zero = true) = 0;
   virtual void Upload(const void* host, void* dst, size_t bytes) = 0;
   virtual void Download(const void* src, void* host, size_t bytes) = 0;
   virtual void Copy(void* dst, const void* src, size_t bytes) = 0;
