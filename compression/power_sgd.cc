@@ -454,6 +454,44 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
   return stats;
 }
 
+std::vector<int64_t> PowerSGD::FlatMatrixShape(size_t count) {
+  int64_t side = static_cast<int64_t>(std::sqrt(static_cast<double>(count)));
+  while (static_cast<uint64_t>(side) * side < count) ++side;
+  while (side > 0 && static_cast<uint64_t>(side - 1) * (side - 1) >= count) --side;
+  return {side, side};
+}
+
+PowerSGDStats PowerSGD::AllReduceFlat(Communicator& comm, absl::Span<const FlatGradient> buffers) {
+  std::vector<GradientTensor> tensors;
+  std::vector<std::shared_ptr<void>> padded(buffers.size());
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const FlatGradient& f = buffers[i];
+    std::vector<int64_t> shape = FlatMatrixShape(f.data.count);
+    // Never worth compressing: stays 1-D, unpadded, in the exact pack.
+    if (!ShouldCompress(shape, options_)) shape = {static_cast<int64_t>(f.data.count)};
+    const size_t total = shape.size() == 2 ? static_cast<size_t>(shape[0] * shape[1]) : f.data.count;
+    Buffer view = f.data;
+    if (total != f.data.count && f.data.data != nullptr && IsFloatingPoint(f.data.dtype)) {
+      MathBackend& backend = BackendFor(f.data.device);
+      padded[i] = backend.Alloc(total * ElementSize(f.data.dtype));  // zero padding
+      backend.Copy(padded[i].get(), f.data.data, f.data.bytes());
+      view.data = padded[i].get();
+      view.count = total;
+    } else if (total != f.data.count) {
+      shape = {static_cast<int64_t>(f.data.count)};  // let AllReduce report the bad buffer
+    }
+    tensors.push_back(GradientTensor{f.key, view, std::move(shape)});
+  }
+  const PowerSGDStats stats = AllReduce(comm, tensors);
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (!padded[i]) continue;
+    MathBackend& backend = BackendFor(buffers[i].data.device);
+    backend.Copy(buffers[i].data.data, padded[i].get(), buffers[i].data.bytes());
+    backend.Synchronize();
+  }
+  return stats;
+}
+
 // ---- checkpoints ----
 
 PowerSGDCheckpoint PowerSGD::SaveState() const {

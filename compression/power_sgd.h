@@ -44,6 +44,12 @@ struct GradientTensor {
   std::vector<int64_t> shape;
 };
 
+// A flat buffer (e.g. one of DDP's flattened buckets) with a stable key.
+struct FlatGradient {
+  std::string key;
+  Buffer data;
+};
+
 // Sizes of one call (or, summed, of every call so far).
 struct PowerSGDStats {
   uint64_t calls = 0;
@@ -104,6 +110,16 @@ class PowerSGD {
   //  - Whatever the Communicator raises (TimeoutError, PeerError, AbortedError).
   // On an error no state changes; after a transport failure mid-call the tensors are undefined.
   PowerSGDStats AllReduce(Communicator& comm, absl::Span<const GradientTensor> tensors);
+
+  // For callers that only have flat buffers (a c10d ProcessGroup sees DDP's flattened
+  // buckets, which as 1-D tensors would all be averaged exactly): each buffer of `count`
+  // elements is compressed as a side x side matrix, side = ceil(sqrt(count)), zero-padded, as
+  // PyTorch's batched_powerSGD_hook does; buffers whose square would never be worth
+  // compressing stay 1-D (exact, unpadded). Costs a copy into and out of a padded scratch
+  // (none when count is a perfect square). Keys and state as in AllReduce (shape {side, side}).
+  PowerSGDStats AllReduceFlat(Communicator& comm, absl::Span<const FlatGradient> buffers);
+  // The square shape AllReduceFlat uses for `count` elements.
+  static std::vector<int64_t> FlatMatrixShape(size_t count);
 
   const PowerSGDOptions& options() const { return options_; }
   const PowerSGDStats& last_stats() const { return last_; }

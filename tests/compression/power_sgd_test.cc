@@ -475,3 +475,65 @@ TEST(PowerSGDInitTest, WithoutWarmStartQIsRedrawnEachStep) {
 }  // namespace
 }  // namespace testing
 }  // namespace gossipcc
+
+namespace gossipcc {
+namespace testing {
+namespace {
+
+// Flat buffers (what a c10d ProcessGroup sees): compressed as zero-padded square matrices.
+TEST(PowerSGDFlatTest, FlatBuffersAreCompressedAsPaddedSquares) {
+  EXPECT_EQ(PowerSGD::FlatMatrixShape(400), (std::vector<int64_t>{20, 20}));
+  EXPECT_EQ(PowerSGD::FlatMatrixShape(390), (std::vector<int64_t>{20, 20}));
+  EXPECT_EQ(PowerSGD::FlatMatrixShape(401), (std::vector<int64_t>{21, 21}));
+  EXPECT_EQ(PowerSGD::FlatMatrixShape(1), (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(PowerSGD::FlatMatrixShape(0), (std::vector<int64_t>{0, 0}));
+  for (LaunchMode mode : {LaunchMode::kThreads, LaunchMode::kProcesses}) {
+    RunRanks(3, mode, [](Communicator& comm) {
+      const int W = comm.size();
+      PowerSGDOptions o;
+      o.matrix_approximation_rank = 2;
+      o.start_powerSGD_iter = 0;
+      PowerSGD psgd(o);
+      const std::vector<std::pair<std::string, size_t>> specs = {{"bucket0", 390}, {"bucket1", 400}, {"bucket2", 5}};
+      std::vector<std::vector<float>> data;
+      for (const auto& [key, count] : specs) {
+        std::vector<float> v(count);
+        for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>(GradValue(kSeed, comm.rank(), 0, key, i));
+        data.push_back(std::move(v));
+      }
+      std::vector<compression::FlatGradient> flat;
+      for (size_t t = 0; t < specs.size(); ++t) flat.push_back({specs[t].first, CpuBuffer(data[t].data(), data[t].size())});
+      const uint64_t before = comm.traffic().collective_payload_bytes;
+      const PowerSGDStats stats = psgd.AllReduceFlat(comm, flat);
+      // 20x20 at rank 2 is compressed twice (2 * 40 * 4 bytes each); 3x3 is not worth it, so
+      // the 5 elements go unpadded into the exact pack.
+      EXPECT_EQ(stats.compressed_tensors, 2u);
+      EXPECT_EQ(comm.traffic().collective_payload_bytes - before, 40u + 2 * (2 * 40 * 4) + 5 * 4);
+      compression::PowerSGDTensorState st;
+      ASSERT_TRUE(psgd.GetTensorState("bucket0", &st));
+      EXPECT_EQ(st.shape, (std::vector<int64_t>{20, 20}));
+      EXPECT_EQ(st.error.size(), 400u);
+      for (size_t t = 0; t < 2; ++t) {
+        std::vector<Mat> ms(W, Mat(20, 20));
+        for (int j = 0; j < W; ++j)
+          for (size_t i = 0; i < specs[t].second; ++i) ms[j].v[i] = static_cast<float>(GradValue(kSeed, j, 0, specs[t].first, i));
+        Mat q(20, 2);
+        const std::vector<float> q0 = PowerSGD::InitialQ(o, specs[t].first, 20, 2, 0);
+        for (size_t k = 0; k < q0.size(); ++k) q.v[k] = q0[k];
+        const Mat ref = ReferenceStep(ms, q, 1, true);
+        for (size_t i = 0; i < specs[t].second; ++i) {
+          ASSERT_NEAR(data[t][i], ref.v[i], 2e-3 * (1 + std::abs(ref.v[i]))) << specs[t].first << " " << i;
+        }
+      }
+      for (size_t i = 0; i < 5; ++i) {  // the small one: exact average of the 5 real elements
+        double ref = 0;
+        for (int j = 0; j < W; ++j) ref += static_cast<float>(GradValue(kSeed, j, 0, "bucket2", i));
+        ASSERT_NEAR(data[2][i], ref / W, 1e-6);
+      }
+    });
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gossipcc
