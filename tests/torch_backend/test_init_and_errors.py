@@ -1,0 +1,167 @@
+"""Registration, every init method (env://, tcp://, file://, torchrun), the allreduce policy
+option, and bad input: each error names what was wrong and no rank hangs."""
+import datetime
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from launcher import init_method, run_ranks
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_import_registers_once():
+    import importlib
+    import gossipcc
+    importlib.reload(gossipcc)  # a second registration must not raise
+    assert dist.Backend("gossipcc") == "gossipcc"
+
+
+def allreduce_worker(rank, world_size, method):
+    import gossipcc  # noqa: F401
+    if method == "env":
+        dist.init_process_group("gossipcc", rank=rank, world_size=world_size)
+    elif method == "tcp":
+        dist.init_process_group("gossipcc", init_method="tcp://127.0.0.1:" + os.environ["TEST_PORT"], rank=rank,
+                                world_size=world_size)
+    else:
+        dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size)
+    t = torch.full((10,), float(rank))
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t[0].item()
+
+
+@pytest.mark.parametrize("method", ["env", "tcp", "file"])
+def test_init_methods(method):
+    port = str(free_port())
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "TEST_PORT": port}
+    assert run_ranks(allreduce_worker, 2, method, env=env) == [1.0, 1.0]
+
+
+def test_torchrun(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import os, torch, torch.distributed as dist, gossipcc
+        dist.init_process_group(backend="gossipcc")
+        t = torch.ones(3) * (dist.get_rank() + 1)
+        dist.all_reduce(t)
+        assert dist.get_backend() == "gossipcc", dist.get_backend()
+        print("rank", dist.get_rank(), "of", dist.get_world_size(), "sum", t.tolist(), flush=True)
+        dist.destroy_process_group()
+    """))
+    # gossipcc.torchrun is torchrun with a fix for torch 1.13 on Python 3.11 (Debian bookworm).
+    out = subprocess.run([sys.executable, "-m", "gossipcc.torchrun", "--nproc_per_node=2",
+                          "--master_port", str(free_port()), str(script)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("sum [3.0, 3.0, 3.0]") == 2, out.stdout
+
+
+def test_policy_strings():
+    import gossipcc
+    assert gossipcc._C.parse_allreduce_policy("exact") == "exact"
+    assert gossipcc._C.parse_allreduce_policy(" powersgd ") == "powersgd"
+    with pytest.raises(gossipcc.InvalidArgumentError, match="valid policies"):
+        gossipcc._C.parse_allreduce_policy("fancy")
+    with pytest.raises(gossipcc.InvalidArgumentError, match="exact.*takes no options"):
+        gossipcc._C.parse_allreduce_policy("exact:rank=2")
+    with pytest.raises(gossipcc.InvalidArgumentError):
+        gossipcc.configure(allreduce="nope")
+
+
+def bad_policy_worker(rank, world_size):
+    import gossipcc  # noqa: F401
+    try:
+        dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size)
+    except Exception as e:  # noqa: BLE001
+        return str(e)
+    return "initialised"
+
+
+def test_invalid_policy_env_rejected_at_init():
+    results = run_ranks(bad_policy_worker, 2, env={"GOSSIPCC_ALLREDUCE": "powersgd-ish"})
+    for msg in results:
+        assert "unknown policy \"powersgd-ish\"" in msg and "valid policies" in msg, msg
+
+
+def errors_worker(rank, world_size):
+    import gossipcc  # noqa: F401
+    dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=20))
+    seen = {}
+
+    def expect(name, fn, *fragments):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            msg = str(e)
+            missing = [f for f in fragments if f not in msg]
+            assert not missing, f"{name}: message lacks {missing}: {msg}"
+            seen[name] = msg
+            return
+        raise AssertionError(f"{name}: no error raised")
+
+    # Element counts differ across ranks: every rank gets a MismatchError naming them.
+    expect("size mismatch", lambda: dist.all_reduce(torch.ones(5 + rank)), "5", "6")
+    # dtypes differ across ranks.
+    expect("dtype mismatch", lambda: dist.all_reduce(torch.ones(4, dtype=torch.float32 if rank else torch.float64)),
+           "float32", "float64")
+    # The group is still usable after a mismatch.
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    assert t.tolist() == [2.0, 2.0, 2.0]
+    # Local argument errors are raised synchronously and name the operation.
+    expect("non-contiguous", lambda: dist.all_reduce(torch.ones(4, 4).t()), "allreduce", "not contiguous")
+    expect("bitwise op", lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND),
+           "BAND")
+    expect("bad root", lambda: dist.broadcast(torch.ones(2), src=5), "5")
+    expect("any source", lambda: dist.recv(torch.ones(2)), "any source")
+    expect("wrong allgather list", lambda: dist.all_gather([torch.ones(2)], torch.ones(2)), "world size")
+    expect("wrong split sizes", lambda: dist.all_to_all_single(torch.empty(4), torch.ones(4), [1, 1], [3, 3]),
+           "split sizes")
+    # A receive whose sender sends a different size fails with both sizes named, no hang.
+    if rank == 0:
+        expect("p2p size", lambda: dist.recv(torch.empty(3), src=1, tag=4), "expected 3", "sent 4")
+    else:
+        dist.send(torch.ones(4), dst=0, tag=4)
+    dist.barrier()
+    dist.destroy_process_group()
+    return sorted(seen)
+
+
+def test_bad_input_errors_are_clear():
+    results = run_ranks(errors_worker, 2)
+    assert len(results[0]) == 9 and len(results[1]) == 8, results
+
+
+def timeout_worker(rank, world_size):
+    import gossipcc  # noqa: F401
+    import time
+    dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=3))
+    if rank == 1:
+        time.sleep(6)  # never joins the all-reduce in time
+        return "slept"
+    start = time.time()
+    try:
+        dist.all_reduce(torch.ones(4))
+    except Exception as e:  # noqa: BLE001
+        return f"{time.time() - start:.1f}s: {e}"
+    return "no error"
+
+
+def test_collective_times_out_with_clear_error():
+    results = run_ranks(timeout_worker, 2)
+    assert "timed out" in results[0].lower() or "timeout" in results[0].lower(), results[0]
+    assert float(results[0].split("s:")[0]) < 10, results[0]
