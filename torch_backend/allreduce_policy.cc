@@ -33,13 +33,18 @@ AllreducePolicy AllreducePolicy::Parse(const std::string& text) {
                                kValidPolicies);
   }
   policy.kind = Kind::kPowerSGD;
-  policy.powersgd_options = colon == std::string::npos ? "" : Trim(trimmed.substr(colon + 1));
+  const std::string options = colon == std::string::npos ? "" : Trim(trimmed.substr(colon + 1));
+  try {
+    policy.powersgd = compression::ParsePowerSGDOptions(options);
+  } catch (const InvalidArgumentError& e) {
+    throw InvalidArgumentError("gossipcc allreduce policy \"" + text + "\": " + e.what());
+  }
   return policy;
 }
 
 std::string AllreducePolicy::ToString() const {
   if (kind == Kind::kExact) return "exact";
-  return powersgd_options.empty() ? "powersgd" : "powersgd:" + powersgd_options;
+  return "powersgd:" + powersgd.ToString();
 }
 
 }  // namespace torch_backend

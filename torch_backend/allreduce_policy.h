@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "compression/power_sgd_options.h"
+
 
 namespace gossipcc {
 namespace torch_backend {
@@ -12,11 +14,13 @@ namespace torch_backend {
 struct AllreducePolicy {
   enum class Kind { kExact, kPowerSGD };
   Kind kind = Kind::kExact;
-  // The "key=value,..." part after "powersgd:", validated by PowerSGD's own option parser.
-  std::string powersgd_options;
+  // Parsed by PowerSGD's own option parser (compression/power_sgd_options.h), so the keys,
+  // ranges and error messages are PowerSGD's.
+  compression::PowerSGDOptions powersgd;
 
   // Parses "exact" or "powersgd[:key=value,...]". Throws InvalidArgumentError that quotes
-  // the bad part and lists the valid policies and keys.
+  // the bad part and lists the valid policies and keys. Unset PowerSGD options keep
+  // PyTorch's PowerSGDState defaults (rank=1, start_iter=1000, ...).
   static AllreducePolicy Parse(const std::string& text);
   std::string ToString() const;
 };

@@ -71,7 +71,11 @@ def test_torchrun(tmp_path):
 def test_policy_strings():
     import gossipcc
     assert gossipcc._C.parse_allreduce_policy("exact") == "exact"
-    assert gossipcc._C.parse_allreduce_policy(" powersgd ") == "powersgd"
+    assert gossipcc._C.parse_allreduce_policy(" powersgd ").startswith("powersgd:rank=1,start_iter=1000")
+    assert gossipcc._C.parse_allreduce_policy("powersgd:rank=2,start_iter=10").startswith(
+        "powersgd:rank=2,start_iter=10")
+    with pytest.raises(gossipcc.InvalidArgumentError, match="rank"):  # lists the valid keys
+        gossipcc._C.parse_allreduce_policy("powersgd:rnak=2")
     with pytest.raises(gossipcc.InvalidArgumentError, match="valid policies"):
         gossipcc._C.parse_allreduce_policy("fancy")
     with pytest.raises(gossipcc.InvalidArgumentError, match="exact.*takes no options"):

@@ -1,5 +1,50 @@
-"""PowerSGD for DDP through gossipcc's native collective (filled in with the PowerSGD binding)."""
+"""The "powersgd" allreduce policy: DDP's gradient buckets compressed by gossipcc's native
+PowerSGD collective (compression/power_sgd.h), installed on unmodified DDP models.
+
+Each parameter's gradient is compressed with its own shape (as PyTorch's powerSGD_hook does)
+and its state (error feedback, warm-started Q, step counter) is keyed by the parameter's
+position in the model, not by bucket: DDP rebuilds its buckets after the first iteration,
+and keys that follow the parameter keep their state through the rebuild.
+"""
+import torch
+import torch.distributed as dist
+
+from . import _C
+
+
+class PolicyHookState:
+    """State of the policy hook of one DDP model (picklable through state_dict)."""
+
+    def __init__(self, backend, module, options):
+        self.backend = backend
+        self.powersgd = _C.PowerSGD(options)
+        self.param_index = {id(p): i for i, p in enumerate(module.parameters())}
+
+    def state_dict(self):
+        return {"options": self.powersgd.options, "powersgd": self.powersgd.state_dict()}
+
+    def load_state_dict(self, state):
+        self.powersgd.load_state_dict(state["powersgd"])
+
+
+def policy_hook(state, bucket):
+    grads = bucket.gradients()
+    keys = [f"param{state.param_index[id(p)]}" for p in bucket.parameters()]
+    # Gradients are views into the bucket's flat buffer; compressing them in place averages
+    # the buffer that DDP copies back into .grad.
+    contiguous = [g if g.is_contiguous() else g.contiguous() for g in grads]
+    state.powersgd.allreduce(state.backend, contiguous, keys)
+    for g, c in zip(grads, contiguous):
+        if g is not c:
+            g.copy_(c)
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
 
 
 def install_policy_hook(ddp_model, backend):
-    raise NotImplementedError("gossipcc: powersgd policy needs the PowerSGD collective")
+    options = _C.powersgd_policy_options(backend.allreduce_policy)
+    state = PolicyHookState(backend, ddp_model.module, options)
+    ddp_model.register_comm_hook(state, policy_hook)
+    ddp_model._gossipcc_policy_state = state
+    return state
