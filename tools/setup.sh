@@ -8,6 +8,10 @@ PACKAGES=(
   bazel-bootstrap bazel-platforms bazel-rules-java bazel-skylib g++
   # Libraries: Gloo (CPU transport), Abseil, GoogleTest/GoogleMock, Eigen (PowerSGD on CPU).
   libgloo-dev libabsl-dev libgtest-dev libgmock-dev libeigen3-dev
+  # The c10d backend (torch 1.13 on bookworm) and its Python tests.
+  libtorch-dev python3-torch python3-dev pybind11-dev python3-pybind11 python3-pytest python3-numpy
+  # tools/trixie_root.sh: a Debian trixie root with torch 2.x, to test the backend against it.
+  debootstrap
 )
 
 missing=()

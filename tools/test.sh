@@ -20,6 +20,10 @@ trap report EXIT
 
 stage "setup (apt packages)" tools/setup.sh
 stage "build //..." bazel build //...
-stage "test //..." bazel test //... "$@"
-# The C++ suite again under AddressSanitizer + UndefinedBehaviorSanitizer (.bazelrc: asan).
-stage "test //... (asan+ubsan)" bazel test --config=asan //... "$@"
+stage "test //... (torch 1.13)" bazel test //... "$@"
+# The C++ suite again under AddressSanitizer + UndefinedBehaviorSanitizer (.bazelrc: asan);
+# the Python extension and its tests (tag "python") run in the plain stages only.
+stage "test //... (asan+ubsan)" bazel test --config=asan --build_tag_filters=-python --test_tag_filters=-python //... "$@"
+# The c10d backend against torch 2.x: the same build and tests in a Debian trixie root.
+stage "trixie root (torch 2.x)" tools/trixie_root.sh
+stage "test backend (torch 2.x)" tools/in_trixie.sh bazel test //torch_backend/... //tests/torch_backend/... "$@"
