@@ -7,8 +7,8 @@ Environment: WORLD_SIZE (default 2). Cases PyTorch skips for plugin backends, an
 that need features gossipcc does not have, are listed with reasons in docs/pytorch.md.
 """
 import os
-import sys
 import tempfile
+import unittest
 
 os.environ["BACKEND"] = "gossipcc"
 os.environ.setdefault("WORLD_SIZE", "2")
@@ -31,6 +31,25 @@ class TestGossipccBackend(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
         self._spawn_processes()
+
+
+def _skip(names, reason):
+    for name in names:
+        setattr(TestGossipccBackend, name, unittest.skip(reason)(getattr(TestGossipccBackend, name)))
+
+
+# Cases this driver skips beyond PyTorch's own skips (docs/pytorch.md lists them all).
+_skip(["test_send_recv_any_source", "test_send_recv_any_source_autograd_profiler",
+       "test_send_recv_any_source_torch_profiler"],
+      "gossipcc does not implement receive-from-any-source (recv without src)")
+try:
+    import torch.distributed._shard.sharded_tensor  # noqa: F401
+except ValueError:
+    # torch 1.13 on Python >= 3.11 (Debian bookworm): importing torch.distributed._shard fails
+    # ("mutable default ... for field tensor_properties"), whatever the backend.
+    _skip(["test_DistributedDataParallelCPU", "test_DistributedDataParallelCPU_grad_is_view",
+           "test_ddp_create_graph", "test_ddp_logging_data_cpu", "test_static_graph_api_cpu"],
+          "torch 1.13 on Python 3.11: torch.distributed._shard does not import (a torch bug, any backend)")
 
 
 if __name__ == "__main__":
