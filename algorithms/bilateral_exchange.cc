@@ -1,0 +1,81 @@
+#include "algorithms/bilateral_exchange.h"
+
+#include "absl/strings/str_cat.h"
+#include "algorithms/gossip_message.h"
+#include "comm/errors.h"
+
+namespace gossipcc {
+
+BilateralExchange::BilateralExchange(uint32_t tag) : tag_(tag) {}
+
+BilateralExchange::BilateralExchange(std::shared_ptr<const PeerGraph> graph, uint32_t tag)
+    : graph_(std::move(graph)), tag_(tag) {
+  if (!graph_) throw InvalidArgumentError("bilateral_exchange: null peer graph");
+}
+
+int BilateralExchange::RoundRobinPartner(int rank, int64_t step, int n) {
+  if (n < 1 || rank < 0 || rank >= n || step < 0) {
+    throw InvalidArgumentError(absl::StrCat("bilateral_exchange: bad rank ", rank, " / world size ", n,
+                                            " / step ", step));
+  }
+  if (n == 1) return -1;
+  const int m = n % 2 == 0 ? n : n + 1;  // players; rank m-1 may be virtual (odd n)
+  const int r = static_cast<int>(step % (m - 1));
+  int partner;
+  if (rank == m - 1) {
+    partner = r;
+  } else if (rank == r) {
+    partner = m - 1;
+  } else {
+    // Pairs (r+d, r-d) mod (m-1).
+    partner = ((2 * r - rank) % (m - 1) + (m - 1)) % (m - 1);
+  }
+  return partner >= n ? -1 : partner;
+}
+
+int BilateralExchange::Partner(int rank, int64_t step, int n) const {
+  if (!graph_) return RoundRobinPartner(rank, step, n);
+  std::vector<int> out = graph_->OutPeers(rank, step);
+  if (out.empty()) return -1;
+  return out[0];
+}
+
+void BilateralExchange::Step(Communicator& comm, std::vector<Buffer> buffers) {
+  const int n = comm.size(), rank = comm.rank();
+  if (graph_) {
+    if (graph_->world_size() != n) {
+      throw InvalidArgumentError(absl::StrCat("bilateral_exchange: peer graph ", graph_->name(), " is for ",
+                                              graph_->world_size(), " ranks but the communicator has ", n));
+    }
+    for (int i = 0; i < n; ++i) {
+      std::vector<int> out = graph_->OutPeers(i, step_);
+      if (out.size() > 1 || (out.size() == 1 && graph_->OutPeers(out[0], step_) != std::vector<int>{i})) {
+        throw InvalidArgumentError(absl::StrCat("bilateral_exchange: peer graph ", graph_->name(),
+                                                " is not a matching at step ", step_, " (rank ", i, " has ",
+                                                out.size(), " out-peers or an unreciprocated edge)"));
+      }
+    }
+  }
+  gossip_internal::CheckBuffers("bilateral_exchange", buffers);
+  int partner = Partner(rank, step_, n);
+  gossip_internal::RoundSpec spec;
+  spec.algorithm = "bilateral_exchange";
+  spec.step = step_;
+  spec.tag = tag_;
+  if (partner >= 0) {
+    spec.send_to = {partner};
+    spec.send_scale = {1.0};
+    spec.recv_from = {partner};
+    spec.recv_coef = {0.5};
+    spec.self_coef = 0.5;
+    gossip_internal::RunRound(comm, buffers, spec);
+  }
+  ++step_;
+}
+
+void BilateralExchange::Restore(int64_t step) {
+  if (step < 0) throw InvalidArgumentError(absl::StrCat("bilateral_exchange: restore with negative step ", step));
+  step_ = step;
+}
+
+}  // namespace gossipcc

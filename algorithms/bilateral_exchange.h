@@ -1,0 +1,49 @@
+// Bilateral exchange (AD-PSGD, Lian et al. 2018), synchronous mode: at each step the ranks
+// form a matching derived from the step number alone (identical on every rank), and each
+// pair swaps values and sets x <- (x + x_peer) / 2. Pair averaging conserves the sum (up to
+// one rounding per element) and both partners end bitwise equal.
+//
+// Default matching: the round-robin ("circle") tournament, n-1 rounds for even n, each a
+// perfect matching, every pair meeting once per cycle; for odd n a virtual rank is added and
+// whoever is paired with it idles that step. Alternatively any PeerGraph whose every step is
+// a matching (each rank at most one peer, symmetric), e.g. "hypercube".
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "algorithms/peer_graph.h"
+#include "comm/communicator.h"
+#include "comm/types.h"
+
+namespace gossipcc {
+
+class BilateralExchange {
+ public:
+  static constexpr uint32_t kDefaultTag = 0x42494c00;  // "BIL"
+
+  // Round-robin matching.
+  explicit BilateralExchange(uint32_t tag = kDefaultTag);
+  // Matching from `graph` (validated at each Step: InvalidArgumentError if not a matching).
+  explicit BilateralExchange(std::shared_ptr<const PeerGraph> graph, uint32_t tag = kDefaultTag);
+
+  // Round-robin partner of `rank` at `step` among `world_size` ranks, or -1 if it idles.
+  static int RoundRobinPartner(int rank, int64_t step, int world_size);
+  // This exchange's partner of `rank` at `step` (-1: idle).
+  int Partner(int rank, int64_t step, int world_size) const;
+
+  // One exchange at step(), in place (CPU float32/float64 buffers, one dtype, one fused
+  // message each way); then step() advances. Errors as PushSum::Step.
+  void Step(Communicator& comm, std::vector<Buffer> buffers);
+
+  int64_t step() const { return step_; }
+  void Restore(int64_t step);
+
+ private:
+  std::shared_ptr<const PeerGraph> graph_;  // null: round robin
+  uint32_t tag_;
+  int64_t step_ = 0;
+};
+
+}  // namespace gossipcc

@@ -1,0 +1,86 @@
+// Peer graphs for gossip: which ranks each rank sends to (out-peers) and receives from
+// (in-peers) at a given step. Every graph is defined by one out-peer rule; in-peers are
+// derived from it (j is an in-peer of i at step k iff i is an out-peer of j at step k), so the
+// two can never disagree. Peer lists contain no duplicates and never the rank itself.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gossipcc {
+
+class PeerGraph {
+ public:
+  explicit PeerGraph(int world_size);
+  virtual ~PeerGraph() = default;
+
+  int world_size() const { return world_size_; }
+  // A short description, e.g. "exponential(peers=1)".
+  virtual std::string name() const = 0;
+  // Number of steps after which the out-peer pattern repeats (1 for a static graph).
+  virtual int64_t period() const = 0;
+
+  // Ranks `rank` sends to at `step` (step >= 0). Sorted ascending, no duplicates, no self.
+  std::vector<int> OutPeers(int rank, int64_t step) const;
+  // Ranks `rank` receives from at `step`, derived from every rank's OutPeers. Sorted ascending.
+  std::vector<int> InPeers(int rank, int64_t step) const;
+  // Uniform mixing: the share a rank keeps and sends to each out-peer, 1/(|out|+1).
+  double UniformShare(int rank, int64_t step) const;
+  // True if at `step` every edge i->j has its reverse j->i.
+  bool IsSymmetricAt(int64_t step) const;
+
+ protected:
+  // The rule: raw out-peers of `rank` at `step` (rank and step already range-checked,
+  // step reduced modulo period()). May contain duplicates or the rank itself; they are removed.
+  virtual std::vector<int> RawOutPeers(int rank, int64_t step) const = 0;
+
+ private:
+  void CheckRank(int rank) const;
+  int world_size_;
+};
+
+// ceil(log2 n) for n >= 1 (0 for n == 1).
+int CeilLog2(int n);
+
+// one-peer (peers == 1) or n-peer exponential (SGP): out(i,k) = { i + j*(p+1)^(k mod T) : j=1..p },
+// T = floor(log_{p+1}(n-1)) + 1 (= ceil(log2 n) for p == 1).
+std::unique_ptr<PeerGraph> MakeExponentialGraph(int world_size, int peers = 1);
+// SGP graph 0: one peer per step, cycling through offsets +1, -1, +2, -2, +4, -4, ... (< n).
+std::unique_ptr<PeerGraph> MakeDirectedExponentialGraph(int world_size);
+// SGP graph 1: one peer per step cycling through offsets +1, -1, +(1+2^m), -(1+2^m) (m >= 1);
+// even ranks only talk to odd ranks. world_size must be even (or 1).
+std::unique_ptr<PeerGraph> MakeBipartiteExponentialGraph(int world_size);
+// Static ring: {i+1} if directed, else {i-1, i+1}.
+std::unique_ptr<PeerGraph> MakeRingGraph(int world_size, bool directed = false);
+// Static: every other rank.
+std::unique_ptr<PeerGraph> MakeCompleteGraph(int world_size);
+// Static: {i + 2^m : m = 0..ceil(log2 n)-1}.
+std::unique_ptr<PeerGraph> MakeStaticExponentialGraph(int world_size);
+// Pairwise: partner(i,k) = i XOR 2^(k mod log2 n); world_size must be a power of two.
+std::unique_ptr<PeerGraph> MakeHypercubeGraph(int world_size);
+
+// A directed edge src -> dst.
+using Edge = std::pair<int, int>;
+// User edge lists: phases[k mod phases.size()] is the edge set of step k (one phase: static).
+// Throws InvalidArgumentError naming the offending edge or rank on: no phases, an out-of-range
+// rank, a self loop, a duplicate edge within a phase, or a union graph that is not strongly
+// connected (some rank is never reached from, or never reaches, rank 0).
+std::unique_ptr<PeerGraph> MakeEdgeListGraph(int world_size, std::vector<std::vector<Edge>> phases);
+
+// Parses a graph spec "name[:key=value,...]" (or "edges:..."):
+//   exponential[:peers=P]      one-peer (P=1, default) or n-peer exponential
+//   directed_exponential
+//   bipartite_exponential
+//   ring[:directed=0|1]        undirected by default
+//   complete
+//   static_exponential
+//   hypercube
+//   edges:0>1,1>2,2>0          static user edge list
+//   edges:0>1,1>0;1>2,2>1      per-step phases separated by ';'
+// Throws InvalidArgumentError listing the valid names/keys on bad input.
+std::unique_ptr<PeerGraph> MakePeerGraph(const std::string& spec, int world_size);
+
+}  // namespace gossipcc
