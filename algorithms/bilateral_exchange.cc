@@ -1,7 +1,8 @@
 #include "algorithms/bilateral_exchange.h"
 
 #include "absl/strings/str_cat.h"
-#include "algorithms/gossip_message.h"
+#include "algorithms/elementwise.h"
+#include "algorithms/gossip_round.h"
 #include "comm/errors.h"
 
 namespace gossipcc {
@@ -66,9 +67,8 @@ void BilateralExchange::Step(Communicator& comm, std::vector<Buffer> buffers) {
     spec.send_to = {partner};
     spec.send_scale = {1.0};
     spec.recv_from = {partner};
-    spec.recv_coef = {0.5};
-    spec.self_coef = 0.5;
-    gossip_internal::RunRound(comm, buffers, spec);
+    auto round = gossip_internal::StartRound(comm, buffers, std::move(spec));
+    gossip_internal::FinishRound(*round, buffers, 0.5, {0.5}, nullptr);
   }
   ++step_;
 }

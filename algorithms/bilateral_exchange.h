@@ -33,7 +33,7 @@ class BilateralExchange {
   // This exchange's partner of `rank` at `step` (-1: idle).
   int Partner(int rank, int64_t step, int world_size) const;
 
-  // One exchange at step(), in place (CPU float32/float64 buffers, one dtype, one fused
+  // One exchange at step(), in place (float32/float64/float16/bfloat16 buffers, one dtype and device, one fused
   // message each way); then step() advances. Errors as PushSum::Step.
   void Step(Communicator& comm, std::vector<Buffer> buffers);
 

@@ -3,10 +3,60 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "algorithms/gossip_message.h"
+#include "absl/strings/str_join.h"
+#include "algorithms/elementwise.h"
+#include "algorithms/gossip_round.h"
 #include "comm/errors.h"
 
 namespace gossipcc {
+
+MixingFn KeepShareMixing(double keep) {
+  if (!(keep > 0 && keep <= 1)) {
+    throw InvalidArgumentError(absl::StrCat("push_sum mixing: keep share ", keep, " must be in (0, 1]"));
+  }
+  return [keep](int, int64_t, const std::vector<int>& out) {
+    std::vector<double> shares(out.size() + 1);
+    shares[0] = out.empty() ? 1.0 : keep;
+    for (size_t j = 0; j < out.size(); ++j) shares[j + 1] = (1.0 - keep) / static_cast<double>(out.size());
+    return shares;
+  };
+}
+
+PushSumPlan MakePushSumPlan(const PeerGraph& graph, const MixingFn& mixing, int rank, int64_t step,
+                            const std::string& algorithm) {
+  PushSumPlan plan;
+  plan.out_peers = graph.OutPeers(rank, step);
+  plan.in_peers = graph.InPeers(rank, step);
+  if (!mixing) {
+    const double share = 1.0 / static_cast<double>(plan.out_peers.size() + 1);
+    plan.keep = share;
+    plan.send_shares.assign(plan.out_peers.size(), share);
+    return plan;
+  }
+  std::vector<double> shares = mixing(rank, step, plan.out_peers);
+  if (shares.size() != plan.out_peers.size() + 1) {
+    throw InvalidArgumentError(absl::StrCat(algorithm, ": mixing for rank ", rank, " at step ", step, " returned ",
+                                            shares.size(), " shares for ", plan.out_peers.size(),
+                                            " out-peers {", absl::StrJoin(plan.out_peers, ","),
+                                            "} (expected the kept share + one per out-peer)"));
+  }
+  double sum = 0;
+  for (size_t j = 0; j < shares.size(); ++j) {
+    const double s = shares[j];
+    if (!std::isfinite(s) || s < 0) {
+      throw InvalidArgumentError(absl::StrCat(algorithm, ": mixing share ", j, " of rank ", rank, " at step ",
+                                              step, " is ", s, " (must be finite and >= 0)"));
+    }
+    sum += s;
+  }
+  if (std::abs(sum - 1.0) > 1e-12) {
+    throw InvalidArgumentError(absl::StrCat(algorithm, ": mixing shares of rank ", rank, " at step ", step,
+                                            " sum to ", sum, ", not 1 (the mixing must be column-stochastic)"));
+  }
+  plan.keep = shares[0];
+  plan.send_shares.assign(shares.begin() + 1, shares.end());
+  return plan;
+}
 
 PushSum::PushSum(std::shared_ptr<const PeerGraph> graph, MixingFn mixing, uint32_t tag)
     : graph_(std::move(graph)), mixing_(std::move(mixing)), tag_(tag) {
@@ -19,60 +69,42 @@ void PushSum::Step(Communicator& comm, std::vector<Buffer> buffers) {
                                             graph_->world_size(), " ranks but the communicator has ", comm.size()));
   }
   gossip_internal::CheckBuffers("push_sum", buffers);
-  const int rank = comm.rank();
+  PushSumPlan plan = MakePushSumPlan(*graph_, mixing_, comm.rank(), step_);
   gossip_internal::RoundSpec spec;
   spec.algorithm = "push_sum";
   spec.step = step_;
   spec.tag = tag_;
-  spec.send_to = graph_->OutPeers(rank, step_);
-  spec.recv_from = graph_->InPeers(rank, step_);
-  if (mixing_) {
-    std::vector<double> shares = mixing_(rank, step_, spec.send_to);
-    if (shares.size() != spec.send_to.size() + 1) {
-      throw InvalidArgumentError(absl::StrCat("push_sum: mixing returned ", shares.size(), " shares for ",
-                                              spec.send_to.size(), " out-peers (expected self + one per peer)"));
-    }
-    double sum = 0;
-    for (double s : shares) {
-      if (!(s >= 0) || !std::isfinite(s)) {
-        throw InvalidArgumentError(absl::StrCat("push_sum: mixing share ", s, " is not a finite value >= 0"));
-      }
-      sum += s;
-    }
-    if (std::abs(sum - 1.0) > 1e-12) {
-      throw InvalidArgumentError(absl::StrCat("push_sum: mixing shares of rank ", rank, " at step ", step_,
-                                              " sum to ", sum, ", not 1 (must be column-stochastic)"));
-    }
-    spec.self_coef = shares[0];
-    spec.send_scale.assign(shares.begin() + 1, shares.end());
-  } else {
-    double share = 1.0 / static_cast<double>(spec.send_to.size() + 1);
-    spec.self_coef = share;
-    spec.send_scale.assign(spec.send_to.size(), share);
-  }
-  spec.recv_coef.assign(spec.recv_from.size(), 1.0);
+  spec.send_to = plan.out_peers;
+  spec.send_scale = plan.send_shares;
+  spec.recv_from = plan.in_peers;
+  spec.with_weight = true;
+  spec.weight = weight_;
+  auto round = gossip_internal::StartRound(comm, buffers, std::move(spec));
   double w = weight_;
-  spec.weight = &w;
-  gossip_internal::RunRound(comm, buffers, spec);
+  gossip_internal::FinishRound(*round, buffers, plan.keep, std::vector<double>(plan.in_peers.size(), 1.0), &w);
   weight_ = w;
   ++step_;
 }
 
-void PushSum::Debias(const Buffer& in, Buffer out) const {
-  gossip_internal::CheckBuffers("push_sum debias", {in, out});
+void PushSum::Debias(const Buffer& in, Buffer out) const { DebiasBuffer("push_sum debias", weight_, in, out); }
+
+void DebiasBuffer(const std::string& algorithm, double weight, const Buffer& in, Buffer out) {
+  gossip_internal::CheckBuffers(algorithm, {in, out});
   if (in.count != out.count) {
-    throw InvalidArgumentError(absl::StrCat("push_sum debias: input has ", in.count, " elements, output ",
-                                            out.count));
+    throw InvalidArgumentError(absl::StrCat(algorithm, ": input has ", in.count, " elements, output ", out.count));
   }
-  if (in.dtype == DType::kFloat64) {
-    const double* a = static_cast<const double*>(in.data);
-    double* b = static_cast<double*>(out.data);
-    for (size_t e = 0; e < in.count; ++e) b[e] = a[e] / weight_;
-  } else {
-    const float* a = static_cast<const float*>(in.data);
-    float* b = static_cast<float*>(out.data);
-    for (size_t e = 0; e < in.count; ++e) b[e] = static_cast<float>(a[e] / weight_);
-  }
+  gossip_internal::HostStaging src(algorithm, {in});
+  gossip_internal::HostStaging dst(algorithm, {out}, /*load=*/false);
+  gossip_internal::DispatchFloating(in.dtype, [&](auto e) {
+    using E = decltype(e);
+    using S = typename E::Storage;
+    using C = typename E::Compute;
+    const S* a = static_cast<const S*>(src.host()[0].data);
+    S* b = static_cast<S*>(dst.host()[0].data);
+    const C w = static_cast<C>(weight);
+    for (size_t i = 0; i < in.count; ++i) b[i] = E::Store(E::Load(a[i]) / w);
+  });
+  dst.WriteBack();
 }
 
 void PushSum::Restore(int64_t step, double weight) {

@@ -3,7 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "algorithms/gossip_message.h"
+#include "algorithms/elementwise.h"
+#include "algorithms/gossip_round.h"
 #include "comm/errors.h"
 
 namespace gossipcc {
@@ -46,9 +47,8 @@ void SymmetricGossip::Step(Communicator& comm, std::vector<Buffer> buffers) {
   spec.send_to = graph_->OutPeers(rank, step_);
   spec.send_scale.assign(spec.send_to.size(), 1.0);
   spec.recv_from = spec.send_to;  // symmetric: in-peers == out-peers
-  spec.recv_coef.assign(w.begin() + 1, w.end());
-  spec.self_coef = w[0];
-  gossip_internal::RunRound(comm, buffers, spec);
+  auto round = gossip_internal::StartRound(comm, buffers, std::move(spec));
+  gossip_internal::FinishRound(*round, buffers, w[0], std::vector<double>(w.begin() + 1, w.end()), nullptr);
   ++step_;
 }
 

@@ -22,7 +22,7 @@ class SymmetricGossip {
   // Throws InvalidArgumentError at Step if the graph is not symmetric at that step.
   explicit SymmetricGossip(std::shared_ptr<const PeerGraph> graph, uint32_t tag = kDefaultTag);
 
-  // One round at step(), in place (CPU float32/float64 buffers, one dtype): one fused message
+  // One round at step(), in place (float32/float64/float16/bfloat16 buffers, one dtype and device): one fused message
   // of x to each neighbour, x <- W_ii x + sum_j W_ij x_j; then step() advances. Same error
   // behaviour as PushSum::Step (MismatchError on differing sizes or steps, nothing modified).
   void Step(Communicator& comm, std::vector<Buffer> buffers);

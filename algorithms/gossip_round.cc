@@ -1,0 +1,259 @@
+#include "algorithms/gossip_round.h"
+
+#include <cstring>
+#include <exception>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "algorithms/elementwise.h"
+#include "comm/errors.h"
+
+namespace gossipcc {
+namespace gossip_internal {
+
+namespace {
+
+char* PayloadPtr(std::vector<uint64_t>& storage) {
+  return reinterpret_cast<char*>(storage.data()) + kStepHeaderBytes;
+}
+
+template <typename E>
+void Pack(std::vector<uint64_t>& storage, const std::vector<Buffer>& host, int64_t step, double scale,
+          const RoundSpec& spec, size_t payload) {
+  using S = typename E::Storage;
+  using C = typename E::Compute;
+  std::memcpy(storage.data(), &step, kStepHeaderBytes);
+  S* out = reinterpret_cast<S*>(PayloadPtr(storage));
+  const C s = static_cast<C>(scale);
+  for (const Buffer& b : host) {
+    const S* in = static_cast<const S*>(b.data);
+    if (scale == 1.0) {
+      if (b.count > 0) std::memcpy(out, in, b.count * sizeof(S));
+    } else {
+      for (size_t e = 0; e < b.count; ++e) out[e] = E::Store(s * E::Load(in[e]));
+    }
+    out += b.count;
+  }
+  if (spec.with_weight) {
+    const double w = scale * spec.weight;
+    std::memcpy(PayloadPtr(storage) + payload * sizeof(S), &w, kWeightBytes);
+  }
+}
+
+template <typename E>
+void Mix(const std::vector<Buffer>& host, double self_coef, const std::vector<const char*>& recv,
+         const std::vector<double>& recv_coef) {
+  using S = typename E::Storage;
+  using C = typename E::Compute;
+  const C self = static_cast<C>(self_coef);
+  std::vector<C> coef(recv_coef.begin(), recv_coef.end());
+  std::vector<const S*> in(recv.size());
+  for (size_t j = 0; j < recv.size(); ++j) in[j] = reinterpret_cast<const S*>(recv[j]);
+  for (const Buffer& b : host) {
+    S* x = static_cast<S*>(b.data);
+    if (in.size() == 1) {
+      const S* r = in[0];
+      const C c = coef[0];
+      for (size_t e = 0; e < b.count; ++e) x[e] = E::Store(self * E::Load(x[e]) + c * E::Load(r[e]));
+    } else {
+      for (size_t e = 0; e < b.count; ++e) {
+        C acc = self * E::Load(x[e]);
+        for (size_t j = 0; j < in.size(); ++j) acc += coef[j] * E::Load(in[j][e]);
+        x[e] = E::Store(acc);
+      }
+    }
+    for (auto& p : in) p += b.count;
+  }
+}
+
+template <typename E>
+void Scale(const std::vector<Buffer>& host, double factor) {
+  using S = typename E::Storage;
+  using C = typename E::Compute;
+  const C f = static_cast<C>(factor);
+  for (const Buffer& b : host) {
+    S* x = static_cast<S*>(b.data);
+    for (size_t e = 0; e < b.count; ++e) x[e] = E::Store(f * E::Load(x[e]));
+  }
+}
+
+// Re-raises `error` as the same comm error type with `prefix` in front of its message.
+[[noreturn]] void Rethrow(std::exception_ptr error, const std::string& prefix, const std::string& suffix) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const MismatchError& e) {
+    throw MismatchError(absl::StrCat(prefix, e.what(), suffix));
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(absl::StrCat(prefix, e.what(), suffix));
+  } catch (const PeerError& e) {
+    throw PeerError(absl::StrCat(prefix, e.what(), suffix));
+  } catch (const AbortedError& e) {
+    throw AbortedError(absl::StrCat(prefix, e.what(), suffix));
+  } catch (const InvalidArgumentError& e) {
+    throw InvalidArgumentError(absl::StrCat(prefix, e.what(), suffix));
+  } catch (const std::exception& e) {
+    throw CommError(absl::StrCat(prefix, e.what(), suffix));
+  }
+}
+
+}  // namespace
+
+size_t MessageBytes(size_t payload_elements, DType dtype, bool with_weight) {
+  return kStepHeaderBytes + payload_elements * ElementSize(dtype) + (with_weight ? kWeightBytes : 0);
+}
+
+PendingRound::~PendingRound() {
+  if (waited_) return;
+  // The transfers write into (or read from) our storage: let them end first.
+  try {
+    if (send_work_) send_work_->wait();
+  } catch (...) {
+  }
+  for (auto& w : recv_works_) {
+    try {
+      w->wait();
+    } catch (...) {
+    }
+  }
+}
+
+bool PendingRound::is_completed() const {
+  if (send_work_ && !send_work_->is_completed()) return false;
+  for (const auto& w : recv_works_) {
+    if (!w->is_completed()) return false;
+  }
+  return true;
+}
+
+std::string PendingRound::Context() const {
+  return absl::StrCat(spec_.algorithm, " step ", spec_.step, " on rank ", rank_, " of ", size_, " (sends to {",
+                      absl::StrJoin(spec_.send_to, ","), "}, receives from {", absl::StrJoin(spec_.recv_from, ","),
+                      "}, ", payload_, " x ", DTypeName(dtype_), " per message",
+                      spec_.with_weight ? " + push-sum weight" : "", "): ");
+}
+
+void PendingRound::WaitAll() {
+  waited_ = true;
+  std::exception_ptr first;
+  try {
+    if (send_work_) send_work_->wait();
+  } catch (...) {
+    first = std::current_exception();
+  }
+  std::vector<bool> ok(recv_works_.size(), false);
+  for (size_t j = 0; j < recv_works_.size(); ++j) {
+    try {
+      recv_works_[j]->wait();
+      ok[j] = true;
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  // A step disagreement is the most useful thing to report, even if another transfer failed.
+  for (size_t j = 0; j < recv_storage_.size(); ++j) {
+    if (!ok[j]) continue;
+    int64_t step;
+    std::memcpy(&step, recv_storage_[j].data(), kStepHeaderBytes);
+    if (step != spec_.step) {
+      throw MismatchError(absl::StrCat(Context(), "received a message from rank ", spec_.recv_from[j],
+                                       " sent at its step ", step, " but this rank is at step ", spec_.step,
+                                       "; every rank must call with the same step number (nothing was modified)"));
+    }
+  }
+  if (first) {
+    Rethrow(first, Context(), "; nothing was modified (a rank calling with a different step number "
+                              "on a time-varying graph leaves a receive unmatched, which shows as a timeout)");
+  }
+}
+
+std::unique_ptr<PendingRound> StartRound(Communicator& comm, const std::vector<Buffer>& buffers, RoundSpec spec) {
+  const DType dtype = CheckBuffers(spec.algorithm, buffers);
+  std::unique_ptr<PendingRound> round(new PendingRound());
+  round->rank_ = comm.rank();
+  round->size_ = comm.size();
+  round->dtype_ = dtype;
+  round->device_ = buffers.empty() ? Device::CPU() : buffers[0].device;
+  round->payload_ = TotalCount(buffers);
+  const size_t bytes = MessageBytes(round->payload_, dtype, spec.with_weight);
+  const size_t words = (bytes + 7) / 8;
+  const Buffer proto{nullptr, bytes / ElementSize(dtype), dtype, Device::CPU()};
+
+  std::vector<P2POp> sends;
+  if (!spec.send_to.empty()) {
+    HostStaging staging(spec.algorithm, buffers);
+    std::map<double, size_t> by_scale;  // uniform mixing: one message for every peer
+    for (size_t j = 0; j < spec.send_to.size(); ++j) {
+      const double s = spec.send_scale[j];
+      auto it = by_scale.find(s);
+      if (it == by_scale.end()) {
+        round->send_storage_.emplace_back(words);
+        DispatchFloating(dtype, [&](auto e) {
+          Pack<decltype(e)>(round->send_storage_.back(), staging.host(), spec.step, s, spec, round->payload_);
+        });
+        it = by_scale.emplace(s, round->send_storage_.size() - 1).first;
+      }
+      Buffer view = proto;
+      view.data = round->send_storage_[it->second].data();
+      sends.push_back(P2POp::Send(view, spec.send_to[j], spec.tag));
+    }
+  }
+  round->recv_storage_.assign(spec.recv_from.size(), std::vector<uint64_t>(words));
+  round->spec_ = std::move(spec);
+  const RoundSpec& s = round->spec_;
+  try {
+    if (!sends.empty()) round->send_work_ = comm.p2p(sends);
+    for (size_t j = 0; j < s.recv_from.size(); ++j) {
+      Buffer view = proto;
+      view.data = round->recv_storage_[j].data();
+      round->recv_works_.push_back(comm.recv(view, s.recv_from[j], s.tag));
+    }
+  } catch (...) {
+    std::exception_ptr e = std::current_exception();
+    round.reset();  // waits for whatever was posted
+    Rethrow(e, absl::StrCat(s.algorithm, " step ", s.step, " on rank ", comm.rank(), ": "), "");
+  }
+  return round;
+}
+
+void FinishRound(PendingRound& round, const std::vector<Buffer>& buffers, double self_coef,
+                 const std::vector<double>& recv_coef, double* weight) {
+  const RoundSpec& spec = round.spec_;
+  const DType dtype = CheckBuffers(spec.algorithm, buffers);
+  if (TotalCount(buffers) != round.payload_ || (!buffers.empty() && dtype != round.dtype_)) {
+    throw InvalidArgumentError(absl::StrCat(spec.algorithm, " step ", spec.step, " on rank ", round.rank_,
+                                            ": the round was started on ", round.payload_, " x ",
+                                            DTypeName(round.dtype_), " but is finished on ", TotalCount(buffers),
+                                            " x ", DTypeName(dtype)));
+  }
+  if (recv_coef.size() != spec.recv_from.size()) {
+    throw InvalidArgumentError(absl::StrCat(spec.algorithm, ": ", recv_coef.size(), " receive coefficients for ",
+                                            spec.recv_from.size(), " in-peers"));
+  }
+  round.WaitAll();
+  HostStaging staging(spec.algorithm, buffers);
+  std::vector<const char*> recv;
+  for (auto& storage : round.recv_storage_) recv.push_back(PayloadPtr(storage));
+  DispatchFloating(dtype, [&](auto e) { Mix<decltype(e)>(staging.host(), self_coef, recv, recv_coef); });
+  staging.WriteBack();
+  if (weight != nullptr) {
+    double w = self_coef * *weight;
+    const size_t offset = round.payload_ * ElementSize(round.dtype_);
+    for (size_t j = 0; j < recv.size(); ++j) {
+      double wj;
+      std::memcpy(&wj, recv[j] + offset, kWeightBytes);
+      w += recv_coef[j] * wj;
+    }
+    *weight = w;
+  }
+}
+
+void ScaleBuffers(const std::string& algorithm, const std::vector<Buffer>& buffers, double factor) {
+  const DType dtype = CheckBuffers(algorithm, buffers);
+  HostStaging staging(algorithm, buffers);
+  DispatchFloating(dtype, [&](auto e) { Scale<decltype(e)>(staging.host(), factor); });
+  staging.WriteBack();
+}
+
+}  // namespace gossip_internal
+}  // namespace gossipcc
