@@ -286,7 +286,14 @@ class Communicator::Impl {
     for (const P2POp& op : ops) {
       const char* name = op.kind == P2POp::Kind::kSend ? "send" : "recv";
       CheckBuffer(name, "buffer", op.buffer);
-      CheckPeer(name, op.peer, "peer");
+      if (op.peer == kAnySource && op.kind == P2POp::Kind::kRecv) {
+        if (op.buffer.device.is_cuda()) {
+          throw InvalidArgumentError(absl::StrCat(Where(name), ": receive from any source needs a CPU buffer (NCCL has none)"));
+        }
+        if (size_ == 1) throw InvalidArgumentError(absl::StrCat(Where(name), ": receive from any source with no other rank"));
+      } else {
+        CheckPeer(name, op.peer, "peer");
+      }
       if (op.peer == rank_) {
         throw InvalidArgumentError(absl::StrCat(Where(name), ": peer ", op.peer, " is this rank itself"));
       }
@@ -295,7 +302,8 @@ class Communicator::Impl {
       }
       if (ops.size() == 1) {
         description = absl::StrCat(name, " ", op.buffer.ToString(), op.kind == P2POp::Kind::kSend ? " to" : " from",
-                                   " rank ", op.peer, " (tag ", op.tag, ") on rank ", rank_, " of ", size_);
+                                   op.peer == kAnySource ? " any rank" : absl::StrCat(" rank ", op.peer), " (tag ",
+                                   op.tag, ") on rank ", rank_, " of ", size_);
       }
     }
     {
@@ -552,6 +560,11 @@ std::shared_ptr<Work> Communicator::send(Buffer data, int peer, uint32_t tag) {
 
 std::shared_ptr<Work> Communicator::recv(Buffer data, int peer, uint32_t tag) {
   P2POp op = P2POp::Recv(data, peer, tag);
+  return impl_->PostP2P(absl::MakeConstSpan(&op, 1));
+}
+
+std::shared_ptr<Work> Communicator::recv_any_source(Buffer data, uint32_t tag, int* source) {
+  P2POp op = P2POp::Recv(data, kAnySource, tag, source);
   return impl_->PostP2P(absl::MakeConstSpan(&op, 1));
 }
 

@@ -44,16 +44,23 @@ struct CommunicatorOptions {
   int cuda_device = -1;
 };
 
+// A receive's peer that matches a message from any other rank (CPU buffers only).
+inline constexpr int kAnySource = -1;
+
 // One operation of a grouped point-to-point batch.
 struct P2POp {
   enum class Kind : uint8_t { kSend, kRecv };
   Kind kind;
   Buffer buffer;
-  int peer;
+  int peer;  // for a receive on CPU buffers: kAnySource matches any sender
   uint32_t tag = 0;
+  // Receives: if set, the sender's rank is written here before the Work completes.
+  int* source = nullptr;
 
   static P2POp Send(Buffer b, int peer, uint32_t tag = 0) { return {Kind::kSend, b, peer, tag}; }
-  static P2POp Recv(Buffer b, int peer, uint32_t tag = 0) { return {Kind::kRecv, b, peer, tag}; }
+  static P2POp Recv(Buffer b, int peer, uint32_t tag = 0, int* source = nullptr) {
+    return {Kind::kRecv, b, peer, tag, source};
+  }
 };
 
 // Bytes this rank put on the wire since creation, by operation family (for benchmarks
@@ -103,6 +110,9 @@ class Communicator {
   // Point to point. Messages between one pair with one tag are matched in posting order.
   std::shared_ptr<Work> send(Buffer data, int peer, uint32_t tag = 0);
   std::shared_ptr<Work> recv(Buffer data, int peer, uint32_t tag = 0);
+  // Receives from whichever rank sends first with `tag` (CPU buffers); `*source` (kept alive
+  // by the caller until the Work completes) gets that rank.
+  std::shared_ptr<Work> recv_any_source(Buffer data, uint32_t tag, int* source);
   // Posts every operation at once; the Work completes when all have.
   std::shared_ptr<Work> p2p(absl::Span<const P2POp> ops);
 

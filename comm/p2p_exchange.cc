@@ -77,7 +77,15 @@ std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string
           m.data_ub->send(m.op.peer, MakeSlot(kP2PDataSlotPrefix, m.op.tag));
         }
       } else {
-        m.header_ub->recv(m.op.peer, MakeSlot(kP2PHeaderSlotPrefix, m.op.tag));
+        if (m.op.peer == kAnySource) {
+          std::vector<int> others;
+          for (int r = 0; r < context_->size; ++r) {
+            if (r != context_->rank) others.push_back(r);
+          }
+          m.header_ub->recv(others, MakeSlot(kP2PHeaderSlotPrefix, m.op.tag));
+        } else {
+          m.header_ub->recv(m.op.peer, MakeSlot(kP2PHeaderSlotPrefix, m.op.tag));
+        }
       }
     }
   } catch (const std::exception& e) {
@@ -101,7 +109,10 @@ P2PExchange::ReceiveOutcome P2PExchange::ReceiveOne(Message& m, Clock::time_poin
   gloo::Context& context = *context_;
   ReceiveOutcome out;
   try {
-    m.header_ub->waitRecv(Remaining(deadline));
+    int sender = m.op.peer;
+    m.header_ub->waitRecv(&sender, Remaining(deadline));
+    m.op.peer = sender;  // resolves kAnySource: the payload comes from the header's sender
+    if (m.op.source) *m.op.source = sender;
     const Header& h = m.header;
     const Buffer& b = m.op.buffer;
     const DType sender_dtype = static_cast<DType>(h.dtype);

@@ -9,7 +9,7 @@ MIRROR=${GOSSIPCC_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 PACKAGES=(
   ca-certificates g++ bazel-bootstrap bazel-platforms bazel-rules-java bazel-skylib
   libgloo-dev libabsl-dev libgtest-dev libgmock-dev libeigen3-dev
-  libtorch-dev python3-torch python3-dev pybind11-dev python3-pybind11 python3-pytest python3-numpy python3-expecttest
+  libtorch-dev python3-torch python3-dev pybind11-dev python3-pybind11 python3-pytest python3-numpy python3-expecttest python3-setuptools
 )
 marker="$ROOT/.gossipcc-packages"
 want="${PACKAGES[*]}"

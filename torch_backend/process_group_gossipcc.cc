@@ -80,7 +80,16 @@ class GossipccWork : public C10dWork {
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
+  // Receives from any source: the sender's rank, written by the comm layer before completion.
+  void set_source(std::shared_ptr<int> source) { source_ = std::move(source); }
+  int sourceRank() const override {
+    if (!source_) return C10dWork::sourceRank();  // throws: not a receive-from-any-source
+    future_->wait();
+    return *source_;
+  }
+
  private:
+  std::shared_ptr<int> source_;
   std::shared_ptr<::gossipcc::Work> inner_;
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
@@ -481,8 +490,15 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::recv(std::vector<at::Tensor>&
   return Wrap(rank_, OpType::RECV, "gossipcc:recv", std::move(work), tensors);
 }
 
-c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::recvAnysource(std::vector<at::Tensor>&, int) {
-  Unsupported("recv from any source (recvAnysource): pass src");
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const at::Tensor& t = SingleTensor(tensors, "recv (any source)", "");
+  auto source = std::make_shared<int>(-1);
+  auto inner = communicator_->recv_any_source(ToBuffer(t, "recv (any source)", "tensor"), ToTag(tag, "recv"),
+                                              source.get());
+  auto work = c10::make_intrusive<GossipccWork>(rank_, OpType::RECVANYSOURCE, "gossipcc:recvAnysource",
+                                                std::move(inner), tensors, [source]() {});
+  work->set_source(source);
+  return work;
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::barrier(const ::c10d::BarrierOptions&) {

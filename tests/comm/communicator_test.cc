@@ -1,7 +1,9 @@
 // Every collective of Communicator against a locally computed reference: n = 1..8 ranks,
 // as threads and as processes, every dtype, sizes 0, 1, odd and larger; 64 MB separately.
 #include "comm/communicator.h"
+#include "comm/errors.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -257,6 +259,40 @@ TEST(PointToPointProgressTest, NonblockingOperationsPostedInAnyOrderComplete) {
       }
     });
   }
+}
+
+// Rank 0 receives one message from each other rank without naming the sender; each receive
+// reports its sender, and every sender's payload arrives exactly once.
+TEST(PointToPointProgressTest, ReceiveFromAnySourceReportsTheSender) {
+  for (LaunchMode mode : {LaunchMode::kThreads, LaunchMode::kProcesses}) {
+    RunRanks(4, mode, [](Communicator& comm) {
+      const int n = comm.size(), me = comm.rank();
+      if (me == 0) {
+        std::vector<int> seen;
+        for (int k = 1; k < n; ++k) {
+          TypedArray got(DType::kInt64, 5);
+          int source = -7;
+          comm.recv_any_source(got.buffer(), 3, &source)->wait();
+          ASSERT_GE(source, 1);
+          ASSERT_LT(source, n);
+          for (size_t i = 0; i < 5; ++i) ASSERT_EQ(got.get(i), source * 10 + i);
+          seen.push_back(source);
+        }
+        std::sort(seen.begin(), seen.end());
+        EXPECT_EQ(seen, (std::vector<int>{1, 2, 3}));
+      } else {
+        TypedArray out(DType::kInt64, 5);
+        for (size_t i = 0; i < 5; ++i) out.set(i, me * 10 + i);
+        comm.send(out.buffer(), 0, 3)->wait();
+      }
+    });
+  }
+  // CUDA buffers and a world of one have no "any source": clear errors.
+  RunRanks(1, LaunchMode::kThreads, [](Communicator& comm) {
+    TypedArray got(DType::kInt64, 5);
+    int source = 0;
+    EXPECT_THROW(comm.recv_any_source(got.buffer(), 3, &source), InvalidArgumentError);
+  });
 }
 
 TEST_P(CollectivesTest, ManyOutstandingOperationsCompleteInOrder) {

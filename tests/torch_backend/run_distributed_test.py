@@ -15,6 +15,7 @@ os.environ.setdefault("WORLD_SIZE", "2")
 os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="gossipcc_dist_test_", dir=os.environ.get("TEST_TMPDIR")))
 
 import gossipcc  # noqa: E402,F401  - registers the backend (also in every spawned rank)
+from gossipcc import _C  # noqa: E402
 from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
 
 # gossipcc is a plugin backend with DDP and subgroup support.
@@ -39,9 +40,10 @@ def _skip(names, reason):
 
 
 # Cases this driver skips beyond PyTorch's own skips (docs/pytorch.md lists them all).
-_skip(["test_send_recv_any_source", "test_send_recv_any_source_autograd_profiler",
-       "test_send_recv_any_source_torch_profiler"],
-      "gossipcc does not implement receive-from-any-source (recv without src)")
+if _C.TORCH_HAS_BACKEND_CLASS:
+    # torch 2.x names every plugin backend "custom" in DDP's logging data; the case expects
+    # the registered name.
+    _skip(["test_ddp_logging_data_cpu"], "torch 2.x reports plugin backends as 'custom' in DDP logging data")
 try:
     import torch.distributed._shard.sharded_tensor  # noqa: F401
 except ValueError:

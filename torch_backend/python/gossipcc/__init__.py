@@ -49,6 +49,47 @@ def _create_backend(store, rank, size, timeout):
     return ProcessGroupGossipcc(store, rank, size, timeout, allreduce_policy())
 
 
+def _default_tcpstore_without_libuv():
+    """Debian's torch 2.x is built without libuv, yet its TCPStore (env://, tcp://, torchrun)
+    asks for libuv unless USE_LIBUV=0: every rendezvous would fail with "use_libuv was
+    requested but PyTorch was build without libuv support". Default USE_LIBUV to 0 there."""
+    if int(torch.__version__.split(".")[0]) < 2:
+        return
+    if "USE_LIBUV" not in os.environ:
+        try:
+            from torch._C._distributed_c10d import TCPStore
+            TCPStore("127.0.0.1", 0, 1, True, use_libuv=True, wait_for_workers=False)
+        except RuntimeError as e:
+            if "libuv" in str(e):
+                os.environ["USE_LIBUV"] = "0"
+        except Exception:  # noqa: BLE001 - a probe only; torch decides later
+            pass
+    if os.environ.get("USE_LIBUV") == "0":
+        _tcpstores_respect_use_libuv()
+
+
+def _tcpstores_respect_use_libuv():
+    # Some of torch 2.x's own TCPStore constructions (torchrun's static rendezvous, workers
+    # joining the agent's store) omit use_libuv and so get the C++ default (libuv): pass the
+    # environment's choice through where they look the class up.
+    import importlib
+    for name in ("torch.distributed.rendezvous", "torch.distributed.elastic.rendezvous.static_tcp_rendezvous"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        original = getattr(module, "TCPStore", None)
+        if original is None or getattr(original, "_gossipcc_wrapped", False):
+            continue
+
+        def make_store(*args, _original=original, **kwargs):
+            kwargs.setdefault("use_libuv", os.environ.get("USE_LIBUV", "1") == "1")
+            return _original(*args, **kwargs)
+
+        make_store._gossipcc_wrapped = True
+        module.TCPStore = make_store
+
+
 def _register():
     if BACKEND_NAME.upper() in dist.Backend.__dict__ or BACKEND_NAME in getattr(dist.Backend, "backend_list", []):
         return  # already registered (register_backend raises on a second call)
@@ -58,6 +99,7 @@ def _register():
         dist.Backend.register_backend(BACKEND_NAME, _create_backend)
 
 
+_default_tcpstore_without_libuv()
 _register()
 
 from . import ddp as _ddp  # noqa: E402  (installs the DDP allreduce-policy hook)

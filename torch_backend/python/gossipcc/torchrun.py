@@ -3,7 +3,8 @@
 torch 1.13's launcher fails on Python >= 3.11 before starting any worker ("'NoneType' object
 has no attribute 'get'"): its Std.from_str looks flags up by iterating the IntFlag, which on
 3.11 no longer yields NONE (0) or ALL (3). This wrapper fixes that lookup, then runs torchrun
-unchanged; on torch versions without the bug it changes nothing.
+unchanged; on torch versions without the bug it changes nothing. It also defaults USE_LIBUV=0
+where torch was built without libuv (Debian's torch 2.x), as `import gossipcc` does.
 """
 import re
 
@@ -23,6 +24,9 @@ def _from_str(cls, vm):
 
 
 def main():
+    # Sets USE_LIBUV=0 where torch lacks libuv (Debian's torch 2.x) and makes torchrun's own
+    # TCPStores honour it.
+    import gossipcc  # noqa: F401
     if _needs_fix():
         _api.Std.from_str = classmethod(_from_str)
     from torch.distributed.run import main as torchrun_main
