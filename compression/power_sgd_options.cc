@@ -1,7 +1,9 @@
 #include "compression/power_sgd_options.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
@@ -59,6 +61,19 @@ double ParseDouble(const std::string& text, const std::string& key, const std::s
   return out;
 }
 
+// The shortest %g form (6 significant digits, as absl::StrCat, when that is exact) that parses
+// back to exactly `v`, so ToString() round-trips: checkpoints store the options as text, and the
+// cross-rank check hashes the doubles' bits.
+std::string ExactDouble(double v) {
+  char buf[32];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof(buf), "%.*g", digits, v);
+    double back = 0;
+    if (absl::SimpleAtod(buf, &back) && std::memcmp(&back, &v, sizeof(v)) == 0) break;
+  }
+  return buf;
+}
+
 }  // namespace
 
 const char* NonFinitePolicyName(NonFinitePolicy policy) {
@@ -102,8 +117,8 @@ void PowerSGDOptions::Validate() const {
 
 std::string PowerSGDOptions::ToString() const {
   return absl::StrCat("rank=", matrix_approximation_rank, ",start_iter=", start_powerSGD_iter,
-                      ",min_compression_rate=", min_compression_rate, ",error_feedback=", use_error_feedback ? 1 : 0,
-                      ",warm_start=", warm_start ? 1 : 0, ",epsilon=", orthogonalization_epsilon, ",seed=", random_seed,
+                      ",min_compression_rate=", ExactDouble(min_compression_rate), ",error_feedback=", use_error_feedback ? 1 : 0,
+                      ",warm_start=", warm_start ? 1 : 0, ",epsilon=", ExactDouble(orthogonalization_epsilon), ",seed=", random_seed,
                       ",batch_same_shape=", batch_tensors_with_same_shape ? 1 : 0, ",iterations=", num_iters_per_step,
                       ",nonfinite=", NonFinitePolicyName(nonfinite));
 }

@@ -119,6 +119,26 @@ TEST(PowerSGDOptionsTest, ValidateAndTheConstructorRejectOutOfRangeValues) {
   EXPECT_THROW(PowerSGD{o}, InvalidArgumentError);
 }
 
+// Found by tools/fuzz.sh: ToString() printed doubles with 6 significant digits, so options
+// such as min_compression_rate=1.2345678901234567 came back different from a checkpoint (which
+// stores ToString()) and then hashed differently in the cross-rank check.
+TEST(PowerSGDOptionsTest, ToStringKeepsEveryDigitOfTheDoubles) {
+  for (const char* text : {"min_compression_rate=1.2345678901234567,epsilon=0.1",
+                           "min_compression_rate=0.30000000000000004,epsilon=1.0000000000000002e-300",
+                           "min_compression_rate=1e300,epsilon=4.9406564584124654e-324"}) {
+    const PowerSGDOptions o = ParsePowerSGDOptions(text);
+    const PowerSGDOptions back = ParsePowerSGDOptions(o.ToString());
+    EXPECT_EQ(back.min_compression_rate, o.min_compression_rate) << text << " -> " << o.ToString();
+    EXPECT_EQ(back.orthogonalization_epsilon, o.orthogonalization_epsilon) << text << " -> " << o.ToString();
+    EXPECT_EQ(back.ToString(), o.ToString());
+  }
+  // Values that 6 digits already represent print as before.
+  const std::string s = ParsePowerSGDOptions("min_compression_rate=3.5,epsilon=1e-8").ToString();
+  EXPECT_NE(s.find(",min_compression_rate=3.5,"), std::string::npos) << s;
+  EXPECT_NE(s.find(",epsilon=1e-08,"), std::string::npos) << s;
+  EXPECT_NE(PowerSGDOptions().ToString().find(",min_compression_rate=2,"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace compression
 }  // namespace gossipcc

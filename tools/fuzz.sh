@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Fuzzes gossipcc's string parsers with libFuzzer (clang from Debian) for a bounded time each.
+#   tools/fuzz.sh [seconds_per_target]      default 30
+# Targets (sources in tests/fuzz/, corpus in tests/fuzz/corpus/<target>/):
+#   power_sgd_options  compression::ParsePowerSGDOptions
+#   allreduce_policy   torch_backend::AllreducePolicy::Parse
+#   peer_graph         MakePeerGraph (graph specs and user edge lists)
+# Each target is compiled straight with clang++ -fsanitize=fuzzer,address,undefined (Bazel's
+# toolchain here is g++), then run with -max_total_time on the committed corpus. New inputs
+# libFuzzer finds go to a scratch directory; FUZZ_MERGE=1 merges the coverage-increasing ones
+# into the committed corpus. A finding (crash, sanitizer report, unexpected exception, failed
+# round trip, timeout, out-of-memory) leaves its input under $FUZZ_DIR/artifacts and makes the
+# script exit non-zero. Env: FUZZ_DIR (default /tmp/gossipcc-fuzz), FUZZ_TARGETS (subset),
+# FUZZ_MERGE=1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SECONDS_PER_TARGET=${1:-30}
+FUZZ_DIR=${FUZZ_DIR:-/tmp/gossipcc-fuzz}
+TARGETS=(${FUZZ_TARGETS:-power_sgd_options allreduce_policy peer_graph})
+
+# clang, libFuzzer + sanitizer runtimes for the default clang (libclang-rt-dev ->
+# libclang-rt-14-dev on bookworm), Abseil, pkg-config (for Abseil's link flags).
+PACKAGES=(clang libclang-rt-dev libabsl-dev pkgconf)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  log=$(mktemp /tmp/gossipcc-fuzz-setup.XXXXXX.log)
+  if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+    echo "fuzz: installing ${missing[*]} failed; log follows" >&2
+    cat "$log" >&2
+    exit 1
+  fi
+  rm -f "$log"
+fi
+
+sources() {  # the parser under test and what it compiles with (headers come from -I.)
+  case $1 in
+    power_sgd_options) echo compression/power_sgd_options.cc ;;
+    allreduce_policy) echo torch_backend/allreduce_policy.cc compression/power_sgd_options.cc ;;
+    peer_graph) echo algorithms/peer_graph.cc ;;
+    *) echo "fuzz: unknown target $1" >&2; return 1 ;;
+  esac
+}
+
+CXXFLAGS=(-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
+          -fno-sanitize-recover=all -I.)
+ABSL_LIBS=$(pkg-config --libs absl_strings)
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+mkdir -p "$FUZZ_DIR/bin" "$FUZZ_DIR/artifacts"
+failed=()
+declare -a SUMMARY=()
+for t in "${TARGETS[@]}"; do
+  srcs=$(sources "$t")
+  bin="$FUZZ_DIR/bin/${t}_fuzz"
+  start=$SECONDS
+  # shellcheck disable=SC2086
+  clang++ "${CXXFLAGS[@]}" "tests/fuzz/${t}_fuzz.cc" $srcs $ABSL_LIBS -o "$bin"
+  build_s=$((SECONDS - start))
+
+  corpus="tests/fuzz/corpus/$t"
+  scratch="$FUZZ_DIR/new_corpus/$t"
+  mkdir -p "$corpus" "$scratch"
+  log="$FUZZ_DIR/$t.log"
+  rm -f "$FUZZ_DIR/artifacts/$t-"*
+  start=$SECONDS
+  rc=0
+  "$bin" -max_total_time="$SECONDS_PER_TARGET" -max_len=256 -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="$FUZZ_DIR/artifacts/$t-" "$scratch" "$corpus" >"$log" 2>&1 || rc=$?
+  run_s=$((SECONDS - start))
+  stat() { sed -n "s/^stat::$1: *//p" "$log" | tail -1 || true; }
+  execs=$(stat number_of_executed_units); per_s=$(stat average_exec_per_sec); new=$(stat new_units_added)
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2 || true)
+  if [ "$rc" -eq 0 ]; then verdict=ok; else verdict="FINDING (rc $rc)"; failed+=("$t"); fi
+  line=$(printf 'fuzz: %-18s build %3ds  run %3ds  %9s execs  %6s exec/s  cov %4s  new units %3s  seeds %3d  %s' \
+    "$t" "$build_s" "$run_s" "${execs:-?}" "${per_s:-?}" "${cov:-?}" "${new:-?}" "$(ls "$corpus" | wc -l)" "$verdict")
+  echo "$line"
+  SUMMARY+=("$line")
+  if [ "$rc" -ne 0 ]; then
+    echo "---- $log (last 40 lines)" >&2
+    tail -40 "$log" >&2
+    echo "---- crashing input(s): $(ls "$FUZZ_DIR/artifacts/$t-"* 2>/dev/null | tr '\n' ' ')" >&2
+  elif [ "${FUZZ_MERGE:-0}" = 1 ]; then
+    "$bin" -merge=1 -max_len=256 "$corpus" "$scratch" >"$FUZZ_DIR/$t.merge.log" 2>&1
+    echo "fuzz: $t corpus now $(ls "$corpus" | wc -l) files (merged from $scratch)"
+  fi
+done
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "fuzz: findings in: ${failed[*]} (inputs under $FUZZ_DIR/artifacts)" >&2
+  exit 1
+fi
+echo "fuzz: no findings (${SECONDS_PER_TARGET}s per target)"
