@@ -48,6 +48,14 @@ void OverlappedPushSum::StartRound(Communicator& comm, std::vector<Buffer> buffe
 
 void OverlappedPushSum::FinishRound(std::vector<Buffer> buffers) {
   if (!pending_) throw InvalidArgumentError("overlapped_push_sum: no round in flight to finish");
+  const DType dtype = gossip_internal::CheckBuffers("overlapped_push_sum", buffers);
+  const size_t total = gossip_internal::TotalCount(buffers);
+  if (total != pending_->payload() || (!buffers.empty() && dtype != pending_->dtype())) {
+    throw InvalidArgumentError(absl::StrCat("overlapped_push_sum: round ", pending_->spec().step, " was started on ",
+                                            pending_->payload(), " x ", DTypeName(pending_->dtype()),
+                                            " but is finished on ", total, " x ", DTypeName(dtype),
+                                            " (still in flight)"));
+  }
   std::unique_ptr<gossip_internal::PendingRound> round = std::move(pending_);
   round_started_at_ = -1;
   double w = weight_;

@@ -249,7 +249,7 @@ TEST_P(GossipTest, PushSumEveryGraph) {
   if (n % 2 == 0 || n == 1) specs.push_back("bipartite_exponential");
   Run([&](Communicator& comm) {
     for (const std::string& s : specs) {
-      CheckPushSum(comm, MakePeerGraph(s, n), 40, 0.1,
+      CheckPushSum(comm, MakePeerGraph(s, n), 24, 0.25,
                    [](int r) {
                      std::vector<double> v(kCount);
                      for (size_t i = 0; i < kCount; ++i) v[i] = IntValue(r, i);
