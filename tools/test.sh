@@ -24,6 +24,11 @@ stage "test //... (torch 1.13)" bazel test //... "$@"
 # The C++ suite again under AddressSanitizer + UndefinedBehaviorSanitizer (.bazelrc: asan);
 # the Python extension and its tests (tag "python") run in the plain stages only.
 stage "test //... (asan+ubsan)" bazel test --config=asan --build_tag_filters=-python --test_tag_filters=-python //... "$@"
+# The C++ suite under ThreadSanitizer (.bazelrc: tsan; tools/tsan explains the Abseil shim).
+stage "test C++ (tsan)" bazel test --config=tsan --build_tag_filters=-python --test_tag_filters=-python \
+  //tests/comm/... //tests/compression/... //tests/algorithms/... "$@"
+# libFuzzer on the option/graph parsers, bounded (tools/fuzz.sh; installs clang on first use).
+stage "fuzz parsers (20 s each)" tools/fuzz.sh 20
 # The c10d backend against torch 2.x: the same build and tests in a Debian trixie root.
 stage "trixie root (torch 2.x)" tools/trixie_root.sh
 stage "test backend (torch 2.x)" tools/in_trixie.sh bazel test //torch_backend/... //tests/torch_backend/... "$@"
