@@ -7,10 +7,13 @@
 
 namespace gossipcc {
 
-BilateralExchange::BilateralExchange(uint32_t tag) : tag_(tag) {}
+BilateralExchange::BilateralExchange(uint32_t tag) : tag_(tag) {
+  pool_ = std::make_shared<gossip_internal::MessagePool>();
+}
 
 BilateralExchange::BilateralExchange(std::shared_ptr<const PeerGraph> graph, uint32_t tag)
     : graph_(std::move(graph)), tag_(tag) {
+  pool_ = std::make_shared<gossip_internal::MessagePool>();
   if (!graph_) throw InvalidArgumentError("bilateral_exchange: null peer graph");
 }
 
@@ -63,6 +66,7 @@ void BilateralExchange::Step(Communicator& comm, std::vector<Buffer> buffers) {
   spec.algorithm = "bilateral_exchange";
   spec.step = step_;
   spec.tag = tag_;
+  spec.pool = pool_;
   if (partner >= 0) {
     spec.send_to = {partner};
     spec.send_scale = {1.0};

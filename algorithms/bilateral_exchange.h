@@ -19,6 +19,10 @@
 
 namespace gossipcc {
 
+namespace gossip_internal {
+class MessagePool;
+}
+
 class BilateralExchange {
  public:
   static constexpr uint32_t kDefaultTag = 0x42494c00;  // "BIL"
@@ -44,6 +48,7 @@ class BilateralExchange {
   std::shared_ptr<const PeerGraph> graph_;  // null: round robin
   uint32_t tag_;
   int64_t step_ = 0;
+  std::shared_ptr<gossip_internal::MessagePool> pool_;
 };
 
 }  // namespace gossipcc

@@ -103,18 +103,43 @@ size_t MessageBytes(size_t payload_elements, DType dtype, bool with_weight) {
   return kStepHeaderBytes + payload_elements * ElementSize(dtype) + (with_weight ? kWeightBytes : 0);
 }
 
-PendingRound::~PendingRound() {
-  if (waited_) return;
-  // The transfers write into (or read from) our storage: let them end first.
-  try {
-    if (send_work_) send_work_->wait();
-  } catch (...) {
+std::vector<uint64_t> MessagePool::Take(size_t words) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < free_.size(); ++i) {
+      if (free_[i].capacity() >= words) {
+        std::vector<uint64_t> v = std::move(free_[i]);
+        free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+        v.resize(words);
+        return v;
+      }
+    }
   }
-  for (auto& w : recv_works_) {
+  return std::vector<uint64_t>(words);
+}
+
+void MessagePool::Give(std::vector<uint64_t> storage) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.size() < 8) free_.push_back(std::move(storage));
+}
+
+PendingRound::~PendingRound() {
+  if (!waited_) {
+    // The transfers write into (or read from) our storage: let them end first.
     try {
-      w->wait();
+      if (send_work_) send_work_->wait();
     } catch (...) {
     }
+    for (auto& w : recv_works_) {
+      try {
+        w->wait();
+      } catch (...) {
+      }
+    }
+  }
+  if (spec_.pool) {
+    for (auto& v : send_storage_) spec_.pool->Give(std::move(v));
+    for (auto& v : recv_storage_) spec_.pool->Give(std::move(v));
   }
 }
 
@@ -187,7 +212,7 @@ std::unique_ptr<PendingRound> StartRound(Communicator& comm, const std::vector<B
       const double s = spec.send_scale[j];
       auto it = by_scale.find(s);
       if (it == by_scale.end()) {
-        round->send_storage_.emplace_back(words);
+        round->send_storage_.push_back(spec.pool ? spec.pool->Take(words) : std::vector<uint64_t>(words));
         DispatchFloating(dtype, [&](auto e) {
           Pack<decltype(e)>(round->send_storage_.back(), staging.host(), spec.step, s, spec, round->payload_);
         });
@@ -198,7 +223,9 @@ std::unique_ptr<PendingRound> StartRound(Communicator& comm, const std::vector<B
       sends.push_back(P2POp::Send(view, spec.send_to[j], spec.tag));
     }
   }
-  round->recv_storage_.assign(spec.recv_from.size(), std::vector<uint64_t>(words));
+  for (size_t j = 0; j < spec.recv_from.size(); ++j) {
+    round->recv_storage_.push_back(spec.pool ? spec.pool->Take(words) : std::vector<uint64_t>(words));
+  }
   round->spec_ = std::move(spec);
   const RoundSpec& s = round->spec_;
   try {

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,18 @@ namespace gossip_internal {
 inline constexpr size_t kStepHeaderBytes = 8;
 inline constexpr size_t kWeightBytes = 8;
 
+// Reusable message memory. An algorithm object keeps one so that its rounds do not allocate
+// (and fault in) fresh pages for every message; thread-safe; keeps at most 8 buffers.
+class MessagePool {
+ public:
+  std::vector<uint64_t> Take(size_t words);  // contents unspecified
+  void Give(std::vector<uint64_t> storage);
+
+ private:
+  std::mutex mu_;
+  std::vector<std::vector<uint64_t>> free_;
+};
+
 struct RoundSpec {
   std::string algorithm;  // for messages, e.g. "push_sum"
   int64_t step = 0;
@@ -34,6 +47,7 @@ struct RoundSpec {
   std::vector<int> recv_from;
   bool with_weight = false;        // a push-sum weight travels
   double weight = 1.0;             // its value at the start of the round
+  std::shared_ptr<MessagePool> pool;  // optional: where message memory comes from and returns to
 };
 
 // Bytes of one message carrying `payload_elements` of `dtype`.

@@ -11,6 +11,7 @@ namespace gossipcc {
 
 OverlappedPushSum::OverlappedPushSum(std::shared_ptr<const PeerGraph> graph, int tau, MixingFn mixing, uint32_t tag)
     : graph_(std::move(graph)), tau_(tau), mixing_(std::move(mixing)), tag_(tag) {
+  pool_ = std::make_shared<gossip_internal::MessagePool>();
   if (!graph_) throw InvalidArgumentError("overlapped_push_sum: null peer graph");
   if (tau < 0) throw InvalidArgumentError(absl::StrCat("overlapped_push_sum: tau must be >= 0, got ", tau));
 }
@@ -33,6 +34,7 @@ void OverlappedPushSum::StartRound(Communicator& comm, std::vector<Buffer> buffe
   spec.algorithm = "overlapped_push_sum";
   spec.step = rounds_;
   spec.tag = tag_;
+  spec.pool = pool_;
   spec.send_to = plan.out_peers;
   spec.send_scale = plan.send_shares;
   spec.recv_from = plan.in_peers;

@@ -29,6 +29,7 @@ namespace gossipcc {
 
 namespace gossip_internal {
 class PendingRound;
+class MessagePool;
 }
 
 class OverlappedPushSum {
@@ -83,6 +84,7 @@ class OverlappedPushSum {
   uint32_t tag_;
   double weight_ = 1.0;
   int64_t step_ = 0;
+  std::shared_ptr<gossip_internal::MessagePool> pool_;
   int64_t rounds_ = 0;
   int64_t round_started_at_ = -1;
   std::unique_ptr<gossip_internal::PendingRound> pending_;

@@ -60,6 +60,7 @@ PushSumPlan MakePushSumPlan(const PeerGraph& graph, const MixingFn& mixing, int 
 
 PushSum::PushSum(std::shared_ptr<const PeerGraph> graph, MixingFn mixing, uint32_t tag)
     : graph_(std::move(graph)), mixing_(std::move(mixing)), tag_(tag) {
+  pool_ = std::make_shared<gossip_internal::MessagePool>();
   if (!graph_) throw InvalidArgumentError("push_sum: null peer graph");
 }
 
@@ -74,6 +75,7 @@ void PushSum::Step(Communicator& comm, std::vector<Buffer> buffers) {
   spec.algorithm = "push_sum";
   spec.step = step_;
   spec.tag = tag_;
+  spec.pool = pool_;
   spec.send_to = plan.out_peers;
   spec.send_scale = plan.send_shares;
   spec.recv_from = plan.in_peers;

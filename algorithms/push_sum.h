@@ -40,6 +40,10 @@ struct PushSumPlan {
 PushSumPlan MakePushSumPlan(const PeerGraph& graph, const MixingFn& mixing, int rank, int64_t step,
                             const std::string& algorithm = "push_sum");
 
+namespace gossip_internal {
+class MessagePool;
+}
+
 class PushSum {
  public:
   static constexpr uint32_t kDefaultTag = 0x50534d00;  // "PSM"
@@ -75,6 +79,7 @@ class PushSum {
   uint32_t tag_;
   double weight_ = 1.0;
   int64_t step_ = 0;
+  std::shared_ptr<gossip_internal::MessagePool> pool_;
 };
 
 // out <- in / weight for any accepted dtype/device (used by PushSum and OverlappedPushSum).

@@ -11,6 +11,7 @@ namespace gossipcc {
 
 SymmetricGossip::SymmetricGossip(std::shared_ptr<const PeerGraph> graph, uint32_t tag)
     : graph_(std::move(graph)), tag_(tag) {
+  pool_ = std::make_shared<gossip_internal::MessagePool>();
   if (!graph_) throw InvalidArgumentError("symmetric_gossip: null peer graph");
 }
 
@@ -44,6 +45,7 @@ void SymmetricGossip::Step(Communicator& comm, std::vector<Buffer> buffers) {
   spec.algorithm = "symmetric_gossip";
   spec.step = step_;
   spec.tag = tag_;
+  spec.pool = pool_;
   spec.send_to = graph_->OutPeers(rank, step_);
   spec.send_scale.assign(spec.send_to.size(), 1.0);
   spec.recv_from = spec.send_to;  // symmetric: in-peers == out-peers

@@ -15,6 +15,10 @@
 
 namespace gossipcc {
 
+namespace gossip_internal {
+class MessagePool;
+}
+
 class SymmetricGossip {
  public:
   static constexpr uint32_t kDefaultTag = 0x44505300;  // "DPS"
@@ -38,6 +42,7 @@ class SymmetricGossip {
   std::shared_ptr<const PeerGraph> graph_;
   uint32_t tag_;
   int64_t step_ = 0;
+  std::shared_ptr<gossip_internal::MessagePool> pool_;
 };
 
 }  // namespace gossipcc
