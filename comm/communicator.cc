@@ -275,7 +275,9 @@ class Communicator::Impl {
     }
   }
 
-  std::shared_ptr<Work> PostP2P(absl::Span<const P2POp> ops) {
+  // `any_source`: receives may name kAnySource (recv_any_source and p2p batches); plain
+  // recv() keeps -1 an out-of-range peer.
+  std::shared_ptr<Work> PostP2P(absl::Span<const P2POp> ops, bool any_source = true) {
     if (ops.empty()) {
       auto work = std::make_shared<CompletionWork>(Where("p2p (empty batch)"));
       work->Complete(nullptr);
@@ -286,7 +288,7 @@ class Communicator::Impl {
     for (const P2POp& op : ops) {
       const char* name = op.kind == P2POp::Kind::kSend ? "send" : "recv";
       CheckBuffer(name, "buffer", op.buffer);
-      if (op.peer == kAnySource && op.kind == P2POp::Kind::kRecv) {
+      if (any_source && op.peer == kAnySource && op.kind == P2POp::Kind::kRecv) {
         if (op.buffer.device.is_cuda()) {
           throw InvalidArgumentError(absl::StrCat(Where(name), ": receive from any source needs a CPU buffer (NCCL has none)"));
         }
@@ -560,7 +562,7 @@ std::shared_ptr<Work> Communicator::send(Buffer data, int peer, uint32_t tag) {
 
 std::shared_ptr<Work> Communicator::recv(Buffer data, int peer, uint32_t tag) {
   P2POp op = P2POp::Recv(data, peer, tag);
-  return impl_->PostP2P(absl::MakeConstSpan(&op, 1));
+  return impl_->PostP2P(absl::MakeConstSpan(&op, 1), /*any_source=*/false);
 }
 
 std::shared_ptr<Work> Communicator::recv_any_source(Buffer data, uint32_t tag, int* source) {

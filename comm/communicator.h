@@ -52,7 +52,7 @@ struct P2POp {
   enum class Kind : uint8_t { kSend, kRecv };
   Kind kind;
   Buffer buffer;
-  int peer;  // for a receive on CPU buffers: kAnySource matches any sender
+  int peer;  // for a receive in a p2p() batch on CPU buffers: kAnySource matches any sender
   uint32_t tag = 0;
   // Receives: if set, the sender's rank is written here before the Work completes.
   int* source = nullptr;
