@@ -123,7 +123,7 @@ std::unique_ptr<PeerGraph> MakeExponentialGraph(int n, int peers) {
     int64_t pw = 1;
     while (pw <= n - 1) {
       powers.push_back(pw);
-      pw *= (peers + 1);
+      pw *= int64_t{peers} + 1;  // int64: peers may be INT_MAX
     }
   } else {
     powers.push_back(0);
@@ -133,7 +133,10 @@ std::unique_ptr<PeerGraph> MakeExponentialGraph(int n, int peers) {
                                      [powers, peers, n](int rank, int64_t step) {
                                        std::vector<int> out;
                                        if (n == 1) return out;
-                                       for (int j = 1; j <= peers; ++j) {
+                                       // j and j + n give the same peer: listing j <= n is enough
+                                       // (and keeps a huge `peers` from costing memory and time).
+                                       const int distinct = std::min(peers, n);
+                                       for (int j = 1; j <= distinct; ++j) {
                                          out.push_back(static_cast<int>((rank + j * powers[step]) % n));
                                        }
                                        return out;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "algorithms/bilateral_exchange.h"
 #include "comm/errors.h"
 #include "gmock/gmock.h"
@@ -301,6 +302,27 @@ TEST(PeerGraphTest, SpecParserErrors) {
   auto g = MakePeerGraph("ring", 3);
   EXPECT_THAT(InvalidArgumentMessage([&] { g->OutPeers(3, 0); }), HasSubstr("out of range"));
   EXPECT_THAT(InvalidArgumentMessage([&] { g->OutPeers(0, -1); }), HasSubstr("negative step"));
+}
+
+}  // namespace
+}  // namespace gossipcc
+
+namespace gossipcc {
+namespace {
+
+// Fuzz findings (tests/fuzz/findings/peer_graph): a huge `peers` must neither overflow nor
+// allocate `peers` entries per call; the peer sets equal those of peers = n (j and j + n give
+// the same peer).
+TEST(PeerGraphTest, HugePeerCountsAreCheap) {
+  for (int peers : {99999999, 2147483647}) {
+    auto g = MakePeerGraph(absl::StrCat("exponential:peers=", peers), 4);
+    auto ref = MakeExponentialGraph(4, 4);
+    EXPECT_EQ(g->period(), 1);
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(g->OutPeers(r, 0), ref->OutPeers(r, 0));
+      EXPECT_EQ(g->OutPeers(r, 0).size(), 3u);
+    }
+  }
 }
 
 }  // namespace
