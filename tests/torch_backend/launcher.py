@@ -6,6 +6,9 @@ import traceback
 
 
 def _entry(fn, rank, world_size, init_file, env, args, queue):
+    import faulthandler
+    import signal
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent asks for stacks on a hang
     try:
         os.environ.update(env or {})
         os.environ["GOSSIPCC_TEST_INIT_FILE"] = init_file
@@ -43,6 +46,13 @@ def run_ranks(fn, world_size, *args, env=None, timeout=120):
                 results[rank] = result
         except queue_module.Empty:
             errors.append(f"ranks {sorted(set(range(world_size)) - set(results))} did not finish in {timeout}s")
+        if errors and any(p.is_alive() for p in procs):
+            import signal
+            import time
+            for p in procs:
+                if p.is_alive():
+                    os.kill(p.pid, signal.SIGUSR1)  # Python stacks of every thread, to stderr
+            time.sleep(2)
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
