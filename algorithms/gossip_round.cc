@@ -187,8 +187,17 @@ void PendingRound::WaitAll() {
     }
   }
   if (first) {
-    Rethrow(first, Context(), "; nothing was modified (a rank calling with a different step number "
-                              "on a time-varying graph leaves a receive unmatched, which shows as a timeout)");
+    bool mismatch = false;
+    try {
+      std::rethrow_exception(first);
+    } catch (const MismatchError&) {
+      mismatch = true;
+    } catch (...) {
+    }
+    Rethrow(first, Context(),
+            mismatch ? "; nothing was modified (every rank must pass the same total element count and dtype)"
+                     : "; nothing was modified (a rank calling with a different step number on a time-varying "
+                       "graph leaves a receive unmatched, which shows as a timeout or a closed connection)");
   }
 }
 
