@@ -1,5 +1,7 @@
 #include "algorithms/bilateral_exchange.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "algorithms/elementwise.h"
 #include "algorithms/gossip_round.h"
@@ -9,6 +11,35 @@ namespace gossipcc {
 
 BilateralExchange::BilateralExchange(uint32_t tag) : tag_(tag) {
   pool_ = std::make_shared<gossip_internal::MessagePool>();
+}
+
+BilateralExchange::BilateralExchange(Matching matching, uint32_t tag) : tag_(tag), matching_(matching) {
+  pool_ = std::make_shared<gossip_internal::MessagePool>();
+}
+
+int BilateralExchange::BipartitePartner(int rank, int64_t step, int n) {
+  if (n < 1 || rank < 0 || rank >= n || step < 0) {
+    throw InvalidArgumentError(absl::StrCat("bilateral_exchange: bad rank ", rank, " / world size ", n,
+                                            " / step ", step));
+  }
+  if (n == 1) return -1;
+  if (n % 2 != 0) {
+    throw InvalidArgumentError(absl::StrCat("bilateral_exchange: the bipartite matching needs an even world size, got ",
+                                            n, " (use the round-robin matching)"));
+  }
+  std::vector<int64_t> offsets;
+  auto add = [&](int64_t o) {
+    const int64_t m = ((o % n) + n) % n;
+    if (std::find(offsets.begin(), offsets.end(), m) == offsets.end()) offsets.push_back(m);
+  };
+  add(1);
+  add(-1);
+  for (int64_t pw = 2; 1 + pw < n; pw *= 2) {
+    add(1 + pw);
+    add(-(1 + pw));
+  }
+  const int64_t o = offsets[static_cast<size_t>(step % static_cast<int64_t>(offsets.size()))];
+  return static_cast<int>(rank % 2 == 0 ? (rank + o) % n : ((rank - o) % n + n) % n);
 }
 
 BilateralExchange::BilateralExchange(std::shared_ptr<const PeerGraph> graph, uint32_t tag)
@@ -38,7 +69,9 @@ int BilateralExchange::RoundRobinPartner(int rank, int64_t step, int n) {
 }
 
 int BilateralExchange::Partner(int rank, int64_t step, int n) const {
-  if (!graph_) return RoundRobinPartner(rank, step, n);
+  if (!graph_) {
+    return matching_ == Matching::kRoundRobin ? RoundRobinPartner(rank, step, n) : BipartitePartner(rank, step, n);
+  }
   std::vector<int> out = graph_->OutPeers(rank, step);
   if (out.empty()) return -1;
   return out[0];

@@ -27,13 +27,24 @@ class BilateralExchange {
  public:
   static constexpr uint32_t kDefaultTag = 0x42494c00;  // "BIL"
 
-  // Round-robin matching.
+  enum class Matching {
+    kRoundRobin,            // circle tournament: every pair meets once per n-1 steps
+    kBipartiteExponential,  // active (odd) ranks with passive (even) ones, see BipartitePartner
+  };
+
+  // Built-in matching (default: round robin).
   explicit BilateralExchange(uint32_t tag = kDefaultTag);
+  explicit BilateralExchange(Matching matching, uint32_t tag = kDefaultTag);
   // Matching from `graph` (validated at each Step: InvalidArgumentError if not a matching).
   explicit BilateralExchange(std::shared_ptr<const PeerGraph> graph, uint32_t tag = kDefaultTag);
 
   // Round-robin partner of `rank` at `step` among `world_size` ranks, or -1 if it idles.
   static int RoundRobinPartner(int rank, int64_t step, int world_size);
+  // AD-PSGD's bipartite matching: at step k an odd offset o_k cycles through +1, -1, +(1+2^m),
+  // -(1+2^m) (1+2^m < n, distinct mod n); even rank i pairs with i + o_k, odd rank j with j - o_k.
+  // A perfect matching between the passive (even) and active (odd) halves; n must be even
+  // (InvalidArgumentError otherwise; n == 1 idles).
+  static int BipartitePartner(int rank, int64_t step, int world_size);
   // This exchange's partner of `rank` at `step` (-1: idle).
   int Partner(int rank, int64_t step, int world_size) const;
 
@@ -45,7 +56,8 @@ class BilateralExchange {
   void Restore(int64_t step);
 
  private:
-  std::shared_ptr<const PeerGraph> graph_;  // null: round robin
+  std::shared_ptr<const PeerGraph> graph_;  // null: the built-in matching
+  Matching matching_ = Matching::kRoundRobin;
   uint32_t tag_;
   int64_t step_ = 0;
   std::shared_ptr<gossip_internal::MessagePool> pool_;

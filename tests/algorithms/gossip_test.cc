@@ -39,7 +39,8 @@ std::vector<std::vector<double>> Gather(Communicator& comm, const std::vector<do
   std::vector<double> all(mine.size() * comm.size());
   comm.allgather(CpuBuffer(mine.data(), mine.size()), CpuBuffer(all.data(), all.size()))->wait();
   std::vector<std::vector<double>> out(comm.size());
-  for (int r = 0; r < comm.size(); ++r) out[r].assign(all.begin() + r * mine.size(), all.begin() + (r + 1) * mine.size());
+  for (int r = 0; r < comm.size(); ++r)
+    out[r].assign(all.begin() + r * mine.size(), all.begin() + (r + 1) * mine.size());
   return out;
 }
 
@@ -55,7 +56,8 @@ std::vector<double> ColumnSums(const std::vector<std::vector<double>>& all) {
 }
 
 void ExpectRelNear(double a, double b, double rel, const std::string& what) {
-  EXPECT_LE(std::abs(a - b), rel * std::max(1.0, std::max(std::abs(a), std::abs(b)))) << what << ": " << a << " vs " << b;
+  EXPECT_LE(std::abs(a - b), rel * std::max(1.0, std::max(std::abs(a), std::abs(b))))
+      << what << ": " << a << " vs " << b;
 }
 
 using Param = std::tuple<LaunchMode, int>;
@@ -208,7 +210,8 @@ void CheckPushSum(Communicator& comm, std::shared_ptr<const PeerGraph> graph, in
   ExpectRelNear(ps.weight(), ref_w[comm.rank()], 1e-12, graph->name() + ": w vs reference");
   std::vector<std::vector<double>> z(n, std::vector<double>(count));
   for (int r = 0; r < n; ++r) {
-    for (size_t e = 0; e < count; ++e) z[r][e] = all[r][(rounds - 1) * (count + 1) + e] / all[r][rounds * (count + 1) - 1];
+    for (size_t e = 0; e < count; ++e)
+      z[r][e] = all[r][(rounds - 1) * (count + 1) + e] / all[r][rounds * (count + 1) - 1];
   }
   EXPECT_LE(MaxDeviation(z, mean), factor * dev0 + 1e-12) << graph->name() << ": z converges to the mean";
 }
@@ -227,15 +230,16 @@ TEST_P(GossipTest, PushSumNonRegularTimeVarying) {
   }
   const std::string spec = absl::StrCat("edges:", absl::StrJoin(p0, ","), ";", absl::StrJoin(p1, ","));
   Run([&](Communicator& comm) {
-    CheckPushSum(comm, MakePeerGraph(spec, n), 60, 0.05,
-                 [](int r) {
-                   std::mt19937_64 rng(7 + r);
-                   std::uniform_real_distribution<double> u(-10, 10);
-                   std::vector<double> v(kCount);
-                   for (double& e : v) e = u(rng);
-                   return v;
-                 },
-                 /*expect_weights_move=*/true);
+    CheckPushSum(
+        comm, MakePeerGraph(spec, n), 60, 0.05,
+        [](int r) {
+          std::mt19937_64 rng(7 + r);
+          std::uniform_real_distribution<double> u(-10, 10);
+          std::vector<double> v(kCount);
+          for (double& e : v) e = u(rng);
+          return v;
+        },
+        /*expect_weights_move=*/true);
   });
 }
 
@@ -243,19 +247,21 @@ TEST_P(GossipTest, PushSumNonRegularTimeVarying) {
 // agreement with the reference, convergence of the de-biased value.
 TEST_P(GossipTest, PushSumEveryGraph) {
   const int n = this->n();
-  std::vector<std::string> specs = {"exponential", "exponential:peers=2", "directed_exponential", "ring",
-                                    "ring:directed=1", "static_exponential", "complete"};
+  std::vector<std::string> specs = {"exponential", "exponential:peers=2", "directed_exponential",
+                                    "ring",        "ring:directed=1",     "static_exponential",
+                                    "complete"};
   if ((n & (n - 1)) == 0) specs.push_back("hypercube");
   if (n % 2 == 0 || n == 1) specs.push_back("bipartite_exponential");
   Run([&](Communicator& comm) {
     for (const std::string& s : specs) {
-      CheckPushSum(comm, MakePeerGraph(s, n), 24, 0.25,
-                   [](int r) {
-                     std::vector<double> v(kCount);
-                     for (size_t i = 0; i < kCount; ++i) v[i] = IntValue(r, i);
-                     return v;
-                   },
-                   /*expect_weights_move=*/false);
+      CheckPushSum(
+          comm, MakePeerGraph(s, n), 24, 0.25,
+          [](int r) {
+            std::vector<double> v(kCount);
+            for (size_t i = 0; i < kCount; ++i) v[i] = IntValue(r, i);
+            return v;
+          },
+          /*expect_weights_move=*/false);
     }
   });
 }
@@ -351,44 +357,49 @@ TEST_P(GossipTest, SymmetricGossipConservesAndConverges) {
 // for odd n), partners end bitwise equal, the sum is conserved exactly (dyadic values).
 TEST_P(GossipTest, BilateralExchangePairsAverage) {
   const int n = this->n();
+  std::vector<BilateralExchange::Matching> matchings = {BilateralExchange::Matching::kRoundRobin};
+  if (n % 2 == 0 || n == 1) matchings.push_back(BilateralExchange::Matching::kBipartiteExponential);
   Run([&](Communicator& comm) {
-    BilateralExchange bx;
-    std::vector<double> x(kCount);
-    for (size_t i = 0; i < kCount; ++i) x[i] = IntValue(comm.rank(), i) * 64;
-    const std::vector<double> sums = ColumnSums(Gather(comm, x));
-    std::vector<double> history;  // per step: x before, x after
-    const int steps = 6;
-    for (int k = 0; k < steps; ++k) {
-      history.insert(history.end(), x.begin(), x.end());
-      bx.Step(comm, {CpuBuffer(x.data(), kCount)});
-      history.insert(history.end(), x.begin(), x.end());
-    }
-    const auto all = Gather(comm, history);
-    for (int k = 0; k < steps; ++k) {
-      const size_t b = 2 * kCount * k, a = b + kCount;
-      std::vector<int> seen(n, 0);
-      for (int r = 0; r < n; ++r) {
-        const int p = bx.Partner(r, k, n);
-        if (p < 0) {
-          EXPECT_EQ(n % 2, 1) << "only odd n leaves a rank idle";
-          for (size_t i = 0; i < kCount; ++i) EXPECT_EQ(all[r][a + i], all[r][b + i]);
-          continue;
+    for (auto matching : matchings) {
+      BilateralExchange bx(matching);
+      std::vector<double> x(kCount);
+      for (size_t i = 0; i < kCount; ++i) x[i] = IntValue(comm.rank(), i) * 64;
+      const std::vector<double> sums = ColumnSums(Gather(comm, x));
+      std::vector<double> history;  // per step: x before, x after
+      const int steps = 6;
+      for (int k = 0; k < steps; ++k) {
+        history.insert(history.end(), x.begin(), x.end());
+        bx.Step(comm, {CpuBuffer(x.data(), kCount)});
+        history.insert(history.end(), x.begin(), x.end());
+      }
+      const auto all = Gather(comm, history);
+      for (int k = 0; k < steps; ++k) {
+        const size_t b = 2 * kCount * k, a = b + kCount;
+        std::vector<int> seen(n, 0);
+        for (int r = 0; r < n; ++r) {
+          const int p = bx.Partner(r, k, n);
+          if (p < 0) {
+            EXPECT_TRUE(n % 2 == 1 || n == 1) << "only odd n leaves a rank idle";
+            for (size_t i = 0; i < kCount; ++i) EXPECT_EQ(all[r][a + i], all[r][b + i]);
+            continue;
+          }
+          EXPECT_EQ(bx.Partner(p, k, n), r) << "a matching, step " << k;
+          if (matching == BilateralExchange::Matching::kBipartiteExponential) EXPECT_NE(p % 2, r % 2);
+          ++seen[r];
+          for (size_t i = 0; i < kCount; ++i) {
+            EXPECT_EQ(all[r][a + i], all[p][a + i]) << "partners bitwise equal, step " << k;
+            EXPECT_EQ(all[r][a + i], (all[r][b + i] + all[p][b + i]) / 2);
+          }
         }
-        EXPECT_EQ(bx.Partner(p, k, n), r) << "a matching, step " << k;
-        ++seen[r];
+        EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), n - n % 2) << "perfect matching, step " << k;
         for (size_t i = 0; i < kCount; ++i) {
-          EXPECT_EQ(all[r][a + i], all[p][a + i]) << "partners bitwise equal, step " << k;
-          EXPECT_EQ(all[r][a + i], (all[r][b + i] + all[p][b + i]) / 2);
+          double s = 0;
+          for (int r = 0; r < n; ++r) s += all[r][a + i];
+          EXPECT_EQ(s, sums[i]) << "sum conserved exactly, step " << k;
         }
       }
-      EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), n - n % 2) << "perfect matching, step " << k;
-      for (size_t i = 0; i < kCount; ++i) {
-        double s = 0;
-        for (int r = 0; r < n; ++r) s += all[r][a + i];
-        EXPECT_EQ(s, sums[i]) << "sum conserved exactly, step " << k;
-      }
+      EXPECT_EQ(bx.step(), 6);
     }
-    EXPECT_EQ(bx.step(), 6);
   });
 }
 
@@ -431,7 +442,8 @@ TEST_P(GossipTest, OverlappedPushSumConservesWithLocalUpdates) {
       os.Flush({CpuBuffer(x.data(), kCount)});
       std::vector<double> z(kCount);
       os.Debias(CpuBuffer(x.data(), kCount), CpuBuffer(z.data(), kCount));
-      for (size_t i = 0; i < kCount; ++i) EXPECT_NEAR(z[i], sums[i] / n, 1e-3 * (1 + std::abs(sums[i]))) << "tau " << tau;
+      for (size_t i = 0; i < kCount; ++i)
+        EXPECT_NEAR(z[i], sums[i] / n, 1e-3 * (1 + std::abs(sums[i]))) << "tau " << tau;
     }
   });
 }
@@ -599,8 +611,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, GossipTest,
                          ::testing::Combine(::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
                                             ::testing::Range(1, 9)),
                          [](const ::testing::TestParamInfo<Param>& info) {
-                           return absl::StrCat(LaunchModeName(std::get<0>(info.param)), "_n",
-                                               std::get<1>(info.param));
+                           return absl::StrCat(LaunchModeName(std::get<0>(info.param)), "_n", std::get<1>(info.param));
                          });
 
 }  // namespace

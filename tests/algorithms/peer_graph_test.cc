@@ -327,3 +327,27 @@ TEST(PeerGraphTest, HugePeerCountsAreCheap) {
 
 }  // namespace
 }  // namespace gossipcc
+
+namespace gossipcc {
+namespace {
+
+// AD-PSGD's bipartite matching: for even n, every step pairs each passive (even) rank with
+// exactly one active (odd) rank; odd n is refused.
+TEST(PeerGraphTest, BipartiteMatchingIsPerfect) {
+  for (int n = 2; n <= 64; n += 2) {
+    for (int64_t k = 0; k < 2 * (2 * CeilLog2(n) + 2); ++k) {
+      for (int i = 0; i < n; ++i) {
+        const int p = BilateralExchange::BipartitePartner(i, k, n);
+        ASSERT_GE(p, 0) << "n=" << n << " step " << k;
+        ASSERT_LT(p, n);
+        EXPECT_NE(p % 2, i % 2) << "n=" << n << " step " << k << " rank " << i;
+        EXPECT_EQ(BilateralExchange::BipartitePartner(p, k, n), i) << "n=" << n << " step " << k;
+      }
+    }
+  }
+  EXPECT_EQ(BilateralExchange::BipartitePartner(0, 3, 1), -1);
+  EXPECT_THROW(BilateralExchange::BipartitePartner(0, 0, 5), InvalidArgumentError);
+}
+
+}  // namespace
+}  // namespace gossipcc
