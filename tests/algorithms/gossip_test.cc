@@ -132,16 +132,23 @@ TEST_P(GossipTest, OnePeerExponentialRandomDoubles) {
 // Reference push-sum on the peer tables, in the implementation's arithmetic order
 // (keep * x_i + sum over in-peers ascending of share_j * x_j).
 void ReferencePushSumRound(const PeerGraph& g, int64_t step, std::vector<std::vector<double>>& x,
-                           std::vector<double>& w) {
+                           std::vector<double>& w, const MixingFn& mixing = nullptr) {
   const int n = g.world_size();
   std::vector<std::vector<double>> nx = x;
   std::vector<double> nw = w;
+  // share_to[j][i]: what rank j sends to rank i this step (keep at [j][j]).
+  std::vector<std::vector<double>> share_to(n, std::vector<double>(n, 0.0));
+  for (int j = 0; j < n; ++j) {
+    const PushSumPlan plan = MakePushSumPlan(g, mixing, j, step);
+    share_to[j][j] = plan.keep;
+    for (size_t q = 0; q < plan.out_peers.size(); ++q) share_to[j][plan.out_peers[q]] = plan.send_shares[q];
+  }
   for (int i = 0; i < n; ++i) {
-    const double keep = g.UniformShare(i, step);
+    const double keep = share_to[i][i];
     nw[i] = keep * w[i];
     for (size_t e = 0; e < x[i].size(); ++e) nx[i][e] = keep * x[i][e];
     for (int j : g.InPeers(i, step)) {
-      const double s = g.UniformShare(j, step);
+      const double s = share_to[j][i];
       nw[i] += s * w[j];
       for (size_t e = 0; e < x[i].size(); ++e) nx[i][e] += s * x[j][e];
     }
@@ -162,7 +169,8 @@ double MaxDeviation(const std::vector<std::vector<double>>& z, const std::vector
 // checks: each round, sum x and sum w conserved (relative 1e-12); the final x and w equal the
 // reference computed from the peer tables; z = x / w contracted towards the mean by `factor`.
 void CheckPushSum(Communicator& comm, std::shared_ptr<const PeerGraph> graph, int rounds, double factor,
-                  const std::function<std::vector<double>(int)>& init, bool expect_weights_move) {
+                  const std::function<std::vector<double>(int)>& init, bool expect_weights_move,
+                  MixingFn mixing = nullptr) {
   const int n = comm.size();
   std::vector<std::vector<double>> ref_x(n);
   for (int r = 0; r < n; ++r) ref_x[r] = init(r);
@@ -178,13 +186,13 @@ void CheckPushSum(Communicator& comm, std::shared_ptr<const PeerGraph> graph, in
   // Two buffers, to exercise packing.
   std::vector<double> x = ref_x[comm.rank()];
   const size_t split = count / 2;
-  PushSum ps(graph);
+  PushSum ps(graph, mixing);
   std::vector<double> history;  // per round: x then w
   for (int k = 0; k < rounds; ++k) {
     ps.Step(comm, {CpuBuffer(x.data(), split), CpuBuffer(x.data() + split, count - split)});
     history.insert(history.end(), x.begin(), x.end());
     history.push_back(ps.weight());
-    ReferencePushSumRound(*graph, k, ref_x, ref_w);
+    ReferencePushSumRound(*graph, k, ref_x, ref_w, mixing);
   }
   const auto all = Gather(comm, history);
   double min_w = 1, max_w = 1;
@@ -263,6 +271,37 @@ TEST_P(GossipTest, PushSumEveryGraph) {
           },
           /*expect_weights_move=*/false);
     }
+  });
+}
+
+// Non-uniform column-stochastic mixing (keep 1/2, the rest split 1:2:3... over the out-peers,
+// so each peer gets a different share and its own message): conservation and the reference.
+TEST_P(GossipTest, PushSumCustomMixing) {
+  const int n = this->n();
+  MixingFn mixing = [](int, int64_t, const std::vector<int>& out) {
+    std::vector<double> shares(out.size() + 1, 0.0);
+    shares[0] = out.empty() ? 1.0 : 0.5;
+    const double total = out.size() * (out.size() + 1) / 2.0;
+    for (size_t j = 0; j < out.size(); ++j) shares[j + 1] = 0.5 * (j + 1) / total;
+    return shares;
+  };
+  Run([&](Communicator& comm) {
+    for (const char* spec : {"exponential:peers=2", "static_exponential"}) {
+      CheckPushSum(
+          comm, MakePeerGraph(spec, n), 30, 0.25,
+          [](int r) {
+            std::vector<double> v(kCount);
+            for (size_t i = 0; i < kCount; ++i) v[i] = IntValue(r, i);
+            return v;
+          },
+          /*expect_weights_move=*/n > 2, mixing);
+    }
+    const uint64_t before = comm.traffic().p2p_bytes_sent;
+    PushSum ps(MakePeerGraph("exponential:peers=2", n), mixing);
+    std::vector<float> x(100, 1.0f);
+    ps.Step(comm, {CpuBuffer(x.data(), 100)});
+    const size_t out = ps.graph().OutPeers(comm.rank(), 0).size();
+    EXPECT_EQ(comm.traffic().p2p_bytes_sent - before, out * (100 * sizeof(float) + 16));
   });
 }
 
