@@ -6,6 +6,7 @@ distributed_test.py) against backend="gossipcc", as PyTorch runs it for its own 
 Environment: WORLD_SIZE (default 2). Cases PyTorch skips for plugin backends, and those
 that need features gossipcc does not have, are listed with reasons in docs/pytorch.md.
 """
+import faulthandler
 import os
 import tempfile
 import unittest
@@ -28,10 +29,27 @@ from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
     DistributedTest, TestDistBackend)
 
 
+# A rank stuck this long dumps every thread's Python stack to the test log (the suite then
+# kills it at its own per-case timeout, 300 s, which says only "timed out").
+_HANG_DUMP_SECONDS = float(os.environ.get("GOSSIPCC_SUITE_HANG_DUMP_S", "240"))
+
+
 class TestGossipccBackend(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        import torch
+        if torch.cuda.is_available():
+            self._spawn_processes()  # CUDA cannot be used in a forked child
+        else:
+            # Forked ranks start in milliseconds instead of re-importing torch (~2 s each).
+            # OMP_NUM_THREADS=1 (run_distributed_suite.sh) keeps the parent free of OpenMP
+            # threads, which a fork would copy in a broken state.
+            self._start_processes(torch.multiprocessing.get_context("fork").Process)
+
+    @classmethod
+    def _run(cls, *args, **kwargs):
+        faulthandler.dump_traceback_later(_HANG_DUMP_SECONDS, exit=False)
+        super()._run(*args, **kwargs)
 
 
 def _skip(names, reason):
@@ -52,6 +70,49 @@ except ValueError:
     _skip(["test_DistributedDataParallelCPU", "test_DistributedDataParallelCPU_grad_is_view",
            "test_ddp_create_graph", "test_ddp_logging_data_cpu", "test_static_graph_api_cpu"],
           "torch 1.13 on Python 3.11: torch.distributed._shard does not import (a torch bug, any backend)")
+
+
+def _parent_side_skip_reason(test):
+    """The skip a test's torch decorators would take inside its spawned ranks, decided here.
+
+    PyTorch's skip_if_lt_x_gpu / skip_if_no_gpu / skip_if_small_worldsize /
+    skip_if_odd_worldsize decide in each spawned rank and exit with a skip code, so a case
+    that can only skip still costs WORLD_SIZE fresh Python processes (~2 s here; about half
+    the suite's time on a machine without GPUs). Same conditions, same messages, no processes.
+    """
+    import torch
+    from torch.testing._internal import common_distributed as cd
+
+    world_size = int(os.environ["WORLD_SIZE"])
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if getattr(cd, "TEST_HPU", False):
+        return None  # HPU counts are decided in the ranks; leave those alone
+    f = test
+    while f is not None:
+        code = getattr(f, "__code__", None)
+        qualname = getattr(code, "co_qualname", "") if code else ""
+        closure = dict(zip(code.co_freevars, (c.cell_contents for c in (f.__closure__ or ())))) if code else {}
+        if qualname.startswith("skip_if_lt_x_gpu.") and gpus < closure.get("x", 0):
+            return cd.TEST_SKIPS[f"multi-gpu-{closure['x']}"].message
+        if qualname.startswith("skip_if_no_gpu."):
+            if gpus == 0:
+                return cd.TEST_SKIPS["no_cuda"].message
+            if gpus < world_size:
+                return cd.TEST_SKIPS[f"multi-gpu-{world_size}"].message
+        if qualname.startswith("skip_if_small_worldsize.") and world_size <= 2:
+            return cd.TEST_SKIPS["small_worldsize"].message
+        if qualname.startswith("skip_if_odd_worldsize.") and world_size % 2 == 1:
+            return cd.TEST_SKIPS["odd_worldsize"].message
+        f = getattr(f, "__wrapped__", None)
+    return None
+
+
+for _name in dir(TestGossipccBackend):
+    _test = getattr(TestGossipccBackend, _name)
+    if _name.startswith("test") and callable(_test) and not getattr(_test, "__unittest_skip__", False):
+        _reason = _parent_side_skip_reason(_test)
+        if _reason:
+            _skip([_name], _reason)
 
 
 if __name__ == "__main__":
