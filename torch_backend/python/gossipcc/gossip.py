@@ -300,6 +300,7 @@ class BilatGossipDataParallel(torch.nn.Module):
                 self._to_serve = torch.zeros_like(self._side)  # optimizer updates not yet in S
                 self._to_main = torch.zeros_like(self._side)   # averaging changes not yet in params
             self._lock = threading.Lock()
+            self._served_before = _serve_stats(self._backend)[0]  # the group's counter is cumulative
             self._thread = threading.Thread(target=self._serve_loop, name="gossipcc-bilat-serve", daemon=True)
             self._thread.start()
 
@@ -341,7 +342,7 @@ class BilatGossipDataParallel(torch.nn.Module):
                 exchanges, all_finished = _serve_stats(self._backend)
                 with self._lock:
                     self._to_main.add_(self._side - before)
-                    self.exchanges = exchanges
+                    self.exchanges = exchanges - self._served_before
                 if all_finished:
                     return
         except BaseException as e:  # noqa: BLE001 - re-raised on the training thread
