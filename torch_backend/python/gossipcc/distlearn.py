@@ -64,7 +64,7 @@ class AllReduceEA:
 
     def center(self):
         """The center as tensors shaped like the parameters (a copy, in the parameters' dtype)."""
-        flat = torch.as_tensor(_center_values(self._ea), dtype=torch.float64)
+        flat = self._ea.center  # float64, flattened over the parameters in order
         out, offset = [], 0
         for p in self._params:
             out.append(flat[offset:offset + p.numel()].view_as(p).to(p.dtype).clone())
@@ -77,30 +77,23 @@ class AllReduceEA:
             for p, c in zip(self._params, self.center()):
                 p.copy_(c)
 
+    @property
+    def steps(self):
+        """Local steps counted (step() calls since initialisation or the restored checkpoint)."""
+        return self._ea.step
+
     def state_dict(self):
-        """The elastic state (step counter and center) for checkpoints."""
-        return {"tau": self.tau, "alpha": self.alpha, "elastic": self._ea.state_dict()}
+        """{"tau", "alpha", "step", "center"} for checkpoints."""
+        return self._ea.state_dict()
 
     def load_state_dict(self, state):
-        if (state["tau"], state["alpha"]) != (self.tau, self.alpha):
-            raise ValueError(f"AllReduceEA.load_state_dict: checkpoint has tau={state['tau']}, alpha={state['alpha']}; "
-                             f"this object tau={self.tau}, alpha={self.alpha}")
-        self._ea.load_state_dict(state["elastic"])
-
-
-def _ea_state(ea):
-    state = ea.state_dict()
-    if isinstance(state, dict):
-        return state
-    raise TypeError(f"gossipcc._C.ElasticAveraging.state_dict returned {type(state).__name__}, expected a dict")
-
-
-def _center_values(ea):
-    if hasattr(ea, "center"):
-        center = ea.center() if callable(ea.center) else ea.center
-    else:
-        center = _ea_state(ea)["center"]
-    return center
+        """Restores state_dict() (same tau and alpha; the center must match the parameters)."""
+        center = state["center"]
+        total = sum(p.numel() for p in self._params)
+        if center.numel() != total:
+            raise ValueError(f"AllReduceEA.load_state_dict: the center has {center.numel()} elements, "
+                             f"the parameters {total}")
+        self._ea.load_state_dict(state)
 
 
 class AllReduceSGD:

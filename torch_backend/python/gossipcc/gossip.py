@@ -42,6 +42,7 @@ import threading
 import torch
 import torch.distributed as dist
 
+from . import _C
 from ._wrapper_utils import (average_buffers, broadcast_from_first, check_params, flatten, resolve_group,
                              unflatten_into)
 
@@ -83,6 +84,7 @@ class GossipDataParallel(torch.nn.Module):
         # Steps between starting a round and folding it in: 0 = synchronous.
         self.staleness = max(1, synch_freq) if algorithm == "osgp" else 0
         self.process_group, self._backend, self.rank, self.world_size = resolve_group(process_group)
+        _C.peer_graph_info(self.graph, self.world_size)  # InvalidArgumentError (a ValueError) naming the spec
         self._params = list(module.parameters())
         check_params(self._params, "GossipDataParallel")
         if broadcast_init:
