@@ -28,7 +28,7 @@ Parameters must share one dtype and one device.
 import torch
 
 from . import _C
-from ._wrapper_utils import broadcast_from_first, check_params, flatten, resolve_group
+from ._wrapper_utils import broadcast_from_first, check_params, resolve_group
 
 
 class AllReduceEA:
