@@ -120,7 +120,20 @@ ProcessGroupGossipcc::ProcessGroupGossipcc(const c10::intrusive_ptr<::c10d::Stor
   async_lane_ = std::make_unique<OpLane>("gossipcc asynchronous bilateral exchange");
 }
 
-ProcessGroupGossipcc::~ProcessGroupGossipcc() { shutdown(); }
+namespace {
+std::atomic<ProcessGroupGossipcc::ShutdownRunner> g_shutdown_runner{nullptr};
+}  // namespace
+
+void ProcessGroupGossipcc::SetShutdownRunner(ShutdownRunner runner) { g_shutdown_runner.store(runner); }
+
+ProcessGroupGossipcc::~ProcessGroupGossipcc() {
+  ShutdownRunner runner = g_shutdown_runner.load();
+  if (runner) {
+    runner([this] { shutdown(); });
+  } else {
+    shutdown();
+  }
+}
 
 void ProcessGroupGossipcc::shutdown() {
   // The communicator first: a lane task blocked in it fails at once, so the lanes stop promptly.
