@@ -199,19 +199,21 @@ def _allreduce_mean_future(process_group, tensor):
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def powerSGD_hook(state: PowerSGDState, bucket) -> torch.futures.Future:
+def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Per-parameter PowerSGD through the native collective; a drop-in for PyTorch's
     ``powerSGD_hook``. Plain averaging (all-reduce) for the first ``start_powerSGD_iter``
     iterations, then each parameter's gradient is compressed as its own matrix (vectors and
     matrices not worth compressing are averaged exactly, in one packed all-reduce)."""
     process_group = state.process_group
     buffer = bucket.buffer()
+    # Keys are assigned from the first call on, so that every process (a fresh one resuming
+    # from a checkpoint included) assigns them in its first iteration's bucket order.
+    keys = state.parameter_keys(bucket.parameters())
     if state.iter < state.start_powerSGD_iter:
         state.maybe_increase_iter(bucket)
         return _allreduce_mean_future(process_group, buffer)
     backend = _backend(process_group)
     grads = bucket.gradients()
-    keys = state.parameter_keys(bucket.parameters())
     # The per-parameter gradients are views into `buffer`: averaging them in place averages
     # the buffer DDP copies back into .grad. (A non-contiguous view goes through a copy.)
     work_tensors = [g if g.is_contiguous() else g.contiguous() for g in grads]
@@ -263,7 +265,7 @@ class GossipHookState:
         self.load_state_dict(state)
 
 
-def gossip_hook(state: GossipHookState, bucket) -> torch.futures.Future:
+def gossip_hook(state: GossipHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Mixes the bucket's parameters with the graph neighbours' while the backward pass runs
     and returns the bucket's LOCAL gradient (no all-reduce): with the optimizer step this is
     D-PSGD, ``x <- W x - lr * grad f(x)``, the gradient taken at the pre-mixing x.
