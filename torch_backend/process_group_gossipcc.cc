@@ -135,7 +135,17 @@ ProcessGroupGossipcc::~ProcessGroupGossipcc() {
   }
 }
 
+namespace {
+BlockingRegionFactory& BlockingRegions() {
+  static BlockingRegionFactory factory;
+  return factory;
+}
+}  // namespace
+
+void SetBlockingRegionFactory(BlockingRegionFactory factory) { BlockingRegions() = std::move(factory); }
+
 void ProcessGroupGossipcc::shutdown() {
+  std::shared_ptr<void> region = BlockingRegions() ? BlockingRegions()() : nullptr;
   // The communicator first: a lane task blocked in it fails at once, so the lanes stop promptly.
   if (communicator_) communicator_->shutdown();
   if (lane_) lane_->Stop("the process group was shut down");
