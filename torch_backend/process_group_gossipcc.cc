@@ -120,20 +120,7 @@ ProcessGroupGossipcc::ProcessGroupGossipcc(const c10::intrusive_ptr<::c10d::Stor
   async_lane_ = std::make_unique<OpLane>("gossipcc asynchronous bilateral exchange");
 }
 
-namespace {
-std::atomic<ProcessGroupGossipcc::ShutdownRunner> g_shutdown_runner{nullptr};
-}  // namespace
-
-void ProcessGroupGossipcc::SetShutdownRunner(ShutdownRunner runner) { g_shutdown_runner.store(runner); }
-
-ProcessGroupGossipcc::~ProcessGroupGossipcc() {
-  ShutdownRunner runner = g_shutdown_runner.load();
-  if (runner) {
-    runner([this] { shutdown(); });
-  } else {
-    shutdown();
-  }
-}
+ProcessGroupGossipcc::~ProcessGroupGossipcc() { shutdown(); }
 
 namespace {
 BlockingRegionFactory& BlockingRegions() {

@@ -188,13 +188,6 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   // Shuts the communicator down: pending and later calls fail with a clear error.
   void shutdown();
 
-  // How the destructor runs shutdown(). The Python module installs a runner that releases the
-  // GIL around it: shutdown joins the comm worker thread, which may be releasing tensors owned
-  // by Python objects (that needs the GIL), and Python destroys process groups holding the
-  // GIL, so joining with it held can deadlock. Default (C++ programs): run directly.
-  using ShutdownRunner = void (*)(const std::function<void()>& shutdown);
-  static void SetShutdownRunner(ShutdownRunner runner);
-
  private:
   std::shared_ptr<Work> IssueCollective(const char* what, std::function<std::shared_ptr<Work>()> issue);
   std::shared_ptr<const PeerGraph> Graph(const std::string& spec, const char* op);

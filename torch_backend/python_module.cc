@@ -136,16 +136,6 @@ void CheckQuery(int n, int rank, int64_t step) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "gossipcc's c10d backend (C++ extension)";
   py::module::import("torch.distributed");  // registers c10d's Store and ProcessGroup/Backend types
-  // Process groups destroyed from Python (GIL held) shut down with the GIL released: the comm
-  // worker they join may need it to release Python-owned tensors (else: deadlock at destroy).
-  ProcessGroupGossipcc::SetShutdownRunner([](const std::function<void()>& shutdown) {
-    if (Py_IsInitialized() && PyGILState_Check()) {
-      py::gil_scoped_release release;
-      shutdown();
-    } else {
-      shutdown();
-    }
-  });
 
   // Errors raised directly by this module's functions become these Python exceptions; the
   // ones raised inside torch's own bindings (dist.all_reduce) arrive as RuntimeError.
