@@ -104,6 +104,7 @@ def worker(rank, world_size):
     for name, config in CONFIGS.items():
         consensus(rank, config)
         results[name] = training(rank, config)
+    results["buffers"] = buffers_averaged(rank)
     results["bad_arguments"] = bad_arguments(rank)
     dist.destroy_process_group()
     return results
@@ -122,6 +123,28 @@ def test_gossip_data_parallel(results, name):
         assert any(abs(w - 1.0) > 1e-3 for ws, _ in weights for w in ws)
     if name.startswith("osgp"):
         assert any(in_flight for _, in_flight in weights), "no round was ever in flight"
+
+
+def buffers_averaged(rank):
+    """BatchNorm statistics stay local during training; average_parameters() averages them."""
+    import gossipcc
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(20, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    model = gossipcc.GossipDataParallel(net, algorithm="sgp")
+    train_steps(model, torch.optim.SGD(model.parameters(), lr=0.1), rank, 0, 3)
+    bn = net[1]
+    means = gather(bn.running_mean.clone())
+    assert not torch.equal(means[0], means[1])  # each rank's statistics follow its own data
+    model.average_parameters()
+    after = gather(bn.running_mean.clone())
+    assert all(torch.equal(a, after[0]) for a in after)
+    assert torch.allclose(after[0], sum(means) / WORLD, atol=1e-6)
+    assert gather(bn.num_batches_tracked.view(1).clone()) == [torch.tensor([3])] * WORLD
+    return True
+
+
+def test_batchnorm_buffers(results):
+    assert all(r["buffers"] for r in results)  # the checks run inside the worker
 
 
 def bad_arguments(rank):
