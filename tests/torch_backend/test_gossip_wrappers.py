@@ -132,6 +132,10 @@ def buffers_averaged(rank):
     net = torch.nn.Sequential(torch.nn.Linear(20, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
     model = gossipcc.GossipDataParallel(net, algorithm="sgp")
     train_steps(model, torch.optim.SGD(model.parameters(), lr=0.1), rank, 0, 3)
+    assert model.step == 3
+    with model.no_gossip():  # e.g. gradient accumulation: no gossip step (every rank skips it)
+        model(batch(rank, 99)[0])
+    assert model.step == 3
     bn = net[1]
     means = gather(bn.running_mean.clone())
     assert not torch.equal(means[0], means[1])  # each rank's statistics follow its own data
@@ -139,7 +143,7 @@ def buffers_averaged(rank):
     after = gather(bn.running_mean.clone())
     assert all(torch.equal(a, after[0]) for a in after)
     assert torch.allclose(after[0], sum(means) / WORLD, atol=1e-6)
-    assert gather(bn.num_batches_tracked.view(1).clone()) == [torch.tensor([3])] * WORLD
+    assert gather(bn.num_batches_tracked.view(1).clone()) == [torch.tensor([4])] * WORLD
     return True
 
 

@@ -12,7 +12,8 @@ Usage (every rank; `import gossipcc` and init_process_group(backend="gossipcc") 
 
 No gradient is all-reduced: each rank takes optimizer steps on its own data and the gossip
 mixes parameters with a few peers per step. The gossip round runs at the start of every
-training-mode forward (one forward per optimizer step); eval-mode forwards do not gossip.
+training-mode forward (one forward per optimizer step; wrap extra forwards, e.g. gradient
+accumulation, in `with model.no_gossip():`); eval-mode forwards do not gossip.
 
 GossipDataParallel(module, process_group=None, graph=None, peers_per_step=1,
                    algorithm="sgp", synch_freq=0, broadcast_init=True)
@@ -37,6 +38,7 @@ Buffers (BatchNorm running statistics) are not gossiped: each rank's follow its 
 average_parameters() averages floating-point buffers exactly and takes rank 0's other buffers.
 All parameters must share one dtype and device (they travel as one message per round).
 """
+import contextlib
 import threading
 
 import torch
@@ -90,7 +92,8 @@ class GossipDataParallel(torch.nn.Module):
         if broadcast_init:
             broadcast_from_first(self.process_group, self._params + list(module.buffers()))
 
-        self._local_step = 0  # training forwards so far
+        self._gossip_on_forward = True
+        self._local_step = 0  # gossip steps so far
         self._rounds = 0      # gossip rounds started; round r uses the graph at step r
         self._pushsum = algorithm in ("sgp", "osgp")
         # Push-sum state: numerator x (flat), weight w (float64 CPU, as the native round wants),
@@ -103,9 +106,20 @@ class GossipDataParallel(torch.nn.Module):
 
     # ----------------------------------------------------------------------------- training
     def forward(self, *inputs, **kwargs):
-        if self.training:
+        if self.training and self._gossip_on_forward:
             self.gossip_step()
         return self.module(*inputs, **kwargs)
+
+    @contextlib.contextmanager
+    def no_gossip(self):
+        """Forwards inside this context do not gossip (e.g. the extra micro-batches of gradient
+        accumulation: gossip once per optimizer step)."""
+        previous = self._gossip_on_forward
+        self._gossip_on_forward = False
+        try:
+            yield
+        finally:
+            self._gossip_on_forward = previous
 
     def gossip_step(self):
         """This step's gossip (called by every training-mode forward; call it directly only if
