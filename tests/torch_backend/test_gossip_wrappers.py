@@ -19,6 +19,7 @@ IRREGULAR = "edges:0>1,1>2,2>3,3>0,0>2"
 CONFIGS = {
     "sgp": dict(algorithm="sgp"),
     "sgp_irregular": dict(algorithm="sgp", graph=IRREGULAR),
+    "sgp_2peers": dict(algorithm="sgp", peers_per_step=2),
     "osgp": dict(algorithm="osgp", synch_freq=1),
     "osgp_irregular_stale2": dict(algorithm="osgp", graph=IRREGULAR, synch_freq=2),
     "dpsgd": dict(algorithm="dpsgd", graph="ring"),
