@@ -36,7 +36,11 @@ BilatGossipDataParallel(module, process_group=None, broadcast_init=True): AD-PSG
 
 Buffers (BatchNorm running statistics) are not gossiped: each rank's follow its own data.
 average_parameters() averages floating-point buffers exactly and takes rank 0's other buffers.
-All parameters must share one dtype and device (they travel as one message per round).
+All parameters must share one dtype and device (they travel as one message per round); move
+the model to its device before wrapping it. state_dict()/load_state_dict() carry the gossip
+state (step, push-sum weight and numerator; an OSGP round in flight is folded first). Call
+flush() or average_parameters() before destroying the process group so that no OSGP round is
+left in flight.
 """
 import contextlib
 import threading
