@@ -241,10 +241,14 @@ class GossipDataParallel(torch.nn.Module):
                 "step": self._local_step, "rounds": self._rounds, "ps_weight": self._w.item(),
                 "numerator": None if self._x is None else self._x.clone()}
 
-    def state_dict(self, finish_gossip=True):
+    def state_dict(self, *args, finish_gossip=True, **kwargs):
         """{"module": module state dict (de-biased parameters), "gossip": step counters, push-sum
         weight and numerator}. Folds an OSGP round in flight first (its messages cannot be
-        saved), so every rank should call it at the same step."""
+        saved), so every rank should call it at the same step. Called with nn.Module's
+        arguments (destination, prefix, keep_vars: a parent module collecting its children's
+        state) it behaves as nn.Module.state_dict."""
+        if args or kwargs:
+            return super().state_dict(*args, **kwargs)
         if not finish_gossip and self._pending is not None:
             raise RuntimeError("GossipDataParallel.state_dict: a gossip round is in flight; "
                                "finish_gossip=False would lose it")
