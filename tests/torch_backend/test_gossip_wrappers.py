@@ -106,6 +106,7 @@ def worker(rank, world_size):
         consensus(rank, config)
         results[name] = training(rank, config)
     results["buffers"] = buffers_averaged(rank)
+    results["subgroup"] = subgroup(rank)
     results["bad_arguments"] = bad_arguments(rank)
     dist.destroy_process_group()
     return results
@@ -150,6 +151,27 @@ def buffers_averaged(rank):
 
 def test_batchnorm_buffers(results):
     assert all(r["buffers"] for r in results)  # the checks run inside the worker
+
+
+def subgroup(rank):
+    """A wrapper on a group of ranks 1..3 (group rank 0 is global rank 1)."""
+    import gossipcc
+    group = dist.new_group([1, 2, 3])  # collective: every rank calls it
+    if rank == 0:
+        return True
+    model = gossipcc.GossipDataParallel(make_model(rank), process_group=group, algorithm="osgp")
+    members = [torch.empty_like(flat_params(model)) for _ in range(3)]
+    dist.all_gather(members, flat_params(model), group=group)
+    assert all(torch.equal(m, flat_params(make_model(1))) for m in members)  # global rank 1's
+    train_steps(model, torch.optim.SGD(model.parameters(), lr=0.1), rank, 0, 5)
+    model.average_parameters()
+    dist.all_gather(members, flat_params(model), group=group)
+    assert all(torch.equal(m, members[0]) for m in members)
+    return True
+
+
+def test_subgroup(results):
+    assert all(r["subgroup"] for r in results)  # the checks run inside the worker
 
 
 def bad_arguments(rank):
