@@ -38,6 +38,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import signal
 import subprocess
 import sys
@@ -394,6 +395,72 @@ class RunResult:
     def __init__(self, wall_seconds, tx_bytes):
         self.wall_seconds = wall_seconds
         self.tx_bytes = tx_bytes
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalCluster:
+    """The ranks as local processes on loopback (no namespaces): same interface as the parts of
+    EmulatedCluster that the job uses."""
+
+    def __init__(self, n):
+        self.n, self.network = n, "local"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def run(self, cmds, env=None, timeout=None, stdout=None, stderr=None):
+        port = free_port()
+        procs = []
+        start = time.monotonic()
+        try:
+            for r in range(self.n):
+                e = dict(os.environ, RANK=str(r), WORLD_SIZE=str(self.n), LOCAL_RANK=str(r),
+                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GOSSIPCC_NETWORK="local")
+                e.pop("GOSSIPCC_NETNS_IFACE", None)
+                e.update(env or {})
+                procs.append(subprocess.Popen(cmds[r], env=e, stdout=stdout[r] if stdout else None,
+                                              stderr=stderr[r] if stderr else None, start_new_session=True))
+            while True:
+                codes = [p.poll() for p in procs]
+                bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+                if bad:
+                    raise ClusterError(f"rank {bad[0][0]} exited with status {bad[0][1]}")
+                if all(c == 0 for c in codes):
+                    return RunResult(time.monotonic() - start, [None] * self.n)
+                if timeout is not None and time.monotonic() - start > timeout:
+                    raise ClusterError(f"ranks still running after {timeout:.0f}s")
+                time.sleep(0.05)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+
+
+def rank_tx_bytes():
+    """From inside a rank of an EmulatedCluster: bytes its NIC has sent so far (None elsewhere).
+    `ip netns exec` mounts the namespace's own sysfs, so the path names the rank's veth."""
+    iface = os.environ.get("GOSSIPCC_NETNS_IFACE")
+    if not iface:
+        return None
+    try:
+        with open(f"/sys/class/net/{iface}/statistics/tx_bytes") as f:
+            return int(f.read())
+    except OSError:
+        return None
 
 
 def main(argv=None):

@@ -12,8 +12,6 @@ results.md (the table), summary.json, accuracy_vs_time.png, and every rank's log
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 
@@ -29,59 +27,6 @@ WORKER = os.path.join(HERE, "worker.py")
 def load_average():
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LocalCluster:
-    """The ranks as local processes on loopback (no namespaces): same interface as the parts of
-    EmulatedCluster that the job uses."""
-
-    def __init__(self, n):
-        self.n, self.network = n, "local"
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def run(self, cmds, env=None, timeout=None, stdout=None, stderr=None):
-        port = free_port()
-        procs = []
-        start = time.monotonic()
-        try:
-            for r in range(self.n):
-                e = dict(os.environ, RANK=str(r), WORLD_SIZE=str(self.n), LOCAL_RANK=str(r),
-                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GOSSIPCC_NETWORK="local")
-                e.pop("GOSSIPCC_NETNS_IFACE", None)
-                e.update(env or {})
-                procs.append(subprocess.Popen(cmds[r], env=e, stdout=stdout[r] if stdout else None,
-                                              stderr=stderr[r] if stderr else None, start_new_session=True))
-            while True:
-                codes = [p.poll() for p in procs]
-                bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-                if bad:
-                    raise emulated_cluster.ClusterError(f"rank {bad[0][0]} exited with status {bad[0][1]}")
-                if all(c == 0 for c in codes):
-                    return emulated_cluster.RunResult(time.monotonic() - start, [None] * self.n)
-                if timeout is not None and time.monotonic() - start > timeout:
-                    raise emulated_cluster.ClusterError(f"ranks still running after {timeout:.0f}s")
-                time.sleep(0.05)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, 15)
-            for p in procs:
-                try:
-                    p.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, 9)
-                    p.wait()
 
 
 def read_rank_logs(paths):
@@ -190,7 +135,7 @@ def main(argv=None):
     results = args.results or os.path.join("results", time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(results, exist_ok=True)
     if args.network == "local":
-        cluster = LocalCluster(args.ranks)
+        cluster = emulated_cluster.LocalCluster(args.ranks)
     else:
         emulated_cluster.parse_network(args.network)
         cluster = emulated_cluster.EmulatedCluster(args.ranks, args.network)

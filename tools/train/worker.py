@@ -20,7 +20,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/
 import methods  # noqa: E402
+from emulated_cluster import rank_tx_bytes as tx_counter  # noqa: E402
 
 torch.set_num_threads(1)  # 4 ranks share 2 cores: one compute thread each
 torch.set_num_interop_threads(1)
@@ -63,17 +65,6 @@ class Shard:
         sel = self.order[self.pos:self.pos + self.batch]
         self.pos += self.batch
         return self.x[sel], self.y[sel]
-
-
-def tx_counter():
-    iface = os.environ.get("GOSSIPCC_NETNS_IFACE")
-    if not iface:
-        return None
-    try:
-        with open(f"/sys/class/net/{iface}/statistics/tx_bytes") as f:
-            return int(f.read())
-    except OSError:
-        return None
 
 
 def evaluate(model, x, y):
