@@ -473,6 +473,7 @@ def main(argv=None):
     parser.add_argument("--timeout", type=float, default=None, help="seconds before the ranks are killed")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if our parent ignores Ctrl-C
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if cmd == ["presets"]:
         for name, (rate, delay) in PRESETS.items():

@@ -125,19 +125,25 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--hidden", type=int, default=512, help="MLP width (2 hidden layers)")
     p.add_argument("--eval-every", type=int, default=20)
+    p.add_argument("--powersgd-start-iter", type=int, default=methods.POWERSGD_START_ITER,
+                   help="exact all-reduce steps before PowerSGD compresses")
     p.add_argument("--timeout", type=float, default=600, help="seconds per method before its ranks are killed")
     p.add_argument("--results", default=None, help="results folder (default results/<date-time>)")
     p.add_argument("--baseline", default="allreduce-gloo")
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
 
-    names = methods.names(args.methods)
+    try:
+        names = methods.names(args.methods)
+        if args.network != "local":
+            emulated_cluster.parse_network(args.network)
+    except ValueError as e:
+        p.error(str(e))
     results = args.results or os.path.join("results", time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(results, exist_ok=True)
     if args.network == "local":
         cluster = emulated_cluster.LocalCluster(args.ranks)
     else:
-        emulated_cluster.parse_network(args.network)
         cluster = emulated_cluster.EmulatedCluster(args.ranks, args.network)
 
     print(f"gossipcc main job: {args.ranks} ranks, network {args.network}, {args.steps} steps per method, "
@@ -152,7 +158,8 @@ def main(argv=None):
                 logs = [open(os.path.join(results, f"{name}.rank{r}.log"), "w") for r in range(args.ranks)]
                 cmds = [[sys.executable, WORKER, "--method", name, "--steps", str(args.steps),
                          "--batch", str(args.batch), "--lr", str(args.lr), "--hidden", str(args.hidden),
-                         "--eval-every", str(args.eval_every), "--out", outs[r]]
+                         "--eval-every", str(args.eval_every), "--powersgd-start-iter", str(args.powersgd_start_iter),
+                         "--out", outs[r]]
                         + (["--progress"] if r == 0 else []) for r in range(args.ranks)]
                 load_before = load_average()
                 try:

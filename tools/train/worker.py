@@ -110,6 +110,8 @@ def main(argv=None):
     p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--init-method", default="env://")
+    p.add_argument("--powersgd-start-iter", type=int, default=methods.POWERSGD_START_ITER,
+                   help="exact all-reduce steps before PowerSGD compresses (both PowerSGD variants)")
     p.add_argument("--timeout", type=float, default=120, help="seconds for any collective")
     p.add_argument("--out", required=True, help="JSON lines file for this rank")
     p.add_argument("--progress", action="store_true", help="show a progress line (rank 0)")
@@ -118,6 +120,7 @@ def main(argv=None):
     import datetime
     import torch.distributed as dist
     import gossipcc
+    methods.POWERSGD_START_ITER = args.powersgd_start_iter
     method = methods.REGISTRY[args.method]
     method.configure(gossipcc)
     dist.init_process_group(method.backend, init_method=args.init_method,
