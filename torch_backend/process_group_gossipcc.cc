@@ -10,6 +10,7 @@
 
 #include "comm/errors.h"
 #include "torch_backend/c10d_store.h"
+#include "torch_backend/gossipcc_work.h"
 #include "torch_backend/tensor_buffer.h"
 
 namespace gossipcc {
@@ -17,88 +18,6 @@ namespace torch_backend {
 namespace {
 
 using ::c10d::OpType;
-using C10dWork = ::c10d::Work;
-
-std::vector<c10::Device> CudaDevicesOf(const std::vector<at::Tensor>& tensors) {
-  std::vector<c10::Device> devices;
-  for (const at::Tensor& t : tensors) {
-    if (t.defined() && t.is_cuda() &&
-        std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
-      devices.push_back(t.device());
-    }
-  }
-  return devices;
-}
-
-// A c10d Work over a gossipcc Work. Its future completes with `outputs` once the gossipcc
-// operation is done and `finish` (copying staged results into the caller's tensors) has run.
-class GossipccWork : public C10dWork {
- public:
-  GossipccWork(int rank, OpType type, const char* title, std::shared_ptr<::gossipcc::Work> inner,
-               std::vector<at::Tensor> outputs, std::function<void()> finish)
-      : C10dWork(rank, type, title),
-        inner_(std::move(inner)),
-        outputs_(std::move(outputs)),
-        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                         CudaDevicesOf(outputs_))) {
-    // The callback holds what it needs, not this Work: a caller may drop the Work early.
-    auto future = future_;
-    auto inner_work = inner_;
-    auto outputs_copy = outputs_;
-    inner_->add_done_callback([future, inner_work, outputs_copy, finish = std::move(finish)]() mutable {
-      std::exception_ptr error = inner_work->exception();
-      if (!error) {
-        try {
-          if (finish) finish();
-        } catch (...) {
-          error = std::current_exception();
-        }
-      }
-      finish = nullptr;  // releases staging tensors now
-      if (error) {
-        future->setError(error);
-      } else {
-        future->markCompleted(c10::IValue(c10::List<at::Tensor>(outputs_copy)));
-      }
-    });
-  }
-
-  bool isCompleted() override { return future_->completed(); }
-  bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
-  std::exception_ptr exception() const override {
-    return future_->completed() && future_->hasError() ? future_->exception_ptr() : nullptr;
-  }
-  std::vector<at::Tensor> result() override { return outputs_; }
-  void synchronize() override {}
-
-  bool wait(std::chrono::milliseconds timeout) override {
-    inner_->wait(timeout);  // throws TimeoutError / the operation's error
-    future_->wait();        // `finish` has run
-    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
-    return true;
-  }
-
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-
-  // Receives from any source: the sender's rank, written by the comm layer before completion.
-  void set_source(std::shared_ptr<int> source) { source_ = std::move(source); }
-  int sourceRank() const override {
-    if (!source_) return C10dWork::sourceRank();  // throws: not a receive-from-any-source
-    future_->wait();
-    return *source_;
-  }
-
- private:
-  std::shared_ptr<int> source_;
-  std::shared_ptr<::gossipcc::Work> inner_;
-  std::vector<at::Tensor> outputs_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-};
-
-c10::intrusive_ptr<C10dWork> Wrap(int rank, OpType type, const char* title, std::shared_ptr<::gossipcc::Work> inner,
-                                  std::vector<at::Tensor> outputs, std::function<void()> finish = nullptr) {
-  return c10::make_intrusive<GossipccWork>(rank, type, title, std::move(inner), std::move(outputs), std::move(finish));
-}
 
 [[noreturn]] void Unsupported(const std::string& what) {
   throw InvalidArgumentError("gossipcc backend does not support " + what);
@@ -139,7 +58,14 @@ void CheckPeer(int peer, int size, const char* op) {
 
 uint32_t ToTag(int tag, const char* op) {
   if (tag < 0) throw InvalidArgumentError(std::string("gossipcc ") + op + ": tag must be >= 0, got " + std::to_string(tag));
-  return static_cast<uint32_t>(tag);
+  const uint32_t t = static_cast<uint32_t>(tag);
+  if (t >= ProcessGroupGossipcc::kReservedTagBegin && t < ProcessGroupGossipcc::kReservedTagEnd) {
+    throw InvalidArgumentError(std::string("gossipcc ") + op + ": tag " + std::to_string(tag) +
+                               " is in the range reserved for gossipcc's algorithms [" +
+                               std::to_string(ProcessGroupGossipcc::kReservedTagBegin) + ", " +
+                               std::to_string(ProcessGroupGossipcc::kReservedTagEnd) + ")");
+  }
+  return t;
 }
 
 // One flat tensor holding `tensors` back to back (all of `like`'s dtype and device).
@@ -190,12 +116,22 @@ ProcessGroupGossipcc::ProcessGroupGossipcc(const c10::intrusive_ptr<::c10d::Stor
                                            ProcessGroupOptions options)
     : C10dBackendBase(rank, size), options_(std::move(options)) {
   communicator_ = Communicator::Create(WrapC10dStore(store), rank, size, MakeCommunicatorOptions(options_));
+  lane_ = std::make_unique<OpLane>("gossipcc algorithms");
+  async_lane_ = std::make_unique<OpLane>("gossipcc asynchronous bilateral exchange");
 }
 
 ProcessGroupGossipcc::~ProcessGroupGossipcc() { shutdown(); }
 
 void ProcessGroupGossipcc::shutdown() {
+  // The communicator first: a lane task blocked in it fails at once, so the lanes stop promptly.
   if (communicator_) communicator_->shutdown();
+  if (lane_) lane_->Stop("the process group was shut down");
+  if (async_lane_) async_lane_->Stop("the process group was shut down");
+}
+
+std::shared_ptr<Work> ProcessGroupGossipcc::IssueCollective(const char* what,
+                                                            std::function<std::shared_ptr<Work>()> issue) {
+  return lane_->Issue(std::string("gossipcc ") + what + " on rank " + std::to_string(rank_), std::move(issue));
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::broadcast(std::vector<at::Tensor>& tensors,
@@ -203,7 +139,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::broadcast(std::vector<at::Ten
   const at::Tensor& t = SingleTensor(tensors, "broadcast", "");
   CheckRoot(opts.rootRank, size_, "broadcast");
   if (opts.rootTensor != 0) Unsupported("broadcast with rootTensor != 0 (one tensor per rank)");
-  auto work = communicator_->broadcast(ToBuffer(t, "broadcast", "tensor"), static_cast<int>(opts.rootRank));
+  auto work = IssueCollective("broadcast", [=] { return communicator_->broadcast(ToBuffer(t, "broadcast", "tensor"), static_cast<int>(opts.rootRank)); });
   return Wrap(rank_, OpType::BROADCAST, "gossipcc:broadcast", std::move(work), tensors);
 }
 
@@ -211,7 +147,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce(std::vector<at::Ten
                                                              const ::c10d::AllreduceOptions& opts) {
   const at::Tensor& t = SingleTensor(tensors, "allreduce", "");
   const ReduceOp op = ToReduceOp(opts.reduceOp, t, "allreduce");
-  auto work = communicator_->allreduce(ToBuffer(t, "allreduce", "tensor"), op);
+  auto work = IssueCollective("allreduce", [=] { return communicator_->allreduce(ToBuffer(t, "allreduce", "tensor"), op); });
   return Wrap(rank_, OpType::ALLREDUCE, "gossipcc:allreduce", std::move(work), tensors);
 }
 
@@ -230,7 +166,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce_coalesced(
   }
   const ReduceOp op = ToReduceOp(opts.reduceOp, tensors[0], "allreduce_coalesced");
   at::Tensor flat = Flatten(tensors);
-  auto work = communicator_->allreduce(ToBuffer(flat, "allreduce_coalesced", "flattened tensors"), op);
+  auto work = IssueCollective("allreduce", [=] { return communicator_->allreduce(ToBuffer(flat, "allreduce_coalesced", "flattened tensors"), op); });
   std::vector<at::Tensor> outputs = tensors;
   return Wrap(rank_, OpType::ALLREDUCE_COALESCED, "gossipcc:allreduce_coalesced", std::move(work), outputs,
               [flat, outputs]() mutable { Unflatten(flat, outputs); });
@@ -245,11 +181,11 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce(std::vector<at::Tensor
   // An all-reduce; ranks other than the root reduce into a scratch copy so their input is
   // left as it was (c10d leaves non-root tensors unspecified; we keep them intact).
   if (rank_ == opts.rootRank) {
-    auto work = communicator_->allreduce(ToBuffer(t, "reduce", "tensor"), op);
+    auto work = IssueCollective("allreduce", [=] { return communicator_->allreduce(ToBuffer(t, "reduce", "tensor"), op); });
     return Wrap(rank_, OpType::REDUCE, "gossipcc:reduce", std::move(work), tensors);
   }
   at::Tensor scratch = t.clone();
-  auto work = communicator_->allreduce(ToBuffer(scratch, "reduce", "tensor"), op);
+  auto work = IssueCollective("allreduce", [=] { return communicator_->allreduce(ToBuffer(scratch, "reduce", "tensor"), op); });
   return Wrap(rank_, OpType::REDUCE, "gossipcc:reduce", std::move(work), tensors, [scratch]() {});
 }
 
@@ -268,7 +204,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather(std::vector<std::ve
   }
   CheckSameLayout(out, input, "allgather", "output");
   at::Tensor flat = at::empty({static_cast<int64_t>(size_) * input.numel()}, input.options());
-  auto work = communicator_->allgather(ToBuffer(input, "allgather", "input"), ToBuffer(flat, "allgather", "output"));
+  auto work = IssueCollective("allgather", [=] { return communicator_->allgather(ToBuffer(input, "allgather", "input"), ToBuffer(flat, "allgather", "output")); });
   std::vector<at::Tensor> result = out;
   return Wrap(rank_, OpType::ALLGATHER, "gossipcc:allgather", std::move(work), result,
               [flat, result]() mutable { Unflatten(flat, result); });
@@ -283,8 +219,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_allgather_base(at::Tensor& o
                                ", expected world size x input = " +
                                c10::str(size_ * input.numel(), " x ", input.scalar_type(), " on ", input.device()));
   }
-  auto work = communicator_->allgather(ToBuffer(input, "_allgather_base", "input"),
-                                       ToBuffer(output, "_allgather_base", "output"));
+  auto work = IssueCollective("allgather", [=] { return communicator_->allgather(ToBuffer(input, "_allgather_base", "input"),
+                                       ToBuffer(output, "_allgather_base", "output")); });
   return Wrap(rank_, OpType::_ALLGATHER_BASE, "gossipcc:_allgather_base", std::move(work), {output});
 }
 
@@ -307,8 +243,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather_coalesced(
   }
   at::Tensor flat_in = Flatten(inputs);
   at::Tensor flat_out = at::empty({static_cast<int64_t>(size_) * flat_in.numel()}, flat_in.options());
-  auto work = communicator_->allgather(ToBuffer(flat_in, "allgather_coalesced", "input"),
-                                       ToBuffer(flat_out, "allgather_coalesced", "output"));
+  auto work = IssueCollective("allgather", [=] { return communicator_->allgather(ToBuffer(flat_in, "allgather_coalesced", "input"),
+                                       ToBuffer(flat_out, "allgather_coalesced", "output")); });
   std::vector<at::Tensor> all;
   for (auto& list : outputs) all.insert(all.end(), list.begin(), list.end());
   return Wrap(rank_, OpType::ALLGATHER_COALESCED, "gossipcc:allgather_coalesced", std::move(work), all,
@@ -344,8 +280,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::gather(std::vector<std::vecto
     }
     flat = at::empty({0}, input.options());
   }
-  auto work = communicator_->alltoallv(ToBuffer(input, "gather", "input"), send_counts,
-                                       ToBuffer(flat, "gather", "output"), recv_counts);
+  auto work = IssueCollective("alltoallv", [=] { return communicator_->alltoallv(ToBuffer(input, "gather", "input"), send_counts,
+                                       ToBuffer(flat, "gather", "output"), recv_counts); });
   return Wrap(rank_, OpType::GATHER, "gossipcc:gather", std::move(work), result,
               [flat, result]() mutable { Unflatten(flat, result); });
 }
@@ -375,8 +311,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::scatter(std::vector<at::Tenso
     }
     flat = at::empty({0}, output.options());
   }
-  auto work = communicator_->alltoallv(ToBuffer(flat, "scatter", "input"), send_counts,
-                                       ToBuffer(output, "scatter", "output"), recv_counts);
+  auto work = IssueCollective("alltoallv", [=] { return communicator_->alltoallv(ToBuffer(flat, "scatter", "input"), send_counts,
+                                       ToBuffer(output, "scatter", "output"), recv_counts); });
   return Wrap(rank_, OpType::SCATTER, "gossipcc:scatter", std::move(work), outputs, [flat]() {});
 }
 
@@ -391,16 +327,16 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce_scatter(std::vector<at
   CheckSameLayout(inputs[0], output, "reduce_scatter", "input");
   const ReduceOp op = ToReduceOp(opts.reduceOp, output, "reduce_scatter");
   at::Tensor flat = Flatten(inputs[0]);
-  auto work = communicator_->reduce_scatter(ToBuffer(flat, "reduce_scatter", "input"),
-                                            ToBuffer(output, "reduce_scatter", "output"), op);
+  auto work = IssueCollective("reduce_scatter", [=] { return communicator_->reduce_scatter(ToBuffer(flat, "reduce_scatter", "input"),
+                                            ToBuffer(output, "reduce_scatter", "output"), op); });
   return Wrap(rank_, OpType::REDUCE_SCATTER, "gossipcc:reduce_scatter", std::move(work), outputs, [flat]() {});
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                         const ::c10d::ReduceScatterOptions& opts) {
   const ReduceOp op = ToReduceOp(opts.reduceOp, output, "_reduce_scatter_base");
-  auto work = communicator_->reduce_scatter(ToBuffer(input, "_reduce_scatter_base", "input"),
-                                            ToBuffer(output, "_reduce_scatter_base", "output"), op);
+  auto work = IssueCollective("reduce_scatter", [=] { return communicator_->reduce_scatter(ToBuffer(input, "_reduce_scatter_base", "input"),
+                                            ToBuffer(output, "_reduce_scatter_base", "output"), op); });
   return Wrap(rank_, OpType::_REDUCE_SCATTER_BASE, "gossipcc:_reduce_scatter_base", std::move(work), {output});
 }
 
@@ -445,8 +381,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall_base(at::Tensor& out
                                                                  const ::c10d::AllToAllOptions&) {
   std::vector<size_t> send = SplitCounts(input, input_split_sizes, size_, "input");
   std::vector<size_t> recv = SplitCounts(output, output_split_sizes, size_, "output");
-  auto work = communicator_->alltoallv(ToBuffer(input, "alltoall_base", "input"), send,
-                                       ToBuffer(output, "alltoall_base", "output"), recv);
+  auto work = IssueCollective("alltoallv", [=] { return communicator_->alltoallv(ToBuffer(input, "alltoall_base", "input"), send,
+                                       ToBuffer(output, "alltoall_base", "output"), recv); });
   return Wrap(rank_, OpType::ALLTOALL_BASE, "gossipcc:alltoall_base", std::move(work), {output});
 }
 
@@ -469,8 +405,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall(std::vector<at::Tens
   }
   at::Tensor flat_in = Flatten(inputs);
   at::Tensor flat_out = at::empty({std::accumulate(recv.begin(), recv.end(), int64_t{0})}, inputs[0].options());
-  auto work = communicator_->alltoallv(ToBuffer(flat_in, "alltoall", "input"), send,
-                                       ToBuffer(flat_out, "alltoall", "output"), recv);
+  auto work = IssueCollective("alltoallv", [=] { return communicator_->alltoallv(ToBuffer(flat_in, "alltoall", "input"), send,
+                                       ToBuffer(flat_out, "alltoall", "output"), recv); });
   std::vector<at::Tensor> result = outputs;
   return Wrap(rank_, OpType::ALLTOALL, "gossipcc:alltoall", std::move(work), result,
               [flat_in, flat_out, result]() mutable { Unflatten(flat_out, result); });
@@ -502,11 +438,11 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::recvAnysource(std::vector<at:
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::barrier(const ::c10d::BarrierOptions&) {
-  return Wrap(rank_, OpType::BARRIER, "gossipcc:barrier", communicator_->barrier(), {});
+  return Wrap(rank_, OpType::BARRIER, "gossipcc:barrier", IssueCollective("barrier", [this] { return communicator_->barrier(); }), {});
 }
 
 void ProcessGroupGossipcc::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool) {
-  auto work = communicator_->barrier();
+  auto work = IssueCollective("monitored barrier", [this] { return communicator_->barrier(); });
   work->wait(opts.timeout.count() > 0 ? opts.timeout : std::chrono::milliseconds::zero());
 }
 

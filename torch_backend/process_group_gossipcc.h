@@ -6,19 +6,39 @@
 // future completes with the call's output tensors. Unsupported calls raise an error that
 // names the operation.
 //
+// Besides c10d's standard calls it offers gossipcc's own collectives (push-sum, symmetric
+// gossip, bilateral exchange, asynchronous bilateral exchange, PowerSGD); see "gossipcc's own
+// collectives" below.
+//
 // C++ users: ProcessGroupGossipcc::Create(c10d store, rank, size, options).
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "torch_backend/allreduce_policy.h"
+#include "torch_backend/op_lane.h"
 #include "torch_backend/torch_version.h"
 
 namespace gossipcc {
+
+class PeerGraph;
+class PushSum;
+class SymmetricGossip;
+class BilateralExchange;
+class AsyncBilateralExchange;
+namespace compression {
+class PowerSGD;
+}
+
 namespace torch_backend {
 
 struct ProcessGroupOptions {
@@ -80,16 +100,106 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   void setSequenceNumberForGroup() override;
   uint64_t getSequenceNumberForGroup() override;
 
-  // The torch-free communicator underneath (for gossipcc's own collectives).
+  // ---- gossipcc's own collectives --------------------------------------------------------
+  // Common contract (the algorithms themselves are in algorithms/ and compression/):
+  //  - Arguments are checked on the calling thread; bad ones raise InvalidArgumentError at
+  //    once (a ValueError in Python): empty lists, mixed dtypes or devices, non-contiguous
+  //    tensors, dtypes other than float32/float64/float16/bfloat16, step < 0, unknown graphs.
+  //  - The operation then runs asynchronously on the group's algorithm lane (op_lane.h): one
+  //    at a time, in issue order, ordered with the group's other collectives. The returned
+  //    Work's future completes with the output tensors (the inputs, updated in place); errors
+  //    of the algorithm (MismatchError, TimeoutError, PeerError, AbortedError) fail the Work
+  //    and are raised by wait(). On an error the tensors are left unchanged.
+  //  - Every rank must make the same sequence of these calls (per lane) with the same step
+  //    numbers and total element counts; the calls are stateless: the step (and push-sum
+  //    weight) comes from the caller each time, and peer graphs and algorithm objects are
+  //    cached per spec, so a call costs one gossip round and no setup.
+  //  - The tensors must not be read or written until the Work completes.
+  //  - CUDA tensors: the caller's current stream is synchronised at the call, and the
+  //    algorithms stage them through host memory.
+  // Point-to-point tags: gossipcc reserves [kReservedTagBegin, kReservedTagEnd) for its
+  // algorithms; send/recv with a tag in that range is refused.
+  static constexpr uint32_t kReservedTagBegin = 0x40000000;
+  static constexpr uint32_t kReservedTagEnd = 0x60000000;
+
+  // One push-sum round (SGP) at `step`, in place: together `tensors` are this rank's
+  // numerator x; `weight` is its push-sum weight w (a 1-element float64 CPU tensor, > 0),
+  // read when the round runs and updated in place. `graph` is a MakePeerGraph spec
+  // (algorithms/peer_graph.h); keep: the share a rank keeps (KeepShareMixing), nullopt:
+  // uniform 1/(out-degree + 1). Future value: tensors + [weight].
+  c10::intrusive_ptr<::c10d::Work> push_sum_round(std::vector<at::Tensor> tensors, at::Tensor weight, int64_t step,
+                                                  const std::string& graph, std::optional<double> keep);
+  // One symmetric gossip round (D-PSGD) at `step` with Metropolis weights on `graph`, which
+  // must be undirected at that step. Future value: tensors.
+  c10::intrusive_ptr<::c10d::Work> symmetric_gossip_round(std::vector<at::Tensor> tensors, int64_t step,
+                                                          const std::string& graph);
+  // One synchronous bilateral exchange (pairwise averaging) at `step`. matching:
+  // "round_robin", "bipartite" (AD-PSGD's active/passive matching; even world size) or a
+  // peer graph spec whose every step is a matching (e.g. "hypercube"). Future value: tensors.
+  c10::intrusive_ptr<::c10d::Work> bilateral_exchange(std::vector<at::Tensor> tensors, int64_t step,
+                                                      const std::string& matching);
+
+  // Asynchronous bilateral exchange (AD-PSGD, algorithms/async_bilateral_exchange.h). CPU
+  // tensors only. These run on a lane of their own (a passive rank's serve may wait for a
+  // long time without holding up the group's other collectives), in issue order.
+  // Active (odd) ranks: one exchange with the next passive peer; x <- (x + x_peer) / 2. The
+  // Work's sourceRank() (Python: work._source_rank() / source_rank()) is that peer.
+  c10::intrusive_ptr<::c10d::Work> async_bilateral_exchange(std::vector<at::Tensor> tensors);
+  // Passive (even) ranks: answers requests until `max_requests` were answered (-1: until
+  // every active rank has finished). Each answer averages `tensors` with the requester's.
+  c10::intrusive_ptr<::c10d::Work> async_bilateral_serve(std::vector<at::Tensor> tensors, int max_requests);
+  // Active ranks, once at the end: tells every passive peer that no more requests come.
+  c10::intrusive_ptr<::c10d::Work> async_bilateral_finish(std::vector<at::Tensor> tensors);
+  struct AsyncBilateralStats {
+    int64_t exchanges = 0;           // active: requests sent; passive: requests answered
+    int last_peer = -1;              // peer of the last completed exchange or answer
+    bool all_active_finished = false;  // passive: every active peer has finished
+  };
+  AsyncBilateralStats async_bilateral_stats() const;
+
+  // PowerSGD all-reduce (compression/power_sgd.h): averages `tensors` in place across the
+  // group, each compressed as the matrix `shapes[i]` (empty: the tensor's own shape; the
+  // product must equal its numel), its state in `state` under `keys[i]` (empty: "tensor<i>").
+  // `state` must not be used elsewhere until the Work completes. Future value: tensors.
+  c10::intrusive_ptr<::c10d::Work> powersgd_allreduce(std::vector<at::Tensor> tensors,
+                                                      std::vector<std::vector<int64_t>> shapes,
+                                                      std::shared_ptr<compression::PowerSGD> state,
+                                                      std::vector<std::string> keys);
+
+  // Runs `fn` (a blocking algorithm call on communicator()) on the algorithm lane and waits
+  // for it: ordered with every other collective of the group. For the blocking bindings
+  // (elastic averaging, uneven all-reduce SGD, PowerSGD.allreduce). `uses_collectives`: `fn`
+  // issues communicator collectives.
+  void run_on_lane(const std::string& description, std::function<void()> fn, bool uses_collectives = true);
+
+  // The torch-free communicator underneath (for gossipcc's own collectives). Calls made on it
+  // directly are not ordered with the lane's; prefer run_on_lane.
   Communicator& communicator() { return *communicator_; }
   const ProcessGroupOptions& options() const { return options_; }
   // Shuts the communicator down: pending and later calls fail with a clear error.
   void shutdown();
 
  private:
+  std::shared_ptr<Work> IssueCollective(const char* what, std::function<std::shared_ptr<Work>()> issue);
+  std::shared_ptr<const PeerGraph> Graph(const std::string& spec, const char* op);
+
   ProcessGroupOptions options_;
   std::unique_ptr<Communicator> communicator_;
   uint64_t sequence_number_ = 0;
+
+  // Cached per spec (peer graphs, algorithm objects); used only on the lanes after creation.
+  std::mutex cache_mu_;
+  std::map<std::string, std::shared_ptr<const PeerGraph>> graphs_;
+  std::map<std::string, std::shared_ptr<PushSum>> push_sums_;
+  std::map<std::string, std::shared_ptr<SymmetricGossip>> symmetric_gossips_;
+  std::map<std::string, std::shared_ptr<BilateralExchange>> bilateral_exchanges_;
+  std::shared_ptr<AsyncBilateralExchange> async_bilateral_;
+  mutable std::mutex async_stats_mu_;
+  AsyncBilateralStats async_stats_;
+
+  // Declared last: destroyed (stopped, joined) before anything their tasks use.
+  std::unique_ptr<OpLane> lane_;        // algorithm calls and the collectives ordered with them
+  std::unique_ptr<OpLane> async_lane_;  // asynchronous bilateral exchange
 };
 
 }  // namespace torch_backend

@@ -5,6 +5,14 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <optional>
+
+#include "algorithms/async_bilateral_exchange.h"
+#include "algorithms/bilateral_exchange.h"
+#include "algorithms/elastic_averaging.h"
+#include "algorithms/peer_graph.h"
+#include "algorithms/symmetric_gossip.h"
+#include "algorithms/uneven_allreduce_sgd.h"
 #include "comm/errors.h"
 #include "compression/power_sgd.h"
 #include "torch_backend/tensor_buffer.h"
@@ -67,7 +75,9 @@ compression::PowerSGDStats PowerSGDAllReduce(compression::PowerSGD& psgd, Proces
                      std::vector<int64_t>(t.sizes().begin(), t.sizes().end())});
   }
   py::gil_scoped_release release;
-  return psgd.AllReduce(pg.communicator(), grads);
+  compression::PowerSGDStats stats;
+  pg.run_on_lane("gossipcc PowerSGD.allreduce", [&] { stats = psgd.AllReduce(pg.communicator(), grads); });
+  return stats;
 }
 
 compression::PowerSGDStats PowerSGDAllReduceFlat(compression::PowerSGD& psgd, ProcessGroupGossipcc& pg,
@@ -79,7 +89,46 @@ compression::PowerSGDStats PowerSGDAllReduceFlat(compression::PowerSGD& psgd, Pr
     flats.push_back({keys[i], ToBuffer(tensors[i], "powersgd_allreduce_flat", "tensor[" + std::to_string(i) + "]")});
   }
   py::gil_scoped_release release;
-  return psgd.AllReduceFlat(pg.communicator(), flats);
+  compression::PowerSGDStats stats;
+  pg.run_on_lane("gossipcc PowerSGD.allreduce_flat", [&] { stats = psgd.AllReduceFlat(pg.communicator(), flats); });
+  return stats;
+}
+
+// A blocking algorithm call on the group's algorithm lane, with the GIL released.
+void RunBlocking(ProcessGroupGossipcc& pg, const std::string& what, const std::function<void()>& fn) {
+  py::gil_scoped_release release;
+  pg.run_on_lane("gossipcc " + what + " on rank " + std::to_string(pg.getRank()), fn);
+}
+
+std::vector<at::Tensor> CheckedParams(const std::vector<at::Tensor>& tensors, const char* op,
+                                      std::vector<Buffer>* buffers) {
+  *buffers = FloatingBuffers(tensors, op);
+  SyncCallerStreams(tensors);
+  return tensors;
+}
+
+at::Tensor DoublesToTensor(const std::vector<double>& v) {
+  at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::TensorOptions().dtype(at::kDouble));
+  std::copy(v.begin(), v.end(), t.data_ptr<double>());
+  return t;
+}
+
+std::vector<double> TensorToDoubles(const at::Tensor& t, const char* what) {
+  if (!t.defined() || t.dim() != 1) throw InvalidArgumentError(std::string(what) + " must be a 1-D tensor");
+  at::Tensor c = t.to(at::kCPU, at::kDouble).contiguous();
+  return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+}
+
+std::unique_ptr<PeerGraph> GraphForQuery(const std::string& spec, int n) {
+  if (n < 1) throw InvalidArgumentError("world size must be >= 1, got " + std::to_string(n));
+  return MakePeerGraph(spec, n);
+}
+
+void CheckQuery(int n, int rank, int64_t step) {
+  if (n < 1 || rank < 0 || rank >= n) {
+    throw InvalidArgumentError("rank " + std::to_string(rank) + " is not in a world of size " + std::to_string(n));
+  }
+  if (step < 0) throw InvalidArgumentError("step must be >= 0, got " + std::to_string(step));
 }
 
 }  // namespace
@@ -91,7 +140,21 @@ PYBIND11_MODULE(_C, m) {
   // Errors raised directly by this module's functions become these Python exceptions; the
   // ones raised inside torch's own bindings (dist.all_reduce) arrive as RuntimeError.
   static py::exception<CommError> comm_error(m, "CommError", PyExc_RuntimeError);
-  py::register_exception<InvalidArgumentError>(m, "InvalidArgumentError", comm_error.ptr());
+  // InvalidArgumentError is both a CommError and a ValueError (bad arguments, raised at the call).
+  {
+    PyObject* bases = PyTuple_Pack(2, comm_error.ptr(), PyExc_ValueError);
+    static PyObject* invalid = PyErr_NewException("gossipcc._C.InvalidArgumentError", bases, nullptr);
+    Py_DECREF(bases);
+    if (!invalid) throw py::error_already_set();
+    m.attr("InvalidArgumentError") = py::handle(invalid);
+    py::register_exception_translator([](std::exception_ptr p) {
+      try {
+        if (p) std::rethrow_exception(p);
+      } catch (const InvalidArgumentError& e) {
+        PyErr_SetString(invalid, e.what());
+      }
+    });
+  }
   py::register_exception<MismatchError>(m, "MismatchError", comm_error.ptr());
   py::register_exception<TimeoutError>(m, "TimeoutError", comm_error.ptr());
   py::register_exception<PeerError>(m, "PeerError", comm_error.ptr());
@@ -124,13 +187,208 @@ PYBIND11_MODULE(_C, m) {
              return d;
            },
            "Bytes this rank handed to collectives and sent/received point to point.")
-      .def("shutdown", &ProcessGroupGossipcc::shutdown, py::call_guard<py::gil_scoped_release>());
+      .def("shutdown", &ProcessGroupGossipcc::shutdown, py::call_guard<py::gil_scoped_release>())
+      // gossipcc's own collectives (process_group_gossipcc.h documents the contract).
+      .def("push_sum_round", &ProcessGroupGossipcc::push_sum_round, py::arg("tensors"), py::arg("weight"),
+           py::arg("step"), py::arg("graph") = "exponential", py::arg("keep") = py::none(),
+           py::call_guard<py::gil_scoped_release>(),
+           "One push-sum round (SGP) in place on `tensors` (this rank's numerator x) and `weight` (1-element "
+           "float64 CPU tensor). graph: peer graph spec; keep: share kept (None: uniform). Returns a Work whose "
+           "future holds tensors + [weight].")
+      .def("symmetric_gossip_round", &ProcessGroupGossipcc::symmetric_gossip_round, py::arg("tensors"),
+           py::arg("step"), py::arg("graph") = "ring", py::call_guard<py::gil_scoped_release>(),
+           "One symmetric gossip round (D-PSGD, Metropolis weights) in place. Returns a Work.")
+      .def("bilateral_exchange", &ProcessGroupGossipcc::bilateral_exchange, py::arg("tensors"), py::arg("step"),
+           py::arg("matching") = "round_robin", py::call_guard<py::gil_scoped_release>(),
+           "One synchronous bilateral exchange (pairwise averaging). matching: \"round_robin\", \"bipartite\" "
+           "or a graph spec whose steps are matchings. Returns a Work.")
+      .def("async_bilateral_exchange", &ProcessGroupGossipcc::async_bilateral_exchange, py::arg("tensors"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Active (odd) ranks: one AD-PSGD exchange with the next passive peer (CPU tensors). The peer: "
+           "work._source_rank() (or source_rank()) after completion, or async_bilateral_stats()['last_peer'].")
+      .def("async_bilateral_serve", &ProcessGroupGossipcc::async_bilateral_serve, py::arg("tensors"),
+           py::arg("max_requests") = -1, py::call_guard<py::gil_scoped_release>(),
+           "Passive (even) ranks: answer up to max_requests exchanges (-1: until every active rank finished).")
+      .def("async_bilateral_finish", &ProcessGroupGossipcc::async_bilateral_finish, py::arg("tensors"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Active ranks, once at the end: tell the passive peers no more requests come.")
+      .def("async_bilateral_stats",
+           [](const ProcessGroupGossipcc& pg) {
+             auto s = pg.async_bilateral_stats();
+             py::dict d;
+             d["exchanges"] = s.exchanges;
+             d["last_peer"] = s.last_peer;
+             d["all_active_finished"] = s.all_active_finished;
+             return d;
+           },
+           "{'exchanges', 'last_peer', 'all_active_finished'} of the completed asynchronous bilateral calls.")
+      .def("powersgd_allreduce",
+           [](ProcessGroupGossipcc& pg, std::vector<at::Tensor> tensors,
+              std::optional<std::vector<std::vector<int64_t>>> shapes, std::shared_ptr<compression::PowerSGD> state,
+              std::optional<std::vector<std::string>> keys) {
+             return pg.powersgd_allreduce(std::move(tensors), shapes ? std::move(*shapes) : std::vector<std::vector<int64_t>>{},
+                                          std::move(state), keys ? std::move(*keys) : std::vector<std::string>{});
+           },
+           py::arg("tensors"), py::arg("shapes"), py::arg("state"), py::arg("keys") = py::none(),
+           py::call_guard<py::gil_scoped_release>(),
+           "PowerSGD all-reduce (average) in place over `tensors`, each compressed as shapes[i] (None: own "
+           "shapes), state in `state` (gossipcc._C.PowerSGD) under keys[i] (None: 'tensor<i>'). Returns a Work.");
+
+  // Peer graphs and matchings as the collectives use them (for references in tests and tools).
+  m.def("peer_graph_out_peers",
+        [](const std::string& spec, int n, int rank, int64_t step) {
+          CheckQuery(n, rank, step);
+          return GraphForQuery(spec, n)->OutPeers(rank, step);
+        },
+        py::arg("spec"), py::arg("world_size"), py::arg("rank"), py::arg("step"));
+  m.def("peer_graph_in_peers",
+        [](const std::string& spec, int n, int rank, int64_t step) {
+          CheckQuery(n, rank, step);
+          return GraphForQuery(spec, n)->InPeers(rank, step);
+        },
+        py::arg("spec"), py::arg("world_size"), py::arg("rank"), py::arg("step"));
+  m.def("peer_graph_info",
+        [](const std::string& spec, int n) {
+          auto g = GraphForQuery(spec, n);
+          py::dict d;
+          d["name"] = g->name();
+          d["period"] = g->period();
+          return d;
+        },
+        py::arg("spec"), py::arg("world_size"), "Validates a graph spec: {'name', 'period'}.");
+  m.def("symmetric_gossip_weights",
+        [](const std::string& spec, int n, int rank, int64_t step) {
+          CheckQuery(n, rank, step);
+          SymmetricGossip g(GraphForQuery(spec, n));
+          return g.Weights(rank, step);
+        },
+        py::arg("spec"), py::arg("world_size"), py::arg("rank"), py::arg("step"),
+        "Metropolis weights [self, one per out-peer in peer_graph_out_peers order].");
+  m.def("bilateral_partner",
+        [](const std::string& matching, int n, int rank, int64_t step) {
+          CheckQuery(n, rank, step);
+          if (matching == "round_robin") return BilateralExchange::RoundRobinPartner(rank, step, n);
+          if (matching == "bipartite") return BilateralExchange::BipartitePartner(rank, step, n);
+          BilateralExchange ex(std::shared_ptr<const PeerGraph>(GraphForQuery(matching, n)));
+          return ex.Partner(rank, step, n);
+        },
+        py::arg("matching"), py::arg("world_size"), py::arg("rank"), py::arg("step"), "Partner at step, -1: idle.");
+  m.def("async_bilateral_passive_peers", &AsyncBilateralExchange::PassivePeers, py::arg("rank"),
+        py::arg("world_size"), "The passive peers an active rank cycles through.");
+
+  // Elastic averaging (algorithms/elastic_averaging.h), blocking, over a process group.
+  py::class_<ElasticAveraging, std::shared_ptr<ElasticAveraging>>(m, "ElasticAveraging")
+      .def(py::init([](int tau, double alpha) { return std::make_shared<ElasticAveraging>(tau, alpha); }),
+           py::arg("tau"), py::arg("alpha"))
+      .def_property_readonly("tau", &ElasticAveraging::tau)
+      .def_property_readonly("alpha", &ElasticAveraging::alpha)
+      .def_property_readonly("local_step", &ElasticAveraging::step)
+      .def_property_readonly("center", [](const ElasticAveraging& e) { return DoublesToTensor(e.center()); })
+      .def("initialize",
+           [](std::shared_ptr<ElasticAveraging> e, ProcessGroupGossipcc& pg, const std::vector<at::Tensor>& params) {
+             std::vector<Buffer> b;
+             auto keep = CheckedParams(params, "ElasticAveraging.initialize", &b);
+             RunBlocking(pg, "ElasticAveraging.initialize", [&] { e->Initialize(pg.communicator(), b); });
+           },
+           py::arg("process_group"), py::arg("params"),
+           "Collective: params <- rank 0's, center <- params, step <- 0.")
+      .def("step",
+           [](std::shared_ptr<ElasticAveraging> e, ProcessGroupGossipcc& pg, const std::vector<at::Tensor>& params) {
+             std::vector<Buffer> b;
+             auto keep = CheckedParams(params, "ElasticAveraging.step", &b);
+             bool averaged = false;
+             RunBlocking(pg, "ElasticAveraging.step", [&] { averaged = e->Step(pg.communicator(), b); });
+             return averaged;
+           },
+           py::arg("process_group"), py::arg("params"),
+           "Once per local step after the optimizer step; averages every tau steps (returns True then).")
+      .def("average",
+           [](std::shared_ptr<ElasticAveraging> e, ProcessGroupGossipcc& pg, const std::vector<at::Tensor>& params) {
+             std::vector<Buffer> b;
+             auto keep = CheckedParams(params, "ElasticAveraging.average", &b);
+             RunBlocking(pg, "ElasticAveraging.average", [&] { e->Average(pg.communicator(), b); });
+           },
+           py::arg("process_group"), py::arg("params"), "One elastic averaging now (collective).")
+      .def("state_dict",
+           [](const ElasticAveraging& e) {
+             py::dict d;
+             d["tau"] = e.tau();
+             d["alpha"] = e.alpha();
+             d["step"] = e.step();
+             d["center"] = DoublesToTensor(e.center());
+             return d;
+           })
+      .def("load_state_dict",
+           [](ElasticAveraging& e, const py::dict& d) {
+             for (const char* k : {"tau", "alpha", "step", "center"}) {
+               if (!d.contains(k)) throw InvalidArgumentError(std::string("ElasticAveraging.load_state_dict: missing key '") + k + "'");
+             }
+             if (d["tau"].cast<int>() != e.tau() || d["alpha"].cast<double>() != e.alpha()) {
+               throw InvalidArgumentError("ElasticAveraging.load_state_dict: the state has tau=" +
+                                          std::to_string(d["tau"].cast<int>()) + ", alpha=" +
+                                          std::to_string(d["alpha"].cast<double>()) + " but this object tau=" +
+                                          std::to_string(e.tau()) + ", alpha=" + std::to_string(e.alpha()));
+             }
+             e.Restore(d["step"].cast<int64_t>(), TensorToDoubles(d["center"].cast<at::Tensor>(), "center"));
+           },
+           py::arg("state"));
+
+  // All-reduce SGD with uneven steps (algorithms/uneven_allreduce_sgd.h), blocking.
+  py::class_<UnevenAllReduceSGD, std::shared_ptr<UnevenAllReduceSGD>>(m, "UnevenAllReduceSGD")
+      .def(py::init([]() { return std::make_shared<UnevenAllReduceSGD>(); }))
+      .def("sum_and_normalize",
+           [](std::shared_ptr<UnevenAllReduceSGD> u, ProcessGroupGossipcc& pg, const std::vector<at::Tensor>& grads) {
+             std::vector<Buffer> b;
+             auto keep = CheckedParams(grads, "UnevenAllReduceSGD.sum_and_normalize", &b);
+             UnevenAllReduceSGD::StepResult r;
+             RunBlocking(pg, "UnevenAllReduceSGD.sum_and_normalize",
+                         [&] { r = u->SumAndNormalizeGradients(pg.communicator(), b); });
+             return py::make_tuple(r.contributors, r.still_training);
+           },
+           py::arg("process_group"), py::arg("grads"),
+           "Collective: grads <- sum over contributing ranks / contributors; returns (contributors, still_training).")
+      .def("join_until_all_done",
+           [](std::shared_ptr<UnevenAllReduceSGD> u, ProcessGroupGossipcc& pg, const std::vector<at::Tensor>& grads) {
+             std::vector<Buffer> b;
+             auto keep = CheckedParams(grads, "UnevenAllReduceSGD.join_until_all_done", &b);
+             bool more = false;
+             RunBlocking(pg, "UnevenAllReduceSGD.join_until_all_done",
+                         [&] { more = u->JoinUntilAllDone(pg.communicator(), b); });
+             return more;
+           },
+           py::arg("process_group"), py::arg("grads"),
+           "Collective, for a finished rank: call until it returns False (grads: scratch of the same sizes).")
+      .def("synchronize_parameters",
+           [](std::shared_ptr<UnevenAllReduceSGD> u, ProcessGroupGossipcc& pg, const std::vector<at::Tensor>& params) {
+             std::vector<Buffer> b;
+             auto keep = CheckedParams(params, "UnevenAllReduceSGD.synchronize_parameters", &b);
+             RunBlocking(pg, "UnevenAllReduceSGD.synchronize_parameters",
+                         [&] { u->SynchronizeParameters(pg.communicator(), b); });
+           },
+           py::arg("process_group"), py::arg("params"), "Collective: params <- average, bitwise equal on every rank.")
+      .def_property_readonly("steps_contributed", &UnevenAllReduceSGD::steps_contributed)
+      .def_property_readonly("collectives", &UnevenAllReduceSGD::collectives)
+      .def("state_dict",
+           [](const UnevenAllReduceSGD& u) {
+             py::dict d;
+             d["steps_contributed"] = u.steps_contributed();
+             d["collectives"] = u.collectives();
+             return d;
+           })
+      .def("load_state_dict",
+           [](UnevenAllReduceSGD& u, const py::dict& d) {
+             for (const char* k : {"steps_contributed", "collectives"}) {
+               if (!d.contains(k)) throw InvalidArgumentError(std::string("UnevenAllReduceSGD.load_state_dict: missing key '") + k + "'");
+             }
+             u.Restore(d["steps_contributed"].cast<int64_t>(), d["collectives"].cast<int64_t>());
+           },
+           py::arg("state"));
 
   // PowerSGD state + collective (compression/power_sgd.h). Every rank makes one with the same
   // options and calls it with the same keys and shapes in the same order.
-  py::class_<compression::PowerSGD>(m, "PowerSGD")
+  py::class_<compression::PowerSGD, std::shared_ptr<compression::PowerSGD>>(m, "PowerSGD")
       .def(py::init([](const std::string& options) {
-             return std::make_unique<compression::PowerSGD>(compression::ParsePowerSGDOptions(options));
+             return std::make_shared<compression::PowerSGD>(compression::ParsePowerSGDOptions(options));
            }),
            py::arg("options") = "", "options: \"rank=2,start_iter=10,...\" (docs/powersgd.md lists the keys)")
       .def_property_readonly("options", [](const compression::PowerSGD& p) { return p.options().ToString(); })

@@ -1,5 +1,10 @@
 #include "torch_backend/tensor_buffer.h"
 
+#include <c10/core/Stream.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <algorithm>
+
 #include "comm/errors.h"
 
 namespace gossipcc {
@@ -68,6 +73,46 @@ void CheckSameLayout(const std::vector<at::Tensor>& tensors, const at::Tensor& r
                                  c10::str(t.numel(), " x ", t.scalar_type(), " on ", t.device()) + ", expected " +
                                  c10::str(reference.numel(), " x ", reference.scalar_type(), " on ", reference.device()));
     }
+  }
+}
+
+// The gossip algorithms' tensor contract: a non-empty list of contiguous tensors of one
+// floating dtype and one device.
+std::vector<Buffer> FloatingBuffers(const std::vector<at::Tensor>& tensors, const char* op, bool cpu_only) {
+  if (tensors.empty()) throw InvalidArgumentError(std::string("gossipcc ") + op + ": empty tensor list");
+  std::vector<Buffer> buffers;
+  buffers.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    const std::string what = "tensor[" + std::to_string(i) + "]";
+    if (!t.defined()) throw InvalidArgumentError(std::string("gossipcc ") + op + ": " + what + " is undefined");
+    const at::ScalarType st = t.scalar_type();
+    if (st != at::kFloat && st != at::kDouble && st != at::kHalf && st != at::kBFloat16) {
+      throw InvalidArgumentError(std::string("gossipcc ") + op + ": " + what + " has dtype " +
+                                 c10::toString(st) + "; gossip needs float32, float64, float16 or bfloat16");
+    }
+    if (st != tensors[0].scalar_type() || t.device() != tensors[0].device()) {
+      throw InvalidArgumentError(std::string("gossipcc ") + op + ": " + what + " is " +
+                                 c10::str(st, " on ", t.device()) + ", tensor[0] is " +
+                                 c10::str(tensors[0].scalar_type(), " on ", tensors[0].device()) +
+                                 " (all must share dtype and device)");
+    }
+    if (cpu_only && !t.is_cpu()) {
+      throw InvalidArgumentError(std::string("gossipcc ") + op + ": " + what + " is on " + t.device().str() +
+                                 "; this operation takes CPU tensors only");
+    }
+    buffers.push_back(ToBuffer(t, op, what));
+  }
+  return buffers;
+}
+
+void SyncCallerStreams(const std::vector<at::Tensor>& tensors) {
+  std::vector<c10::Device> done;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined() || !t.is_cuda() || std::find(done.begin(), done.end(), t.device()) != done.end()) continue;
+    done.push_back(t.device());
+    c10::impl::VirtualGuardImpl impl(t.device().type());
+    impl.getStream(t.device()).synchronize();
   }
 }
 

@@ -28,5 +28,14 @@ const at::Tensor& SingleTensor(const std::vector<at::Tensor>& tensors, const cha
 void CheckSameLayout(const std::vector<at::Tensor>& tensors, const at::Tensor& reference, const char* op,
                      const char* what);
 
+// The gossip algorithms' (and PowerSGD's) tensor contract: a non-empty list of defined,
+// contiguous tensors of one dtype among float32/float64/float16/bfloat16 and one device (CPU
+// only if `cpu_only`). Returns their views; InvalidArgumentError naming `op` and the tensor.
+std::vector<Buffer> FloatingBuffers(const std::vector<at::Tensor>& tensors, const char* op, bool cpu_only = false);
+
+// Blocks until the caller's current stream on each CUDA device of `tensors` is idle: for
+// operations that read or write the tensors from another thread (no-op for CPU tensors).
+void SyncCallerStreams(const std::vector<at::Tensor>& tensors);
+
 }  // namespace torch_backend
 }  // namespace gossipcc

@@ -9,6 +9,10 @@ CPU tensors travel over Gloo, CUDA tensors over NCCL. How DistributedDataParalle
 its gradient buckets is the *allreduce policy*: ``configure(allreduce=...)`` before
 ``init_process_group``, else the ``GOSSIPCC_ALLREDUCE`` environment variable, else ``"exact"``.
 See docs/pytorch.md.
+
+Training wrappers (docs/algorithms.md): ``GossipDataParallel`` (SGP, OSGP, D-PSGD),
+``BilatGossipDataParallel`` (AD-PSGD), ``AllReduceEA`` (elastic averaging) and ``AllReduceSGD``
+(all-reduce SGD with uneven step counts).
 """
 import os
 
@@ -117,7 +121,11 @@ def get_backend_object(group=None):
     raise ValueError("gossipcc: the process group does not use the gossipcc backend")
 
 
+from .gossip import BilatGossipDataParallel, GossipDataParallel  # noqa: E402
+from .distlearn import AllReduceEA, AllReduceSGD  # noqa: E402
+
 __all__ = [
+    "GossipDataParallel", "BilatGossipDataParallel", "AllReduceEA", "AllReduceSGD",
     "BACKEND_NAME", "ENV_ALLREDUCE", "configure", "allreduce_policy", "get_backend_object",
     "ProcessGroupGossipcc", "CommError", "InvalidArgumentError", "MismatchError", "TimeoutError",
     "PeerError", "AbortedError",

@@ -1,0 +1,324 @@
+// ProcessGroupGossipcc's own collectives: thin adapters from tensors to the algorithms in
+// algorithms/ and compression/, run on the group's algorithm lanes (op_lane.h).
+#include <cmath>
+#include <sstream>
+#include <utility>
+
+#include "algorithms/async_bilateral_exchange.h"
+#include "algorithms/bilateral_exchange.h"
+#include "algorithms/peer_graph.h"
+#include "algorithms/push_sum.h"
+#include "algorithms/symmetric_gossip.h"
+#include "comm/errors.h"
+#include "compression/power_sgd.h"
+#include "torch_backend/gossipcc_work.h"
+#include "torch_backend/process_group_gossipcc.h"
+#include "torch_backend/tensor_buffer.h"
+
+namespace gossipcc {
+namespace torch_backend {
+namespace {
+
+using ::c10d::OpType;
+
+std::string Where(const char* op, int rank, int size) {
+  return std::string("gossipcc ") + op + " on rank " + std::to_string(rank) + " of " + std::to_string(size);
+}
+
+void CheckStep(int64_t step, const char* op) {
+  if (step < 0) throw InvalidArgumentError(std::string("gossipcc ") + op + ": step must be >= 0, got " + std::to_string(step));
+}
+
+std::string DoubleKey(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+
+}  // namespace
+
+std::shared_ptr<const PeerGraph> ProcessGroupGossipcc::Graph(const std::string& spec, const char* op) {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  auto it = graphs_.find(spec);
+  if (it != graphs_.end()) return it->second;
+  std::shared_ptr<const PeerGraph> graph;
+  try {
+    graph = MakePeerGraph(spec, size_);
+  } catch (const InvalidArgumentError& e) {
+    throw InvalidArgumentError(std::string("gossipcc ") + op + ": bad graph spec \"" + spec + "\": " + e.what());
+  }
+  graphs_.emplace(spec, graph);
+  return graph;
+}
+
+void ProcessGroupGossipcc::run_on_lane(const std::string& description, std::function<void()> fn,
+                                       bool uses_collectives) {
+  lane_->Run(description, std::move(fn), uses_collectives);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::push_sum_round(std::vector<at::Tensor> tensors,
+                                                                      at::Tensor weight, int64_t step,
+                                                                      const std::string& graph,
+                                                                      std::optional<double> keep) {
+  const char* op = "push_sum_round";
+  std::vector<Buffer> buffers = FloatingBuffers(tensors, op);
+  CheckStep(step, op);
+  if (!weight.defined() || weight.scalar_type() != at::kDouble || weight.numel() != 1 || !weight.is_cpu() ||
+      !weight.is_contiguous()) {
+    throw InvalidArgumentError(std::string("gossipcc push_sum_round: weight must be a 1-element float64 CPU tensor, got ") +
+                               (weight.defined() ? c10::str(weight.numel(), " x ", weight.scalar_type(), " on ",
+                                                            weight.device())
+                                                 : std::string("an undefined tensor")));
+  }
+  if (keep && !(*keep > 0 && *keep <= 1)) {
+    throw InvalidArgumentError("gossipcc push_sum_round: keep must be in (0, 1], got " + DoubleKey(*keep));
+  }
+  std::shared_ptr<const PeerGraph> peer_graph = Graph(graph, op);
+  std::shared_ptr<PushSum> push_sum;
+  {
+    const std::string key = graph + (keep ? "|keep=" + DoubleKey(*keep) : std::string("|uniform"));
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    auto& slot = push_sums_[key];
+    if (!slot) slot = std::make_shared<PushSum>(peer_graph, keep ? KeepShareMixing(*keep) : MixingFn());
+    push_sum = slot;
+  }
+  SyncCallerStreams(tensors);
+  Communicator* comm = communicator_.get();
+  auto inner = lane_->Submit(
+      Where(op, rank_, size_) + " (graph " + peer_graph->name() + ", step " + std::to_string(step) + ")",
+      [comm, push_sum, buffers, weight, step]() {
+        double* w = weight.data_ptr<double>();
+        push_sum->Restore(step, *w);  // validates w: finite and > 0
+        push_sum->Step(*comm, buffers);
+        *w = push_sum->weight();
+      },
+      /*uses_collectives=*/false);
+  std::vector<at::Tensor> outputs = tensors;
+  outputs.push_back(weight);
+  return Wrap(rank_, OpType::UNKNOWN, "gossipcc:push_sum_round", std::move(inner), std::move(outputs));
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::symmetric_gossip_round(std::vector<at::Tensor> tensors,
+                                                                              int64_t step,
+                                                                              const std::string& graph) {
+  const char* op = "symmetric_gossip_round";
+  std::vector<Buffer> buffers = FloatingBuffers(tensors, op);
+  CheckStep(step, op);
+  std::shared_ptr<const PeerGraph> peer_graph = Graph(graph, op);
+  std::shared_ptr<SymmetricGossip> gossip;
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    auto& slot = symmetric_gossips_[graph];
+    if (!slot) slot = std::make_shared<SymmetricGossip>(peer_graph);
+    gossip = slot;
+  }
+  // Checked here too (the algorithm would fail the Work) to raise at the call.
+  if (!peer_graph->IsSymmetricAt(step)) {
+    throw InvalidArgumentError("gossipcc symmetric_gossip_round: graph " + peer_graph->name() +
+                               " is not symmetric (undirected) at step " + std::to_string(step) +
+                               "; D-PSGD needs an undirected graph such as \"ring\", \"complete\" or \"hypercube\"");
+  }
+  SyncCallerStreams(tensors);
+  Communicator* comm = communicator_.get();
+  auto inner = lane_->Submit(
+      Where(op, rank_, size_) + " (graph " + peer_graph->name() + ", step " + std::to_string(step) + ")",
+      [comm, gossip, buffers, step]() {
+        gossip->Restore(step);
+        gossip->Step(*comm, buffers);
+      },
+      /*uses_collectives=*/false);
+  return Wrap(rank_, OpType::UNKNOWN, "gossipcc:symmetric_gossip_round", std::move(inner), tensors);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::bilateral_exchange(std::vector<at::Tensor> tensors,
+                                                                          int64_t step,
+                                                                          const std::string& matching) {
+  const char* op = "bilateral_exchange";
+  std::vector<Buffer> buffers = FloatingBuffers(tensors, op);
+  CheckStep(step, op);
+  std::shared_ptr<BilateralExchange> exchange;
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    auto it = bilateral_exchanges_.find(matching);
+    if (it != bilateral_exchanges_.end()) exchange = it->second;
+  }
+  if (!exchange) {
+    if (matching == "round_robin") {
+      exchange = std::make_shared<BilateralExchange>(BilateralExchange::Matching::kRoundRobin);
+    } else if (matching == "bipartite") {
+      if (size_ % 2 != 0 && size_ != 1) {
+        throw InvalidArgumentError("gossipcc bilateral_exchange: the \"bipartite\" matching pairs active (odd) with "
+                                   "passive (even) ranks and needs an even world size, got " + std::to_string(size_));
+      }
+      exchange = std::make_shared<BilateralExchange>(BilateralExchange::Matching::kBipartiteExponential);
+    } else {
+      std::shared_ptr<const PeerGraph> graph;
+      try {
+        graph = Graph(matching, op);
+      } catch (const InvalidArgumentError& e) {
+        throw InvalidArgumentError(std::string("gossipcc bilateral_exchange: matching must be \"round_robin\", "
+                                               "\"bipartite\" or a peer graph spec whose steps are matchings; ") +
+                                   e.what());
+      }
+      // A matching at every step of its period (checked once per spec).
+      for (int64_t k = 0; k < std::min<int64_t>(graph->period(), 4096); ++k) {
+        bool ok = graph->IsSymmetricAt(k);
+        for (int r = 0; ok && r < size_; ++r) ok = graph->OutPeers(r, k).size() <= 1;
+        if (!ok) {
+          throw InvalidArgumentError("gossipcc bilateral_exchange: graph " + graph->name() + " is not a matching at step " +
+                                     std::to_string(k) + " (every rank needs at most one peer, in both directions); "
+                                     "use \"round_robin\", \"bipartite\" or e.g. \"hypercube\"");
+        }
+      }
+      exchange = std::make_shared<BilateralExchange>(graph);
+    }
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    auto& slot = bilateral_exchanges_[matching];
+    if (!slot) slot = exchange;
+    exchange = slot;
+  }
+  SyncCallerStreams(tensors);
+  Communicator* comm = communicator_.get();
+  auto inner = lane_->Submit(
+      Where(op, rank_, size_) + " (matching " + matching + ", step " + std::to_string(step) + ")",
+      [comm, exchange, buffers, step]() {
+        exchange->Restore(step);
+        exchange->Step(*comm, buffers);
+      },
+      /*uses_collectives=*/false);
+  return Wrap(rank_, OpType::UNKNOWN, "gossipcc:bilateral_exchange", std::move(inner), tensors);
+}
+
+namespace {
+
+std::shared_ptr<AsyncBilateralExchange> GetAsync(std::mutex& mu, std::shared_ptr<AsyncBilateralExchange>& slot) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!slot) slot = std::make_shared<AsyncBilateralExchange>();
+  return slot;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_exchange(std::vector<at::Tensor> tensors) {
+  const char* op = "async_bilateral_exchange";
+  std::vector<Buffer> buffers = FloatingBuffers(tensors, op, /*cpu_only=*/true);
+  if (!AsyncBilateralExchange::IsActive(rank_)) {
+    throw InvalidArgumentError("gossipcc async_bilateral_exchange: rank " + std::to_string(rank_) +
+                               " is passive (even); passive ranks call async_bilateral_serve");
+  }
+  auto exchange = GetAsync(cache_mu_, async_bilateral_);
+  Communicator* comm = communicator_.get();
+  auto peer = std::make_shared<int>(-1);
+  auto inner = async_lane_->Submit(
+      Where(op, rank_, size_),
+      [this, comm, exchange, buffers, peer]() {
+        *peer = exchange->Exchange(*comm, buffers);
+        std::lock_guard<std::mutex> lock(async_stats_mu_);
+        async_stats_.exchanges = exchange->exchanges();
+        async_stats_.last_peer = *peer;
+      },
+      /*uses_collectives=*/false);
+  auto work = c10::make_intrusive<GossipccWork>(rank_, OpType::UNKNOWN, "gossipcc:async_bilateral_exchange",
+                                                std::move(inner), tensors, nullptr);
+  work->set_source(peer);
+  return work;
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_serve(std::vector<at::Tensor> tensors,
+                                                                             int max_requests) {
+  const char* op = "async_bilateral_serve";
+  std::vector<Buffer> buffers = FloatingBuffers(tensors, op, /*cpu_only=*/true);
+  if (AsyncBilateralExchange::IsActive(rank_)) {
+    throw InvalidArgumentError("gossipcc async_bilateral_serve: rank " + std::to_string(rank_) +
+                               " is active (odd); active ranks call async_bilateral_exchange");
+  }
+  if (max_requests < -1) {
+    throw InvalidArgumentError("gossipcc async_bilateral_serve: max_requests must be >= 0 or -1 (no limit), got " +
+                               std::to_string(max_requests));
+  }
+  auto exchange = GetAsync(cache_mu_, async_bilateral_);
+  Communicator* comm = communicator_.get();
+  auto inner = async_lane_->Submit(
+      Where(op, rank_, size_) + " (max_requests " + std::to_string(max_requests) + ")",
+      [this, comm, exchange, buffers, max_requests]() {
+        // Stats are updated even if serving fails part-way (what was answered stays answered).
+        struct Publish {
+          ProcessGroupGossipcc* pg;
+          AsyncBilateralExchange* ex;
+          Communicator* comm;
+          ~Publish() {
+            std::lock_guard<std::mutex> lock(pg->async_stats_mu_);
+            pg->async_stats_.exchanges = ex->exchanges();
+            pg->async_stats_.all_active_finished = ex->all_active_finished(*comm);
+          }
+        } publish{this, exchange.get(), comm};
+        exchange->Serve(*comm, buffers, max_requests);
+      },
+      /*uses_collectives=*/false);
+  return Wrap(rank_, OpType::UNKNOWN, "gossipcc:async_bilateral_serve", std::move(inner), tensors);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_finish(std::vector<at::Tensor> tensors) {
+  const char* op = "async_bilateral_finish";
+  std::vector<Buffer> buffers = FloatingBuffers(tensors, op, /*cpu_only=*/true);
+  if (!AsyncBilateralExchange::IsActive(rank_)) {
+    throw InvalidArgumentError("gossipcc async_bilateral_finish: rank " + std::to_string(rank_) +
+                               " is passive (even); only active ranks finish");
+  }
+  auto exchange = GetAsync(cache_mu_, async_bilateral_);
+  Communicator* comm = communicator_.get();
+  auto inner = async_lane_->Submit(
+      Where(op, rank_, size_), [comm, exchange, buffers]() { exchange->Finish(*comm, buffers); },
+      /*uses_collectives=*/false);
+  return Wrap(rank_, OpType::UNKNOWN, "gossipcc:async_bilateral_finish", std::move(inner), tensors);
+}
+
+ProcessGroupGossipcc::AsyncBilateralStats ProcessGroupGossipcc::async_bilateral_stats() const {
+  std::lock_guard<std::mutex> lock(async_stats_mu_);
+  return async_stats_;
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::powersgd_allreduce(
+    std::vector<at::Tensor> tensors, std::vector<std::vector<int64_t>> shapes,
+    std::shared_ptr<compression::PowerSGD> state, std::vector<std::string> keys) {
+  const char* op = "powersgd_allreduce";
+  if (!state) throw InvalidArgumentError("gossipcc powersgd_allreduce: state is None (pass a gossipcc._C.PowerSGD)");
+  std::vector<Buffer> buffers = FloatingBuffers(tensors, op);
+  if (!shapes.empty() && shapes.size() != tensors.size()) {
+    throw InvalidArgumentError("gossipcc powersgd_allreduce: " + std::to_string(tensors.size()) + " tensors but " +
+                               std::to_string(shapes.size()) + " shapes");
+  }
+  if (!keys.empty() && keys.size() != tensors.size()) {
+    throw InvalidArgumentError("gossipcc powersgd_allreduce: " + std::to_string(tensors.size()) + " tensors but " +
+                               std::to_string(keys.size()) + " keys (one stable key per tensor)");
+  }
+  std::vector<compression::GradientTensor> grads;
+  grads.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    std::vector<int64_t> shape = shapes.empty() ? std::vector<int64_t>(t.sizes().begin(), t.sizes().end()) : shapes[i];
+    int64_t product = 1;
+    for (int64_t d : shape) {
+      if (d < 0) throw InvalidArgumentError("gossipcc powersgd_allreduce: shapes[" + std::to_string(i) + "] has a negative dimension");
+      product *= d;
+    }
+    if (shape.empty()) shape = {1};  // a scalar: one element, averaged exactly
+    if (product != t.numel()) {
+      throw InvalidArgumentError("gossipcc powersgd_allreduce: shapes[" + std::to_string(i) + "] = " +
+                                 c10::str(c10::IntArrayRef(shape)) + " has " + std::to_string(product) +
+                                 " elements but tensor[" + std::to_string(i) + "] has " + std::to_string(t.numel()));
+    }
+    grads.push_back({keys.empty() ? "tensor" + std::to_string(i) : keys[i], buffers[i], std::move(shape)});
+  }
+  SyncCallerStreams(tensors);
+  Communicator* comm = communicator_.get();
+  auto inner = lane_->Submit(
+      Where(op, rank_, size_) + " (" + std::to_string(tensors.size()) + " tensors)",
+      [comm, state, grads = std::move(grads)]() { state->AllReduce(*comm, grads); },
+      /*uses_collectives=*/true);
+  return Wrap(rank_, OpType::UNKNOWN, "gossipcc:powersgd_allreduce", std::move(inner), tensors);
+}
+
+}  // namespace torch_backend
+}  // namespace gossipcc

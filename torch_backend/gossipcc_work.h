@@ -1,0 +1,102 @@
+// Internal: the c10d Work every ProcessGroupGossipcc call returns, over a gossipcc::Work.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <ATen/core/jit_type.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "comm/work.h"
+#include "torch_backend/torch_version.h"
+
+namespace gossipcc {
+namespace torch_backend {
+
+using C10dWork = ::c10d::Work;
+
+inline std::vector<c10::Device> CudaDevicesOf(const std::vector<at::Tensor>& tensors) {
+  std::vector<c10::Device> devices;
+  for (const at::Tensor& t : tensors) {
+    if (t.defined() && t.is_cuda() &&
+        std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
+      devices.push_back(t.device());
+    }
+  }
+  return devices;
+}
+
+// A c10d Work over a gossipcc Work. Its future completes with `outputs` once the gossipcc
+// operation is done and `finish` (copying staged results into the caller's tensors) has run.
+class GossipccWork : public C10dWork {
+ public:
+  GossipccWork(int rank, ::c10d::OpType type, const char* title, std::shared_ptr<::gossipcc::Work> inner,
+               std::vector<at::Tensor> outputs, std::function<void()> finish)
+      : C10dWork(rank, type, title),
+        inner_(std::move(inner)),
+        outputs_(std::move(outputs)),
+        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                         CudaDevicesOf(outputs_))) {
+    // The callback holds what it needs, not this Work: a caller may drop the Work early.
+    auto future = future_;
+    auto inner_work = inner_;
+    auto outputs_copy = outputs_;
+    inner_->add_done_callback([future, inner_work, outputs_copy, finish = std::move(finish)]() mutable {
+      std::exception_ptr error = inner_work->exception();
+      if (!error) {
+        try {
+          if (finish) finish();
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      finish = nullptr;  // releases staging tensors now
+      if (error) {
+        future->setError(error);
+      } else {
+        future->markCompleted(c10::IValue(c10::List<at::Tensor>(outputs_copy)));
+      }
+    });
+  }
+
+  bool isCompleted() override { return future_->completed(); }
+  bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
+  std::exception_ptr exception() const override {
+    return future_->completed() && future_->hasError() ? future_->exception_ptr() : nullptr;
+  }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  void synchronize() override {}
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    inner_->wait(timeout);  // throws TimeoutError / the operation's error
+    future_->wait();        // `finish` has run
+    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+    return true;
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+  // Receives from any source: the sender's rank, written by the comm layer before completion.
+  void set_source(std::shared_ptr<int> source) { source_ = std::move(source); }
+  int sourceRank() const override {
+    if (!source_) return C10dWork::sourceRank();  // throws: not a receive-from-any-source
+    future_->wait();
+    return *source_;
+  }
+
+ private:
+  std::shared_ptr<int> source_;
+  std::shared_ptr<::gossipcc::Work> inner_;
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+inline c10::intrusive_ptr<C10dWork> Wrap(int rank, ::c10d::OpType type, const char* title, std::shared_ptr<::gossipcc::Work> inner,
+                                  std::vector<at::Tensor> outputs, std::function<void()> finish = nullptr) {
+  return c10::make_intrusive<GossipccWork>(rank, type, title, std::move(inner), std::move(outputs), std::move(finish));
+}
+
+}  // namespace torch_backend
+}  // namespace gossipcc

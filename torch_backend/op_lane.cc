@@ -1,0 +1,118 @@
+#include "torch_backend/op_lane.h"
+
+#include <utility>
+#include <vector>
+
+#include "comm/errors.h"
+
+namespace gossipcc {
+namespace torch_backend {
+
+OpLane::~OpLane() { Stop("the process group was destroyed"); }
+
+std::shared_ptr<Work> OpLane::Submit(std::string description, std::function<void()> task, bool uses_collectives) {
+  auto work = std::make_shared<CompletionWork>(std::move(description));
+  {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    if (s_->stopped) throw AbortedError(work->description() + ": refused, " + s_->stop_reason);
+    if (!thread_.joinable()) {
+      thread_ = std::thread(&OpLane::Loop, s_);
+      s_->thread_id = thread_.get_id();
+    }
+    if (uses_collectives) ++s_->collective_tasks;
+    s_->queue.push_back(Task{std::move(task), uses_collectives, work});
+  }
+  s_->cv.notify_one();
+  return work;
+}
+
+std::shared_ptr<Work> OpLane::Issue(std::string description, std::function<std::shared_ptr<Work>()> issue) {
+  std::unique_lock<std::mutex> lock(s_->mu);
+  if (s_->collective_tasks == 0 || s_->stopped) {
+    // Issued under the lock: no collective task can be queued (and so issue) before it.
+    // After Stop the communicator itself refuses the call with its own error.
+    return issue();
+  }
+  auto proxy = std::make_shared<CompletionWork>(std::move(description));
+  lock.unlock();
+  // An issue-only task: it posts the collective (non-blocking) and lets it complete the proxy.
+  Submit(proxy->description() + " (issue)",
+         [issue = std::move(issue), proxy]() {
+           std::shared_ptr<Work> inner;
+           try {
+             inner = issue();
+           } catch (...) {
+             proxy->Complete(std::current_exception());
+             return;
+           }
+           Work* raw = inner.get();  // alive while its own callbacks run
+           inner->add_done_callback([raw, proxy]() { proxy->Complete(raw->exception()); });
+         },
+         /*uses_collectives=*/true);
+  return proxy;
+}
+
+void OpLane::Run(std::string description, std::function<void()> task, bool uses_collectives) {
+  {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    if (thread_.joinable() && std::this_thread::get_id() == s_->thread_id) {
+      throw InvalidArgumentError(description + ": a blocking gossipcc call cannot run inside a callback of "
+                                 "another gossipcc operation of the same process group (it would wait for itself)");
+    }
+  }
+  Submit(std::move(description), std::move(task), uses_collectives)->wait();
+}
+
+void OpLane::Stop(const std::string& reason) {
+  std::deque<Task> dropped;
+  std::thread thread;
+  {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    if (!s_->stopped) {
+      s_->stopped = true;
+      s_->stop_reason = reason;
+    }
+    dropped.swap(s_->queue);
+    for (const Task& t : dropped) s_->collective_tasks -= t.uses_collectives ? 1 : 0;
+    if (thread_.joinable()) {
+      if (std::this_thread::get_id() != thread_.get_id()) {
+        thread = std::move(thread_);
+      } else {
+        thread_.detach();  // stopped from a callback on the lane itself: it ends after this task
+      }
+    }
+  }
+  s_->cv.notify_all();
+  for (Task& t : dropped) {
+    t.work->Complete(std::make_exception_ptr(AbortedError(t.work->description() + ": not run, " + reason)));
+  }
+  if (thread.joinable()) thread.join();
+}
+
+void OpLane::Loop(std::shared_ptr<State> s) {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(s->mu);
+      s->cv.wait(lock, [&] { return s->stopped || !s->queue.empty(); });
+      if (s->queue.empty()) return;  // stopped
+      task = std::move(s->queue.front());
+      s->queue.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      task.fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    task.fn = nullptr;  // release captured tensors before completion callbacks run
+    if (task.uses_collectives) {
+      std::lock_guard<std::mutex> lock(s->mu);
+      --s->collective_tasks;
+    }
+    task.work->Complete(error);
+  }
+}
+
+}  // namespace torch_backend
+}  // namespace gossipcc

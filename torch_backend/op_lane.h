@@ -1,0 +1,82 @@
+// OpLane: runs gossipcc's own (blocking) algorithm calls asynchronously, one at a time and in
+// issue order, on a worker thread of the process group, and keeps the group's plain
+// collectives in program order with them.
+//
+// Why: the algorithms (push-sum, PowerSGD, ...) are blocking calls that issue Communicator
+// operations. Run on a thread of their own they would interleave their collectives with the
+// plain collectives the caller keeps issuing, in an order that can differ between ranks. So:
+//  - Submit() queues a task; tasks run strictly one after another, in submission order.
+//  - Issue() is how the process group issues a plain collective: straight to the communicator
+//    when no collective-issuing task is queued or running (the common case, no extra latency),
+//    else queued behind them, so every rank issues its communicator collectives in program order.
+// Point-to-point traffic (gossip rounds) uses its own tags and needs no such ordering.
+// Torch-free.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "comm/work.h"
+
+namespace gossipcc {
+namespace torch_backend {
+
+class OpLane {
+ public:
+  explicit OpLane(std::string name) : name_(std::move(name)) {}
+  ~OpLane();  // Stop()
+
+  OpLane(const OpLane&) = delete;
+  OpLane& operator=(const OpLane&) = delete;
+
+  // Queues `task`; it runs on the lane's thread after every earlier task. The returned Work
+  // completes (on that thread) with the task's exception, or success. `uses_collectives`: the
+  // task issues Communicator collectives (plain collectives issued later wait for it).
+  // Throws AbortedError after Stop().
+  std::shared_ptr<Work> Submit(std::string description, std::function<void()> task, bool uses_collectives);
+
+  // Issues a plain collective (`issue` calls the communicator and returns its Work): at once
+  // when no collective-issuing task is queued or running, else queued behind them; the
+  // returned Work completes with the collective.
+  std::shared_ptr<Work> Issue(std::string description, std::function<std::shared_ptr<Work>()> issue);
+
+  // Submits `task` and waits for it, rethrowing its error. Must not be called from the lane's
+  // own thread (e.g. from a future callback of a lane task): InvalidArgumentError.
+  void Run(std::string description, std::function<void()> task, bool uses_collectives);
+
+  // Refuses new tasks, fails queued ones with AbortedError (naming `reason`) and waits for the
+  // running one to return. Idempotent.
+  void Stop(const std::string& reason);
+
+ private:
+  struct Task {
+    std::function<void()> fn;
+    bool uses_collectives = false;
+    std::shared_ptr<CompletionWork> work;
+  };
+  // Shared with the worker thread, so that a lane stopped from its own thread (the last
+  // reference to the process group dropped inside a completion callback) can let the thread
+  // finish on its own after the OpLane is gone.
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Task> queue;
+    int collective_tasks = 0;  // queued or running tasks that issue collectives
+    bool stopped = false;
+    std::string stop_reason;
+    std::thread::id thread_id;
+  };
+  static void Loop(std::shared_ptr<State> state);
+
+  const std::string name_;
+  std::shared_ptr<State> s_ = std::make_shared<State>();
+  std::thread thread_;  // started by the first Submit
+};
+
+}  // namespace torch_backend
+}  // namespace gossipcc

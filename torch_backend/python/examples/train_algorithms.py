@@ -1,0 +1,188 @@
+"""Trains one small classifier with each of gossipcc's training algorithms (docs/algorithms.md).
+
+    PYTHONPATH=bazel-bin/torch_backend python3 torch_backend/python/examples/train_algorithms.py \
+        --world-size 4 --steps 60 --methods sgp,osgp,dpsgd,adpsgd,easgd,uneven,allreduce,powersgd
+
+Standalone it starts --world-size local ranks itself (file:// rendezvous); under torchrun
+(`python3 -m gossipcc.torchrun --nproc_per_node=4 train_algorithms.py`) it uses env://.
+Each rank trains on its own shard of a synthetic task (labels from a fixed linear teacher);
+rank 0 prints, per method, the first and last training loss and the accuracy of the final
+(exactly averaged) model on held-out data. Each `train_<method>` function is the whole
+recipe for that method.
+"""
+import argparse
+import datetime
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import gossipcc
+
+FEATURES, CLASSES = 20, 4
+TEACHER = torch.randn(FEATURES, CLASSES, generator=torch.Generator().manual_seed(7))
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, CLASSES))
+
+
+def batches(rank, steps, batch_size=32):
+    """This rank's shard: `steps` batches of its own data."""
+    g = torch.Generator().manual_seed(1 + rank)
+    for _ in range(steps):
+        x = torch.randn(batch_size, FEATURES, generator=g)
+        yield x, (x @ TEACHER).argmax(1)
+
+
+def sgd(model):
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def train_gossip(algorithm, rank, steps, **options):
+    """SGP / OSGP / D-PSGD: wrap, train as usual, average exactly at the end."""
+    model = gossipcc.GossipDataParallel(make_model(), algorithm=algorithm, **options)
+    opt = sgd(model)
+    losses = []
+    for x, y in batches(rank, steps):
+        loss = F.cross_entropy(model(x), y)  # the forward runs this step's gossip round first
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    model.average_parameters()
+    return model.module, losses
+
+
+def train_adpsgd(rank, steps):
+    """AD-PSGD: odd ranks exchange with a passive (even) peer every step, no global step."""
+    model = gossipcc.BilatGossipDataParallel(make_model(), process_group=dist.new_group())
+    opt = sgd(model)
+    losses = []
+    for x, y in batches(rank, steps):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    model.finish()
+    model.average_parameters()
+    return model.module, losses
+
+
+def train_easgd(rank, steps, tau=4, alpha=0.3):
+    """Elastic averaging: local steps, every tau steps pulled towards the shared center."""
+    model = make_model()
+    ea = gossipcc.AllReduceEA(model, tau=tau, alpha=alpha)
+    opt = sgd(model)
+    losses = []
+    for x, y in batches(rank, steps):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ea.step()
+        losses.append(loss.item())
+    ea.load_center_into_model()  # the consensus model
+    return model, losses
+
+
+def train_uneven(rank, steps):
+    """All-reduce SGD where rank r has steps - 5 r batches; ends bitwise equal."""
+    model = make_model()
+    allreduce_sgd = gossipcc.AllReduceSGD(model)
+    opt = sgd(model)
+    losses = []
+    for x, y in batches(rank, max(1, steps - 5 * rank)):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        allreduce_sgd.sum_and_normalize_gradients()
+        opt.step()
+        losses.append(loss.item())
+    allreduce_sgd.finish()
+    return model, losses
+
+
+def train_ddp(rank, steps, policy):
+    """Plain DDP; the gradient all-reduce policy ("exact" or "powersgd:...") belongs to the group."""
+    gossipcc.configure(allreduce=policy)
+    group = dist.new_group(backend="gossipcc")
+    gossipcc.configure(allreduce=None)
+    model = torch.nn.parallel.DistributedDataParallel(make_model(), process_group=group)
+    opt = sgd(model)
+    losses = []
+    for x, y in batches(rank, steps):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return model.module, losses
+
+
+METHODS = {
+    "sgp": lambda rank, steps: train_gossip("sgp", rank, steps),
+    "osgp": lambda rank, steps: train_gossip("osgp", rank, steps, synch_freq=1),
+    "dpsgd": lambda rank, steps: train_gossip("dpsgd", rank, steps, graph="ring"),
+    "adpsgd": train_adpsgd,
+    "easgd": train_easgd,
+    "uneven": train_uneven,
+    "allreduce": lambda rank, steps: train_ddp(rank, steps, "exact"),
+    "powersgd": lambda rank, steps: train_ddp(rank, steps, "powersgd:rank=2,start_iter=10"),
+}
+
+
+def accuracy(model):
+    g = torch.Generator().manual_seed(12345)
+    x = torch.randn(2000, FEATURES, generator=g)
+    with torch.no_grad():
+        return (model(x).argmax(1) == (x @ TEACHER).argmax(1)).float().mean().item()
+
+
+def run(rank, world_size, init_method, methods, steps):
+    dist.init_process_group("gossipcc", init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=120))
+    rows = []
+    for name in methods:
+        model, losses = METHODS[name](rank, steps)
+        acc = accuracy(model)
+        rows.append((name, losses[0], sum(losses[-5:]) / len(losses[-5:]), acc))
+    if rank == 0:
+        print(f"{'method':<10} {'first loss':>10} {'last loss':>10} {'accuracy':>9}")
+        for name, first, last, acc in rows:
+            print(f"{name:<10} {first:>10.4f} {last:>10.4f} {acc:>9.3f}")
+        sys.stdout.flush()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _spawned(rank, world_size, init_method, methods, steps):
+    torch.set_num_threads(1)
+    run(rank, world_size, init_method, methods, steps)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--world-size", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--methods", default=",".join(METHODS))
+    args = parser.parse_args()
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        parser.error(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
+    if "RANK" in os.environ:  # under torchrun
+        run(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://", methods, args.steps)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.multiprocessing.spawn(_spawned, args=(args.world_size, "file://" + os.path.join(tmp, "init"),
+                                                    methods, args.steps), nprocs=args.world_size)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,394 @@
+"""Gossip data-parallel wrappers: SGP, OSGP, D-PSGD (GossipDataParallel) and AD-PSGD
+(BilatGossipDataParallel), over gossipcc's native gossip collectives.
+
+Usage (every rank; `import gossipcc` and init_process_group(backend="gossipcc") first)::
+
+    model = gossipcc.GossipDataParallel(net, algorithm="sgp")      # or "osgp", "dpsgd"
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in batches:
+        loss = loss_fn(model(x), y)      # a training-mode forward runs this step's gossip first
+        opt.zero_grad(); loss.backward(); opt.step()
+    model.average_parameters()           # exact average (evaluation, end of training)
+
+No gradient is all-reduced: each rank takes optimizer steps on its own data and the gossip
+mixes parameters with a few peers per step. The gossip round runs at the start of every
+training-mode forward (one forward per optimizer step); eval-mode forwards do not gossip.
+
+GossipDataParallel(module, process_group=None, graph=None, peers_per_step=1,
+                   algorithm="sgp", synch_freq=0, broadcast_init=True)
+  algorithm  "sgp":   push-sum (Assran et al. 2019). Each rank keeps the push-sum numerator x
+                      and weight w; the module's parameters hold the de-biased z = x / w for the
+                      forward pass. The optimizer's update of z is added to x (x <- x - lr*g,
+                      the paper's update), then one synchronous push-sum round mixes (x, w).
+             "osgp":  overlapped push-sum: the round starts at one forward and runs in the
+                      background; it is folded in `synch_freq` steps later (default and minimum
+                      1). Folding adds (round result - snapshot sent) to x, so optimizer updates
+                      made meanwhile are kept and sum(x), sum(w) are conserved with the round in
+                      flight (the local x and w keep the full snapshot until the fold).
+             "dpsgd": symmetric gossip with Metropolis weights (Lian et al. 2017), no weight.
+  graph      peer graph spec (docs/gossip.md): default "exponential:peers=<peers_per_step>" for
+             SGP/OSGP and "ring" for D-PSGD (which needs a symmetric graph, e.g. "ring",
+             "bipartite_exponential", "hypercube", "complete").
+  broadcast_init  start every rank from rank 0's parameters and buffers (as DDP does).
+
+BilatGossipDataParallel(module, process_group=None, broadcast_init=True): AD-PSGD, see its class.
+
+Buffers (BatchNorm running statistics) are not gossiped: each rank's follow its own data.
+average_parameters() averages floating-point buffers exactly and takes rank 0's other buffers.
+All parameters must share one dtype and device (they travel as one message per round).
+"""
+import threading
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+from ._wrapper_utils import (average_buffers, broadcast_from_first, check_params, flatten, resolve_group,
+                             unflatten_into)
+
+ALGORITHMS = ("sgp", "osgp", "dpsgd")
+
+
+def _graph_spec(algorithm, graph, peers_per_step):
+    if not isinstance(peers_per_step, int) or peers_per_step < 1:
+        raise ValueError(f"GossipDataParallel: peers_per_step must be an integer >= 1, got {peers_per_step!r}")
+    if graph is None:
+        graph = "ring" if algorithm == "dpsgd" else "exponential"
+    if not isinstance(graph, str) or not graph:
+        raise ValueError(f"GossipDataParallel: graph must be a spec string such as \"exponential\", got {graph!r}")
+    if graph == "exponential":
+        return f"exponential:peers={peers_per_step}"
+    if peers_per_step != 1:
+        raise ValueError(f"GossipDataParallel: peers_per_step={peers_per_step} applies to graph=\"exponential\" only; "
+                         f"graph {graph!r} fixes its own peers")
+    return graph
+
+
+class GossipDataParallel(torch.nn.Module):
+    """SGP / OSGP / D-PSGD data parallelism (see the module docstring)."""
+
+    def __init__(self, module, process_group=None, graph=None, peers_per_step=1, algorithm="sgp",
+                 synch_freq=0, broadcast_init=True):
+        super().__init__()
+        algorithm = str(algorithm).lower()
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"GossipDataParallel: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+        if not isinstance(synch_freq, int) or synch_freq < 0:
+            raise ValueError(f"GossipDataParallel: synch_freq must be an integer >= 0, got {synch_freq!r}")
+        if algorithm != "osgp" and synch_freq != 0:
+            raise ValueError(f"GossipDataParallel: synch_freq (staleness) applies to algorithm=\"osgp\" only, "
+                             f"got synch_freq={synch_freq} with {algorithm!r}")
+        self.module = module
+        self.algorithm = algorithm
+        self.graph = _graph_spec(algorithm, graph, peers_per_step)
+        # Steps between starting a round and folding it in: 0 = synchronous.
+        self.staleness = max(1, synch_freq) if algorithm == "osgp" else 0
+        self.process_group, self._backend, self.rank, self.world_size = resolve_group(process_group)
+        _C.peer_graph_info(self.graph, self.world_size)  # InvalidArgumentError (a ValueError) naming the spec
+        self._params = list(module.parameters())
+        check_params(self._params, "GossipDataParallel")
+        if broadcast_init:
+            broadcast_from_first(self.process_group, self._params + list(module.buffers()))
+
+        self._local_step = 0  # training forwards so far
+        self._rounds = 0      # gossip rounds started; round r uses the graph at step r
+        self._pushsum = algorithm in ("sgp", "osgp")
+        # Push-sum state: numerator x (flat), weight w (float64 CPU, as the native round wants),
+        # and z_ref, the de-biased parameters last written into the module (so that the
+        # optimizer's update since then is params - z_ref).
+        self._x = flatten(self._params) if self._pushsum else None
+        self._z_ref = self._x.clone() if self._pushsum else None
+        self._w = torch.ones(1, dtype=torch.float64)
+        self._pending = None  # OSGP round in flight: (work, sent snapshot, result buffer, weight snapshot, weight buffer, started)
+
+    # ----------------------------------------------------------------------------- training
+    def forward(self, *inputs, **kwargs):
+        if self.training:
+            self.gossip_step()
+        return self.module(*inputs, **kwargs)
+
+    def gossip_step(self):
+        """This step's gossip (called by every training-mode forward; call it directly only if
+        you do not run the forward through the wrapper). Every rank must call it once per step."""
+        with torch.no_grad():
+            if self._pushsum:
+                self._pushsum_step()
+            else:
+                p = flatten(self._params)
+                self._backend.symmetric_gossip_round([p], self._rounds, self.graph).wait()
+                unflatten_into(p, self._params)
+                self._rounds += 1
+        self._local_step += 1
+
+    def _absorb_optimizer_update(self):
+        """x <- x + (params - z_ref): the optimizer's update of the de-biased parameters goes into
+        the numerator unscaled (SGP's x <- x - lr * grad f(z))."""
+        p = flatten(self._params)
+        if self._w.item() == 1.0 and self._pending is None:
+            self._x.copy_(p)  # z_ref == x exactly when w == 1: x + (p - x) is p, without rounding
+        else:
+            self._x.add_(p - self._z_ref)
+        self._z_ref = p
+
+    def _write_debiased(self):
+        w = self._w.item()
+        z = self._x.clone() if w == 1.0 else self._x / w
+        unflatten_into(z, self._params)
+        self._z_ref = z
+
+    def _pushsum_step(self):
+        self._absorb_optimizer_update()
+        if self.staleness == 0:
+            self._backend.push_sum_round([self._x], self._w, self._rounds, self.graph).wait()
+            self._rounds += 1
+        else:
+            if self._pending is not None and self._local_step - self._pending[5] >= self.staleness:
+                self._fold()
+            if self._pending is None:
+                self._start_round()
+        self._write_debiased()
+
+    def _start_round(self):
+        sent = self._x.clone()
+        buffer = self._x.clone()
+        w_sent = self._w.clone()
+        w_buffer = self._w.clone()
+        work = self._backend.push_sum_round([buffer], w_buffer, self._rounds, self.graph)
+        self._rounds += 1
+        self._pending = (work, sent, buffer, w_sent, w_buffer, self._local_step)
+
+    def _fold(self):
+        """Waits for the round in flight and adds (result - snapshot) to x and w."""
+        work, sent, buffer, w_sent, w_buffer, _ = self._pending
+        self._pending = None
+        work.wait()
+        self._x.add_(buffer - sent)
+        self._w.add_(w_buffer - w_sent)
+
+    def flush(self):
+        """Folds the OSGP round in flight now (no-op otherwise) and rewrites the de-biased
+        parameters. Local: waits only for messages peers have already sent."""
+        with torch.no_grad():
+            if self._pushsum:
+                self._absorb_optimizer_update()
+                if self._pending is not None:
+                    self._fold()
+                self._write_debiased()
+
+    sync_comms = flush  # the SGP reference's name
+
+    def average_parameters(self):
+        """Collective: every rank's parameters <- the exact average (push-sum: sum x / sum w, the
+        value push-sum converges to), bitwise equal on every rank; push-sum weight reset to 1.
+        Floating-point buffers are averaged too. For evaluation and the end of training."""
+        with torch.no_grad():
+            if self._pushsum:
+                self.flush()
+                x = self._x.clone()
+                w = self._w.clone()
+                dist.all_reduce(x, group=self.process_group)
+                dist.all_reduce(w, group=self.process_group)
+                avg = x / w.item()
+            else:
+                avg = flatten(self._params)
+                dist.all_reduce(avg, group=self.process_group)
+                avg.div_(self.world_size)
+            broadcast_from_first(self.process_group, [avg])
+            unflatten_into(avg, self._params)
+            if self._pushsum:
+                self._x.copy_(avg)
+                self._z_ref = avg.clone()
+                self._w.fill_(1.0)
+            average_buffers(self.process_group, self.world_size, list(self.module.buffers()))
+
+    # ----------------------------------------------------------------------------- state
+    @property
+    def ps_weight(self):
+        """This rank's push-sum weight (1.0 for D-PSGD). With an OSGP round in flight it is the
+        weight before that round's keep-share, matching the numerator's accounting, so the
+        weights of all ranks always sum to the world size."""
+        return self._w.item()
+
+    @property
+    def step(self):
+        """Training forwards (gossip steps) taken."""
+        return self._local_step
+
+    @property
+    def in_flight(self):
+        return self._pending is not None
+
+    def gossip_state(self):
+        return {"algorithm": self.algorithm, "graph": self.graph, "staleness": self.staleness,
+                "step": self._local_step, "rounds": self._rounds, "ps_weight": self._w.item(),
+                "numerator": None if self._x is None else self._x.clone()}
+
+    def state_dict(self, finish_gossip=True):
+        """{"module": module state dict (de-biased parameters), "gossip": step counters, push-sum
+        weight and numerator}. Folds an OSGP round in flight first (its messages cannot be
+        saved), so every rank should call it at the same step."""
+        if not finish_gossip and self._pending is not None:
+            raise RuntimeError("GossipDataParallel.state_dict: a gossip round is in flight; "
+                               "finish_gossip=False would lose it")
+        self.flush()
+        return {"module": self.module.state_dict(), "gossip": self.gossip_state()}
+
+    def load_state_dict(self, state):
+        """Restores a state_dict() (same algorithm, graph and model)."""
+        gossip = state["gossip"]
+        for key in ("algorithm", "graph", "staleness"):
+            if gossip[key] != getattr(self, key):
+                raise ValueError(f"GossipDataParallel.load_state_dict: checkpoint has {key}={gossip[key]!r}, "
+                                 f"this wrapper {key}={getattr(self, key)!r}")
+        if self._pending is not None:
+            self._fold()  # do not leave a transfer writing into buffers we drop
+        self.module.load_state_dict(state["module"])
+        self._local_step = int(gossip["step"])
+        self._rounds = int(gossip["rounds"])
+        self._w.fill_(float(gossip["ps_weight"]))
+        if self._pushsum:
+            numerator = gossip["numerator"]
+            if numerator.shape != self._x.shape:
+                raise ValueError(f"GossipDataParallel.load_state_dict: numerator has {numerator.numel()} elements, "
+                                 f"the model {self._x.numel()}")
+            self._x.copy_(numerator)
+            self._z_ref = flatten(self._params)
+
+
+class BilatGossipDataParallel(torch.nn.Module):
+    """AD-PSGD (Lian et al. 2018) with gossipcc's asynchronous bilateral exchange.
+
+    Usage (every rank)::
+
+        model = gossipcc.BilatGossipDataParallel(net)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in batches:          # ranks may run at different speeds and step counts
+            loss = loss_fn(model(x), y); opt.zero_grad(); loss.backward(); opt.step()
+        model.finish()                # every rank, once, at the end of training
+        model.average_parameters()    # optional: exact average
+
+    Odd ranks are active, even ranks passive. An active rank, at each training forward, sends its
+    parameters to its next passive peer (bipartite-exponential neighbours in turn), receives
+    that peer's and both sides set x <- (x + x_peer) / 2; it never waits for a global step.
+    A passive rank serves requests in a background thread, on a side buffer S: before each
+    request the thread adds the passive rank's optimizer updates made since the last one into
+    S, and after it the change the averaging made to S is queued; the training thread adds the
+    queued change to its parameters at its next forward. So a passive rank answers with its
+    parameters as of its latest forward (at most one local step stale), and the pair average
+    is exact on S: sum over ranks of the parameters changes only by optimizer updates.
+    finish(): active ranks tell their peers they are done; passive ranks wait until every
+    active peer is done, stop the thread and fold the last changes.
+    """
+
+    def __init__(self, module, process_group=None, broadcast_init=True):
+        super().__init__()
+        self.module = module
+        self.process_group, self._backend, self.rank, self.world_size = resolve_group(process_group)
+        self._params = list(module.parameters())
+        check_params(self._params, "BilatGossipDataParallel")
+        if self._params[0].device.type != "cpu":
+            raise ValueError("BilatGossipDataParallel: the asynchronous bilateral exchange needs CPU parameters")
+        if broadcast_init:
+            broadcast_from_first(self.process_group, self._params + list(module.buffers()))
+        self.active = self.rank % 2 == 1
+        self.exchanges = 0  # active: exchanges made; passive: requests answered
+        self._finished = False
+        self._error = None
+        self._thread = None
+        if not self.active and self.world_size > 1:
+            with torch.no_grad():
+                self._p_ref = flatten(self._params)       # parameters last written by this thread
+                self._side = self._p_ref.clone()          # S, owned by the serve thread
+                self._to_serve = torch.zeros_like(self._side)  # optimizer updates not yet in S
+                self._to_main = torch.zeros_like(self._side)   # averaging changes not yet in params
+            self._lock = threading.Lock()
+            self._served_before = _serve_stats(self._backend)[0]  # the group's counter is cumulative
+            self._thread = threading.Thread(target=self._serve_loop, name="gossipcc-bilat-serve", daemon=True)
+            self._thread.start()
+
+    def forward(self, *inputs, **kwargs):
+        if self.training and not self._finished:
+            self.exchange()
+        return self.module(*inputs, **kwargs)
+
+    def exchange(self):
+        """The step's gossip (called by every training-mode forward)."""
+        self._raise_thread_error()
+        with torch.no_grad():
+            if self.active:
+                p = flatten(self._params)
+                self._backend.async_bilateral_exchange([p]).wait()
+                unflatten_into(p, self._params)
+                self.exchanges += 1
+            elif self._thread is not None:
+                self._sync_with_server()
+
+    def _sync_with_server(self):
+        p = flatten(self._params)
+        with self._lock:
+            self._to_serve.add_(p - self._p_ref)
+            p.add_(self._to_main)
+            self._to_main.zero_()
+        unflatten_into(p, self._params)
+        self._p_ref = p
+
+    def _serve_loop(self):
+        try:
+            while True:
+                with self._lock:
+                    self._side.add_(self._to_serve)
+                    self._to_serve.zero_()
+                before = self._side.clone()
+                work = self._backend.async_bilateral_serve([self._side], 1)
+                work.wait()
+                exchanges, all_finished = _serve_stats(self._backend)
+                with self._lock:
+                    self._to_main.add_(self._side - before)
+                    self.exchanges = exchanges - self._served_before
+                if all_finished:
+                    return
+        except BaseException as e:  # noqa: BLE001 - re-raised on the training thread
+            self._error = e
+
+    def _raise_thread_error(self):
+        if self._error is not None:
+            raise RuntimeError(f"BilatGossipDataParallel (rank {self.rank}): the serving thread failed: "
+                               f"{self._error}") from self._error
+
+    def finish(self):
+        """Every rank, once, after its last training step (see the class docstring)."""
+        if self._finished:
+            return
+        with torch.no_grad():
+            if self.active:
+                p = flatten(self._params)
+                self._backend.async_bilateral_finish([p]).wait()
+            elif self._thread is not None:
+                self._thread.join()
+                self._thread = None
+                self._raise_thread_error()
+                self._sync_with_server()
+        self._finished = True
+
+    def average_parameters(self):
+        """Collective, after finish(): parameters (and floating buffers) <- exact average,
+        bitwise equal on every rank."""
+        if not self._finished:
+            raise RuntimeError("BilatGossipDataParallel.average_parameters: call finish() first "
+                               "(passive ranks are still serving exchanges)")
+        with torch.no_grad():
+            avg = flatten(self._params)
+            dist.all_reduce(avg, group=self.process_group)
+            avg.div_(self.world_size)
+            broadcast_from_first(self.process_group, [avg])
+            unflatten_into(avg, self._params)
+            average_buffers(self.process_group, self.world_size, list(self.module.buffers()))
+
+
+
+def _serve_stats(backend):
+    """(requests answered so far, every active peer finished) of this passive rank."""
+    stats = backend.async_bilateral_stats()
+    if isinstance(stats, dict):
+        return int(stats["exchanges"]), bool(stats["all_active_finished"])
+    return int(stats.exchanges), bool(stats.all_active_finished)
