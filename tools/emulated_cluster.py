@@ -381,6 +381,7 @@ class EmulatedCluster:
             if timeout is not None and time.monotonic() - start > timeout:
                 running = [r for r, c in enumerate(codes) if c is None]
                 failed = f"ranks {running} still running after {timeout:.0f}s"
+                _ask_for_stacks([procs[r] for r in running])
                 break
             time.sleep(0.05)
         wall = time.monotonic() - start
@@ -389,6 +390,17 @@ class EmulatedCluster:
             raise ClusterError(failed)
         after = self.all_tx_bytes()
         return RunResult(wall, [a - b for a, b in zip(after, before)])
+
+
+def _ask_for_stacks(procs, grace=2.0):
+    """SIGUSR1 to hung ranks: a Python rank that registered faulthandler for it (the job's and
+    benchmarks' workers do) prints every thread's stack to its log before being killed."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    time.sleep(grace)
 
 
 class RunResult:
@@ -436,7 +448,9 @@ class LocalCluster:
                 if all(c == 0 for c in codes):
                     return RunResult(time.monotonic() - start, [None] * self.n)
                 if timeout is not None and time.monotonic() - start > timeout:
-                    raise ClusterError(f"ranks still running after {timeout:.0f}s")
+                    running = [r for r, c in enumerate(codes) if c is None]
+                    _ask_for_stacks([procs[r] for r in running])
+                    raise ClusterError(f"ranks {running} still running after {timeout:.0f}s")
                 time.sleep(0.05)
         finally:
             for p in procs:

@@ -62,7 +62,11 @@ def run_ranks(cluster, script, args, timeout=600, env=None):
 
 
 def worker_env():
-    """(rank, world_size) from the environment the cluster gave this rank."""
+    """(rank, world_size) from the environment the cluster gave this rank. Also lets the driver
+    ask a hung rank for its stacks (SIGUSR1)."""
+    import faulthandler
+    import signal
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 

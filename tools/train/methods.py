@@ -11,10 +11,12 @@ import torch.distributed as dist
 class Method:
     """name: registry key; backend: "gossipcc" or "gloo"; configure(gossipcc): called before
     init_process_group; wrap(module) -> the module to train; finish(wrapped): called after
-    the last step (e.g. drain gossip in flight); exact: replicas agree after every step."""
+    the last step (e.g. drain gossip in flight); exact: replicas agree after every step;
+    average(wrapped): collective that sets every replica to the exact average (gossip methods:
+    the model one would deploy; the job reports its accuracy too)."""
 
     def __init__(self, name, description, backend, wrap, configure=None, finish=None, exact=True,
-                 baseline=False):
+                 baseline=False, average=None):
         self.name = name
         self.description = description
         self.backend = backend
@@ -23,6 +25,7 @@ class Method:
         self.finish = finish or (lambda wrapped: None)
         self.exact = exact
         self.baseline = baseline
+        self.average = average  # (wrapped) -> None: exact average of the replicas (gossip methods)
 
 
 REGISTRY = {}
@@ -80,6 +83,38 @@ for _r in (1, 2):
                         allreduce=f"powersgd:rank={r},start_iter={POWERSGD_START_ITER}")))
     register(Method(f"torch-powersgd-r{_r}", f"PowerSGD rank {_r}: DDP on gloo with PyTorch's powerSGD_hook",
                     "gloo", _torch_powersgd(_r)))
+
+
+def _gossip(algorithm, **kwargs):
+    def wrap(module):
+        import gossipcc
+        return gossipcc.GossipDataParallel(module, algorithm=algorithm, **kwargs)
+    return wrap
+
+
+def _flush(model):
+    model.flush()  # OSGP: fold the round still in flight
+
+
+def _adpsgd(module):
+    import gossipcc
+    return gossipcc.BilatGossipDataParallel(module)
+
+
+def _average(model):
+    model.average_parameters()
+
+
+register(Method("sgp", "SGP: push-sum gossip, one peer per step, exponential graph (GossipDataParallel)",
+                "gossipcc", _gossip("sgp", graph="exponential", peers_per_step=1), exact=False,
+                average=_average))
+register(Method("osgp", "OSGP: overlapped push-sum (1 step stale), one peer, exponential graph",
+                "gossipcc", _gossip("osgp", graph="exponential", peers_per_step=1, synch_freq=1),
+                finish=_flush, exact=False, average=_average))
+register(Method("dpsgd", "D-PSGD: symmetric gossip, Metropolis weights, ring (GossipDataParallel)",
+                "gossipcc", _gossip("dpsgd", graph="ring"), exact=False, average=_average))
+register(Method("adpsgd", "AD-PSGD: asynchronous bilateral exchange (BilatGossipDataParallel)",
+                "gossipcc", _adpsgd, finish=lambda model: model.finish(), exact=False, average=_average))
 
 
 def names(spec):

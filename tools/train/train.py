@@ -65,6 +65,7 @@ def summarize(name, ranks, target):
         "final_test_loss": curve[-1]["test_loss"],
         "final_test_acc": curve[-1]["test_acc"],
         "final_test_acc_min_rank": min(e[-1]["test_acc"] for e in evals),
+        "averaged_test_acc": ends[0].get("averaged_test_acc"),
         "time_to_target": reached["time"] if reached else None,
         "steps_to_target": reached["step"] if reached else None,
         "curve": curve,
@@ -74,19 +75,20 @@ def summarize(name, ranks, target):
 def format_table(rows, target, baseline):
     base = next((r for r in rows if r["method"] == baseline and r.get("time_to_target")), None)
     header = ("| method | s/step | MB sent/rank/step | final train loss | final test acc | "
-              f"time to {100 * target:.0f}% (s) | speed-up vs {baseline} |")
+              f"test acc, averaged model | time to {100 * target:.0f}% (s) | speed-up vs {baseline} |")
     lines = [header, "|---" * (header.count("|") - 1) + "|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['method']} | failed: {r['error']} | | | | | |")
+            lines.append(f"| {r['method']} | failed: {r['error']} | | | | | | |")
             continue
         mb = "-" if r["bytes_per_rank_per_step"] is None else f"{r['bytes_per_rank_per_step'] / 1e6:.3f}"
         ttt = "not reached" if r["time_to_target"] is None else f"{r['time_to_target']:.2f}"
         speed = "-"
         if base and r["time_to_target"]:
             speed = f"{base['time_to_target'] / r['time_to_target']:.2f}x"
+        avg = "-" if r.get("averaged_test_acc") is None else f"{100 * r['averaged_test_acc']:.1f}%"
         lines.append(f"| {r['method']} | {r['time_per_step']:.4f} | {mb} | {r['final_loss']:.4f} | "
-                     f"{100 * r['final_test_acc']:.1f}% | {ttt} | {speed} |")
+                     f"{100 * r['final_test_acc']:.1f}% | {avg} | {ttt} | {speed} |")
     return "\n".join(lines)
 
 

@@ -116,6 +116,9 @@ def main(argv=None):
     p.add_argument("--out", required=True, help="JSON lines file for this rank")
     p.add_argument("--progress", action="store_true", help="show a progress line (rank 0)")
     args = p.parse_args(argv)
+    import faulthandler
+    import signal
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the driver asks for stacks on a hang
 
     import datetime
     import torch.distributed as dist
@@ -173,8 +176,12 @@ def main(argv=None):
                 eval_point(step)
                 loss_sum, loss_n = 0.0, 0
         tx = tx_counter()
-        record({"type": "end", "steps": args.steps, "train_time": train_time,
-                "tx_bytes": None if tx is None or tx0 is None else tx - tx0})
+        end = {"type": "end", "steps": args.steps, "train_time": train_time,
+               "tx_bytes": None if tx is None or tx0 is None else tx - tx0}
+        if method.average is not None:
+            method.average(model)  # after the counters: the final averaging is not a training step
+            end["averaged_test_loss"], end["averaged_test_acc"] = evaluate(module, x_test, y_test)
+        record(end)
     dist.barrier()
     dist.destroy_process_group()
 
