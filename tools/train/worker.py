@@ -84,6 +84,7 @@ class Progress:
     def __init__(self, method, steps, enabled):
         self.method, self.steps, self.enabled = method, steps, enabled
         self.tty = enabled and sys.stdout.isatty()
+        self.quarter = -1  # not a terminal: a line per quarter of the run
 
     def show(self, step, train_time, loss, acc, final=False):
         if not self.enabled:
@@ -94,7 +95,8 @@ class Progress:
                 f"  {train_time:6.1f} s  loss {loss:.3f}  test acc {100 * acc:5.1f}%")
         if self.tty:
             sys.stdout.write("\r" + line + ("\n" if final else ""))
-        elif final or step % max(1, self.steps // 4) == 0:
+        elif final or 4 * step // self.steps > self.quarter:
+            self.quarter = 4 * step // self.steps
             sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
