@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """An emulated cluster on one machine: each rank is its own "host" in a network namespace.
 
-Topology (docs/benchmarks.md, "Emulated network"):
+Topology (docs/benchmarks.md, "Over an emulated network"); namespaces are named
+gcc<pid>-<token>-hub and gcc<pid>-<token>-r<rank>:
 
     namespace <prefix>-r0 ... <prefix>-r{n-1}      namespace <prefix>-hub
       ve0  198.18.0.1/15  ----------- veth -----------  p0 \
@@ -31,7 +32,11 @@ GOSSIPCC_NETNS_IFACE (the same name, for reading /sys/class/net/<iface>/statisti
 from inside the rank: `ip netns exec` mounts the namespace's own sysfs).
 
 Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2 (`ip`, `tc`); where that is missing
-the cluster raises NamespacesUnavailable with the reason.
+the cluster raises NamespacesUnavailable with the reason. Kernels without sch_netem (this
+project's CI machine) refuse the delay presets with a ClusterError saying so.
+
+For Python callers: EmulatedCluster (above), LocalCluster (the same run() over loopback, no
+namespaces), rank_tx_bytes() (inside a rank: its NIC's tx counter).
 """
 import argparse
 import os
@@ -153,7 +158,7 @@ def cleanup_stale():
     """Removes namespaces left by runs whose process is gone (killed with SIGKILL). Returns them."""
     removed = []
     for ns in list_namespaces():
-        m = re.match(rf"^{NAME_PREFIX}(\d+)[a-z0-9]*-", ns)
+        m = re.match(rf"^{NAME_PREFIX}(\d+)-[0-9a-f]{{4}}-", ns)
         if m and not _pid_alive(int(m.group(1))):
             subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
             removed.append(ns)
@@ -196,7 +201,7 @@ class EmulatedCluster:
         self.n = n
         self.network = network
         self.rate, self.delay = parse_network(network)
-        self.name = f"{NAME_PREFIX}{os.getpid()}{secrets.token_hex(2)}"
+        self.name = f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(2)}"
         self.hub = f"{self.name}-hub"
         self.quiet = quiet
         self._made = []

@@ -18,7 +18,7 @@ TOOLS = os.environ.get("GOSSIPCC_TOOLS", os.path.dirname(ec.__file__))
 def namespaces_or_skip():
     try:
         ec.check_namespaces_allowed()
-        probe = f"{ec.NAME_PREFIX}{os.getpid()}probe-r0"
+        probe = f"{ec.NAME_PREFIX}{os.getpid()}-probe-r0"
         proc = subprocess.run(["ip", "netns", "add", probe], stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             raise ec.NamespacesUnavailable(f"`ip netns add` refused: {proc.stderr.strip()}")
@@ -29,6 +29,21 @@ def namespaces_or_skip():
 
 def ours(cluster_name):
     return [ns for ns in ec.list_namespaces() if ns.startswith(cluster_name)]
+
+
+def test_cleanup_removes_only_dead_runs():
+    namespaces_or_skip()
+    dead = f"{ec.NAME_PREFIX}999999999-abcd-r0"  # no such pid
+    alive = f"{ec.NAME_PREFIX}{os.getpid()}-abcd-r0"
+    for ns in (dead, alive):
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        removed = ec.cleanup_stale()
+        assert dead in removed and alive not in removed
+        assert alive in ec.list_namespaces()
+    finally:
+        for ns in (dead, alive):
+            subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
 
 
 def test_parse_network():
@@ -96,7 +111,7 @@ def test_ctrl_c_removes_everything():
     deadline = time.monotonic() + 20
     mine = []
     while time.monotonic() < deadline and len(mine) < 3:
-        mine = [ns for ns in set(ec.list_namespaces()) - before if ns.startswith(f"{ec.NAME_PREFIX}{proc.pid}")]
+        mine = [ns for ns in set(ec.list_namespaces()) - before if ns.startswith(f"{ec.NAME_PREFIX}{proc.pid}-")]
         time.sleep(0.1)
     assert len(mine) == 3, f"cluster did not come up: {mine}"
     time.sleep(0.5)  # let the ranks start
@@ -104,7 +119,7 @@ def test_ctrl_c_removes_everything():
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 130, err
     assert "interrupted" in err
-    left = [ns for ns in ec.list_namespaces() if ns.startswith(f"{ec.NAME_PREFIX}{proc.pid}")]
+    left = [ns for ns in ec.list_namespaces() if ns.startswith(f"{ec.NAME_PREFIX}{proc.pid}-")]
     assert left == []
 
 
