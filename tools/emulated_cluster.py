@@ -166,7 +166,8 @@ def cleanup_stale():
 
 
 class _Signals:
-    """Turns SIGTERM/SIGHUP into KeyboardInterrupt while a cluster is up, so `finally` cleans up."""
+    """Turns SIGINT/SIGTERM/SIGHUP into KeyboardInterrupt while a cluster is up, so `finally`
+    cleans up (SIGINT too: a shell starts background jobs with SIGINT ignored)."""
 
     def __init__(self):
         self.saved = {}
@@ -174,7 +175,7 @@ class _Signals:
     def install(self):
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in (signal.SIGTERM, signal.SIGHUP):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self.saved[sig] = signal.signal(sig, self._raise)
 
     @staticmethod
@@ -492,7 +493,6 @@ def main(argv=None):
     parser.add_argument("--timeout", type=float, default=None, help="seconds before the ranks are killed")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if our parent ignores Ctrl-C
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if cmd == ["presets"]:
         for name, (rate, delay) in PRESETS.items():

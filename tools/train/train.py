@@ -191,6 +191,9 @@ def main(argv=None):
               "train: run as root, or pass --network local to run the ranks over loopback without shaping",
               file=sys.stderr)
         return 2
+    except emulated_cluster.ClusterError as e:
+        print(f"train: could not set up the emulated network: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("\ntrain: interrupted; rank processes stopped and namespaces removed", file=sys.stderr)
         return 130
