@@ -102,7 +102,8 @@ def test_failing_rank_stops_the_others_and_cleans_up():
     assert ours(cluster.name) == []
 
 
-def test_ctrl_c_removes_everything():
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_and_sigterm_remove_everything(sig):
     namespaces_or_skip()
     before = set(ec.list_namespaces())
     proc = subprocess.Popen([sys.executable, os.path.join(TOOLS, "emulated_cluster.py"), "--ranks", "2",
@@ -115,7 +116,7 @@ def test_ctrl_c_removes_everything():
         time.sleep(0.1)
     assert len(mine) == 3, f"cluster did not come up: {mine}"
     time.sleep(0.5)  # let the ranks start
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 130, err
     assert "interrupted" in err
