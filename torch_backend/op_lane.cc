@@ -8,6 +8,16 @@
 namespace gossipcc {
 namespace torch_backend {
 
+namespace {
+
+// The communicator holds views, not owners: `issue` owns (by capture) every tensor the
+// collective reads or writes, so it lives until the collective is done.
+void KeepUntilDone(Work& work, std::function<std::shared_ptr<Work>()> issue) {
+  work.add_done_callback([keep = std::move(issue)]() {});
+}
+
+}  // namespace
+
 OpLane::~OpLane() { Stop("the process group was destroyed"); }
 
 std::shared_ptr<Work> OpLane::Submit(std::string description, std::function<void()> task, bool uses_collectives) {
@@ -31,13 +41,15 @@ std::shared_ptr<Work> OpLane::Issue(std::string description, std::function<std::
   if (s_->collective_tasks == 0 || s_->stopped) {
     // Issued under the lock: no collective task can be queued (and so issue) before it.
     // After Stop the communicator itself refuses the call with its own error.
-    return issue();
+    std::shared_ptr<Work> inner = issue();
+    KeepUntilDone(*inner, std::move(issue));
+    return inner;
   }
   auto proxy = std::make_shared<CompletionWork>(std::move(description));
   lock.unlock();
   // An issue-only task: it posts the collective (non-blocking) and lets it complete the proxy.
   Submit(proxy->description() + " (issue)",
-         [issue = std::move(issue), proxy]() {
+         [issue = std::move(issue), proxy]() mutable {
            std::shared_ptr<Work> inner;
            try {
              inner = issue();
@@ -47,6 +59,7 @@ std::shared_ptr<Work> OpLane::Issue(std::string description, std::function<std::
            }
            Work* raw = inner.get();  // alive while its own callbacks run
            inner->add_done_callback([raw, proxy]() { proxy->Complete(raw->exception()); });
+           KeepUntilDone(*inner, std::move(issue));
          },
          /*uses_collectives=*/true);
   return proxy;

@@ -42,7 +42,8 @@ class OpLane {
 
   // Issues a plain collective (`issue` calls the communicator and returns its Work): at once
   // when no collective-issuing task is queued or running, else queued behind them; the
-  // returned Work completes with the collective.
+  // returned Work completes with the collective. `issue` (and so whatever it captured, e.g.
+  // the tensors behind the communicator's views) is kept until the collective completes.
   std::shared_ptr<Work> Issue(std::string description, std::function<std::shared_ptr<Work>()> issue);
 
   // Submits `task` and waits for it, rethrowing its error. Must not be called from the lane's

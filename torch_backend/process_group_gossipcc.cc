@@ -122,7 +122,17 @@ ProcessGroupGossipcc::ProcessGroupGossipcc(const c10::intrusive_ptr<::c10d::Stor
 
 ProcessGroupGossipcc::~ProcessGroupGossipcc() { shutdown(); }
 
+namespace {
+BlockingRegionFactory& BlockingRegions() {
+  static BlockingRegionFactory factory;
+  return factory;
+}
+}  // namespace
+
+void SetBlockingRegionFactory(BlockingRegionFactory factory) { BlockingRegions() = std::move(factory); }
+
 void ProcessGroupGossipcc::shutdown() {
+  std::shared_ptr<void> region = BlockingRegions() ? BlockingRegions()() : nullptr;
   // The communicator first: a lane task blocked in it fails at once, so the lanes stop promptly.
   if (communicator_) communicator_->shutdown();
   if (lane_) lane_->Stop("the process group was shut down");

@@ -50,6 +50,15 @@ struct ProcessGroupOptions {
   CommunicatorOptions communicator;
 };
 
+// Blocking regions: shutdown() joins threads of ours that may need the Python GIL (to run a
+// future's Python callback, or to release a tensor whose Python object died while C++ held
+// it). When the process group is destroyed from Python with the GIL held (e.g. DDP's Reducer
+// dropping the last reference), joining them would deadlock. The Python module installs a
+// factory whose result, while alive, releases the GIL if this thread holds it; without one
+// (C++ users) nothing is done.
+using BlockingRegionFactory = std::function<std::shared_ptr<void>()>;
+void SetBlockingRegionFactory(BlockingRegionFactory factory);
+
 class ProcessGroupGossipcc : public C10dBackendBase {
  public:
   // Rendezvous through `store` (c10d's, typically a PrefixStore made by init_process_group).

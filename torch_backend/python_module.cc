@@ -160,6 +160,13 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<PeerError>(m, "PeerError", comm_error.ptr());
   py::register_exception<AbortedError>(m, "AbortedError", comm_error.ptr());
 
+  // Shutting a process group down (also from its destructor, which Python may run with the
+  // GIL held) joins threads that may need the GIL: release it for that time.
+  SetBlockingRegionFactory([]() -> std::shared_ptr<void> {
+    if (!Py_IsInitialized() || !PyGILState_Check()) return nullptr;
+    return std::make_shared<py::gil_scoped_release>();
+  });
+
   m.attr("TORCH_HAS_BACKEND_CLASS") = kTorchHasBackendClass;
   m.def("parse_allreduce_policy", [](const std::string& text) { return AllreducePolicy::Parse(text).ToString(); },
         "Validates an allreduce policy string and returns its normal form.");

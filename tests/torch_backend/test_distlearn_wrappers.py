@@ -26,9 +26,8 @@ def center_flat(ea):
     return ea.state_dict()["center"]  # float64, exact
 
 
-def easgd_worker(rank, world_size):
+def easgd(rank, world_size):
     import gossipcc
-    init(rank, world_size)
 
     def make(seed):
         model = make_model(seed)
@@ -69,21 +68,15 @@ def easgd_worker(rank, world_size):
 
     with pytest.raises(Exception, match="tau"):
         gossipcc.AllReduceEA(make_model(0), tau=0, alpha=0.5)
-    dist.destroy_process_group()
     return losses
 
 
-def test_elastic_averaging():
-    run_ranks(easgd_worker, WORLD)
-
-
-def uneven_worker(rank, world_size):
+def uneven(rank, world_size):
     import gossipcc
-    init(rank, world_size)
     model = make_model(rank)
     sgd = gossipcc.AllReduceSGD(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    steps = 20 + 4 * rank  # uneven shards
+    steps = 28 + 4 * rank  # uneven shards
     losses, contributors = [], []
     for i in range(steps):
         x, y = batch(rank, i)
@@ -93,19 +86,35 @@ def uneven_worker(rank, world_size):
         contributors.append(sgd.sum_and_normalize_gradients()[0])
         opt.step()
         losses.append(loss.item())
-        if i < 20:  # everyone still contributes: replicas stay bitwise equal
+        if i < 28:  # everyone still contributes: replicas stay bitwise equal
             replicas = gather(flat_params(model))
             assert all(torch.equal(r, replicas[0]) for r in replicas), i
     sgd.finish()
     final = gather(flat_params(model))
     assert all(torch.equal(f, final[0]) for f in final), "not bitwise equal after finish()"
     assert loss_drop(losses) < 0.5, losses
-    # Ranks 0..3 run 20, 24, 28, 32 steps: contributors per step 4 (20 steps), 3, 2, 1.
-    expected = [4] * 20 + [3] * 4 + [2] * 4 + [1] * 4
+    # Ranks 0..3 run 28, 32, 36, 40 steps: contributors per step 4 (28 steps), 3, 2, 1.
+    expected = [4] * 28 + [3] * 4 + [2] * 4 + [1] * 4
     assert contributors == expected[:steps], contributors
-    dist.destroy_process_group()
     return steps
 
 
-def test_uneven_allreduce_sgd():
-    assert run_ranks(uneven_worker, WORLD) == [20, 24, 28, 32]
+def worker(rank, world_size):
+    # One set of processes for both (starting 4 Python processes costs more than the checks).
+    init(rank, world_size)
+    results = {"easgd": easgd(rank, world_size), "uneven": uneven(rank, world_size)}
+    dist.destroy_process_group()
+    return results
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_ranks(worker, WORLD, timeout=240)
+
+
+def test_elastic_averaging(results):
+    assert all(len(r["easgd"]) == 40 for r in results)  # the checks run inside the worker
+
+
+def test_uneven_allreduce_sgd(results):
+    assert [r["uneven"] for r in results] == [28, 32, 36, 40]

@@ -1,7 +1,7 @@
 """Trains one small classifier with each of gossipcc's training algorithms (docs/algorithms.md).
 
     PYTHONPATH=bazel-bin/torch_backend python3 torch_backend/python/examples/train_algorithms.py \
-        --world-size 4 --steps 60 --methods sgp,osgp,dpsgd,adpsgd,easgd,uneven,allreduce,powersgd
+        --world-size 4 --steps 60 --methods sgp,osgp,dpsgd,adpsgd,easgd,uneven,allreduce,powersgd,powersgd_hook,gossip_hook
 
 Standalone it starts --world-size local ranks itself (file:// rendezvous); under torchrun
 (`python3 -m gossipcc.torchrun --nproc_per_node=4 train_algorithms.py`) it uses env://.
@@ -125,6 +125,32 @@ def train_ddp(rank, steps, policy):
     return model.module, losses
 
 
+def train_ddp_hook(rank, steps, hook):
+    """DDP with one of gossipcc's comm hooks: native PowerSGD, or D-PSGD gossip (no all-reduce)."""
+    import gossipcc.hooks
+    model = torch.nn.parallel.DistributedDataParallel(make_model())
+    if hook == "powersgd":
+        state = gossipcc.hooks.PowerSGDState(process_group=None, matrix_approximation_rank=2,
+                                             start_powerSGD_iter=10, module=model.module)
+        model.register_comm_hook(state, gossipcc.hooks.powerSGD_hook)
+    else:
+        model.register_comm_hook(gossipcc.hooks.GossipHookState(graph="ring"), gossipcc.hooks.gossip_hook)
+    opt = sgd(model)
+    losses = []
+    for x, y in batches(rank, steps):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    if hook == "gossip":  # replicas are close, not equal: evaluate their exact average
+        with torch.no_grad():
+            for p in model.module.parameters():
+                dist.all_reduce(p)
+                p.div_(dist.get_world_size())
+    return model.module, losses
+
+
 METHODS = {
     "sgp": lambda rank, steps: train_gossip("sgp", rank, steps),
     "osgp": lambda rank, steps: train_gossip("osgp", rank, steps, synch_freq=1),
@@ -134,6 +160,8 @@ METHODS = {
     "uneven": train_uneven,
     "allreduce": lambda rank, steps: train_ddp(rank, steps, "exact"),
     "powersgd": lambda rank, steps: train_ddp(rank, steps, "powersgd:rank=2,start_iter=10"),
+    "powersgd_hook": lambda rank, steps: train_ddp_hook(rank, steps, "powersgd"),
+    "gossip_hook": lambda rank, steps: train_ddp_hook(rank, steps, "gossip"),
 }
 
 
@@ -153,9 +181,9 @@ def run(rank, world_size, init_method, methods, steps):
         acc = accuracy(model)
         rows.append((name, losses[0], sum(losses[-5:]) / len(losses[-5:]), acc))
     if rank == 0:
-        print(f"{'method':<10} {'first loss':>10} {'last loss':>10} {'accuracy':>9}")
+        print(f"{'method':<14} {'first loss':>10} {'last loss':>10} {'accuracy':>9}")
         for name, first, last, acc in rows:
-            print(f"{name:<10} {first:>10.4f} {last:>10.4f} {acc:>9.3f}")
+            print(f"{name:<14} {first:>10.4f} {last:>10.4f} {acc:>9.3f}")
         sys.stdout.flush()
     dist.barrier()
     dist.destroy_process_group()

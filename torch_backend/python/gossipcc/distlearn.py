@@ -104,6 +104,11 @@ class AllReduceSGD:
         self.process_group, self._backend, self.rank, self.world_size = resolve_group(process_group)
         self._params = list(module.parameters())
         check_params(self._params, "AllReduceSGD")
+        # Gradients of the trainable parameters only (frozen ones get no .grad, so that weight
+        # decay cannot move them); every parameter is synchronised at the end.
+        self._trainable = [p for p in self._params if p.requires_grad]
+        if not self._trainable:
+            raise ValueError("AllReduceSGD: the module has no trainable parameters (requires_grad)")
         self._sgd = _C.UnevenAllReduceSGD()
         self._finished = False
         self.last_contributors = self.world_size
@@ -113,7 +118,7 @@ class AllReduceSGD:
 
     def _grads(self):
         grads = []
-        for p in self._params:
+        for p in self._trainable:
             if p.grad is None:  # every rank must send the same sizes: an absent gradient is zero
                 p.grad = torch.zeros_like(p)
             if not p.grad.is_contiguous():
@@ -138,12 +143,12 @@ class AllReduceSGD:
         if self._finished:
             return
         with torch.no_grad():
-            scratch = [torch.zeros_like(p) for p in self._params]
+            scratch = [torch.zeros_like(p) for p in self._trainable]
             while self._sgd.join_until_all_done(self._backend, scratch):
                 for s in scratch:
                     s.zero_()
             self._sgd.synchronize_parameters(self._backend, [p.data for p in self._params])
-            for p in self._params:
+            for p in self._trainable:
                 if p.grad is not None:
                     p.grad.zero_()
         self._finished = True

@@ -12,7 +12,8 @@ Usage (every rank; `import gossipcc` and init_process_group(backend="gossipcc") 
 
 No gradient is all-reduced: each rank takes optimizer steps on its own data and the gossip
 mixes parameters with a few peers per step. The gossip round runs at the start of every
-training-mode forward (one forward per optimizer step); eval-mode forwards do not gossip.
+training-mode forward (one forward per optimizer step; wrap extra forwards, e.g. gradient
+accumulation, in `with model.no_gossip():`); eval-mode forwards do not gossip.
 
 GossipDataParallel(module, process_group=None, graph=None, peers_per_step=1,
                    algorithm="sgp", synch_freq=0, broadcast_init=True)
@@ -35,8 +36,13 @@ BilatGossipDataParallel(module, process_group=None, broadcast_init=True): AD-PSG
 
 Buffers (BatchNorm running statistics) are not gossiped: each rank's follow its own data.
 average_parameters() averages floating-point buffers exactly and takes rank 0's other buffers.
-All parameters must share one dtype and device (they travel as one message per round).
+All parameters must share one dtype and device (they travel as one message per round); move
+the model to its device before wrapping it. state_dict()/load_state_dict() carry the gossip
+state (step, push-sum weight and numerator; an OSGP round in flight is folded first). Call
+flush() or average_parameters() before destroying the process group so that no OSGP round is
+left in flight.
 """
+import contextlib
 import threading
 
 import torch
@@ -90,7 +96,8 @@ class GossipDataParallel(torch.nn.Module):
         if broadcast_init:
             broadcast_from_first(self.process_group, self._params + list(module.buffers()))
 
-        self._local_step = 0  # training forwards so far
+        self._gossip_on_forward = True
+        self._local_step = 0  # gossip steps so far
         self._rounds = 0      # gossip rounds started; round r uses the graph at step r
         self._pushsum = algorithm in ("sgp", "osgp")
         # Push-sum state: numerator x (flat), weight w (float64 CPU, as the native round wants),
@@ -103,9 +110,20 @@ class GossipDataParallel(torch.nn.Module):
 
     # ----------------------------------------------------------------------------- training
     def forward(self, *inputs, **kwargs):
-        if self.training:
+        if self.training and self._gossip_on_forward:
             self.gossip_step()
         return self.module(*inputs, **kwargs)
+
+    @contextlib.contextmanager
+    def no_gossip(self):
+        """Forwards inside this context do not gossip (e.g. the extra micro-batches of gradient
+        accumulation: gossip once per optimizer step)."""
+        previous = self._gossip_on_forward
+        self._gossip_on_forward = False
+        try:
+            yield
+        finally:
+            self._gossip_on_forward = previous
 
     def gossip_step(self):
         """This step's gossip (called by every training-mode forward; call it directly only if
@@ -223,10 +241,14 @@ class GossipDataParallel(torch.nn.Module):
                 "step": self._local_step, "rounds": self._rounds, "ps_weight": self._w.item(),
                 "numerator": None if self._x is None else self._x.clone()}
 
-    def state_dict(self, finish_gossip=True):
+    def state_dict(self, *args, finish_gossip=True, **kwargs):
         """{"module": module state dict (de-biased parameters), "gossip": step counters, push-sum
         weight and numerator}. Folds an OSGP round in flight first (its messages cannot be
-        saved), so every rank should call it at the same step."""
+        saved), so every rank should call it at the same step. Called with nn.Module's
+        arguments (destination, prefix, keep_vars: a parent module collecting its children's
+        state) it behaves as nn.Module.state_dict."""
+        if args or kwargs:
+            return super().state_dict(*args, **kwargs)
         if not finish_gossip and self._pending is not None:
             raise RuntimeError("GossipDataParallel.state_dict: a gossip round is in flight; "
                                "finish_gossip=False would lose it")

@@ -1,0 +1,131 @@
+// OpLane (torch_backend/op_lane.h): tasks run one at a time in order; plain collectives are
+// issued at once unless a collective-issuing task is queued or running; Stop fails what is
+// queued. Torch-free, so it also runs under the sanitizer configs.
+#include "torch_backend/op_lane.h"
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <stdexcept>
+#include <vector>
+
+#include "comm/errors.h"
+#include "gtest/gtest.h"
+
+namespace gossipcc {
+namespace torch_backend {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(OpLaneTest, TasksRunInOrderAndReportErrors) {
+  OpLane lane("test");
+  std::vector<int> order;
+  std::vector<std::shared_ptr<Work>> works;
+  for (int i = 0; i < 20; ++i) {
+    works.push_back(lane.Submit("task " + std::to_string(i), [&order, i] { order.push_back(i); }, i % 2 == 0));
+  }
+  auto failing = lane.Submit("failing", [] { throw MismatchError("ranks disagree"); }, true);
+  for (auto& w : works) w->wait();
+  EXPECT_THROW(
+      try { failing->wait(); } catch (const MismatchError& e) {
+        EXPECT_STREQ(e.what(), "ranks disagree");
+        throw;
+      },
+      MismatchError);
+  std::vector<int> expected(20);
+  for (int i = 0; i < 20; ++i) expected[i] = i;
+  EXPECT_EQ(order, expected);
+}
+
+TEST(OpLaneTest, IssuesAtOnceWhenNoCollectiveTaskIsPending) {
+  OpLane lane("test");
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  // A running task that issues no collectives does not hold plain collectives back.
+  auto p2p_task = lane.Submit("gossip round", [gate] { gate.wait(); }, /*uses_collectives=*/false);
+  bool issued = false;
+  auto inner = std::make_shared<CompletionWork>("inner");
+  auto work = lane.Issue("allreduce", [&] {
+    issued = true;
+    return inner;
+  });
+  EXPECT_TRUE(issued);
+  EXPECT_EQ(work, inner);
+  release.set_value();
+  p2p_task->wait();
+  inner->Complete(nullptr);
+}
+
+TEST(OpLaneTest, DefersPlainCollectivesBehindCollectiveTasks) {
+  OpLane lane("test");
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::atomic<int> step{0};
+  auto task = lane.Submit("powersgd", [&, gate] {
+    gate.wait();
+    step = 1;  // the task's own collectives are issued here
+  }, /*uses_collectives=*/true);
+  std::atomic<int> issued_after{-1};
+  auto inner = std::make_shared<CompletionWork>("inner allreduce");
+  auto work = lane.Issue("allreduce", [&] {
+    issued_after = step.load();
+    return inner;
+  });
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(issued_after.load(), -1) << "issued before the collective task";
+  EXPECT_FALSE(work->is_completed());
+  release.set_value();
+  task->wait();
+  // Issued (after the task), but completes only with the collective itself.
+  for (int i = 0; i < 200 && issued_after.load() < 0; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(issued_after.load(), 1);
+  EXPECT_FALSE(work->is_completed());
+  inner->Complete(std::make_exception_ptr(TimeoutError("peer 3 late")));
+  EXPECT_THROW(work->wait(), TimeoutError);
+  // Nothing pending any more: issued at once again.
+  bool now = false;
+  auto inner2 = std::make_shared<CompletionWork>("inner 2");
+  lane.Issue("barrier", [&] {
+    now = true;
+    return inner2;
+  });
+  EXPECT_TRUE(now);
+  inner2->Complete(nullptr);
+}
+
+TEST(OpLaneTest, StopFailsQueuedTasksAndRefusesNewOnes) {
+  OpLane lane("test");
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  auto running = lane.Submit("running", [gate] { gate.wait(); }, true);
+  auto queued = lane.Submit("queued", [] { FAIL() << "a queued task ran after Stop"; }, true);
+  std::thread stopper([&] { lane.Stop("the process group was shut down"); });
+  std::this_thread::sleep_for(20ms);
+  release.set_value();
+  stopper.join();
+  running->wait();
+  EXPECT_THROW(queued->wait(), AbortedError);
+  EXPECT_THROW(lane.Submit("late", [] {}, false), AbortedError);
+}
+
+TEST(OpLaneTest, BlockingRunFromTheLaneItselfIsRefused) {
+  OpLane lane("test");
+  std::promise<std::string> message;
+  lane.Submit("outer", [&] {
+    try {
+      lane.Run("inner", [] {}, true);
+      message.set_value("no error");
+    } catch (const InvalidArgumentError& e) {
+      message.set_value(e.what());
+    }
+  }, true)->wait();
+  EXPECT_NE(message.get_future().get().find("cannot run inside a callback"), std::string::npos);
+  int ran = 0;
+  lane.Run("from outside", [&] { ran = 1; }, true);
+  EXPECT_EQ(ran, 1);
+}
+
+}  // namespace
+}  // namespace torch_backend
+}  // namespace gossipcc
