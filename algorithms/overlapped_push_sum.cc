@@ -24,23 +24,9 @@ void OverlappedPushSum::StartRound(Communicator& comm, std::vector<Buffer> buffe
                                             " while round ", rounds_ - 1,
                                             " is still in flight (at most one per tensor; fold it first)"));
   }
-  if (graph_->world_size() != comm.size()) {
-    throw InvalidArgumentError(absl::StrCat("overlapped_push_sum: peer graph ", graph_->name(), " is for ",
-                                            graph_->world_size(), " ranks but the communicator has ", comm.size()));
-  }
-  gossip_internal::CheckBuffers("overlapped_push_sum", buffers);
-  PushSumPlan plan = MakePushSumPlan(*graph_, mixing_, comm.rank(), rounds_, "overlapped_push_sum");
-  gossip_internal::RoundSpec spec;
-  spec.algorithm = "overlapped_push_sum";
-  spec.step = rounds_;
-  spec.tag = tag_;
-  spec.pool = pool_;
-  spec.send_to = plan.out_peers;
-  spec.send_scale = plan.send_shares;
-  spec.recv_from = plan.in_peers;
-  spec.with_weight = true;
-  spec.weight = weight_;
-  pending_ = gossip_internal::StartRound(comm, buffers, std::move(spec));
+  PushSumPlan plan;
+  pending_ = gossip_internal::StartPushSumRound("overlapped_push_sum", comm, *graph_, mixing_, rounds_, tag_, pool_,
+                                                weight_, buffers, &plan);
   // The messages hold copies: keep our share locally right away.
   gossip_internal::ScaleBuffers("overlapped_push_sum", buffers, plan.keep);
   weight_ *= plan.keep;

@@ -64,24 +64,37 @@ PushSum::PushSum(std::shared_ptr<const PeerGraph> graph, MixingFn mixing, uint32
   if (!graph_) throw InvalidArgumentError("push_sum: null peer graph");
 }
 
-void PushSum::Step(Communicator& comm, std::vector<Buffer> buffers) {
-  if (graph_->world_size() != comm.size()) {
-    throw InvalidArgumentError(absl::StrCat("push_sum: peer graph ", graph_->name(), " is for ",
-                                            graph_->world_size(), " ranks but the communicator has ", comm.size()));
+namespace gossip_internal {
+
+std::unique_ptr<PendingRound> StartPushSumRound(const std::string& algorithm, Communicator& comm,
+                                                const PeerGraph& graph, const MixingFn& mixing, int64_t step,
+                                                uint32_t tag, std::shared_ptr<MessagePool> pool, double weight,
+                                                const std::vector<Buffer>& buffers, PushSumPlan* plan) {
+  if (graph.world_size() != comm.size()) {
+    throw InvalidArgumentError(absl::StrCat(algorithm, ": peer graph ", graph.name(), " is for ", graph.world_size(),
+                                            " ranks but the communicator has ", comm.size()));
   }
-  gossip_internal::CheckBuffers("push_sum", buffers);
-  PushSumPlan plan = MakePushSumPlan(*graph_, mixing_, comm.rank(), step_);
-  gossip_internal::RoundSpec spec;
-  spec.algorithm = "push_sum";
-  spec.step = step_;
-  spec.tag = tag_;
-  spec.pool = pool_;
-  spec.send_to = plan.out_peers;
-  spec.send_scale = plan.send_shares;
-  spec.recv_from = plan.in_peers;
+  CheckBuffers(algorithm, buffers);
+  *plan = MakePushSumPlan(graph, mixing, comm.rank(), step, algorithm);
+  RoundSpec spec;
+  spec.algorithm = algorithm;
+  spec.step = step;
+  spec.tag = tag;
+  spec.pool = std::move(pool);
+  spec.send_to = plan->out_peers;
+  spec.send_scale = plan->send_shares;
+  spec.recv_from = plan->in_peers;
   spec.with_weight = true;
-  spec.weight = weight_;
-  auto round = gossip_internal::StartRound(comm, buffers, std::move(spec));
+  spec.weight = weight;
+  return StartRound(comm, buffers, std::move(spec));
+}
+
+}  // namespace gossip_internal
+
+void PushSum::Step(Communicator& comm, std::vector<Buffer> buffers) {
+  PushSumPlan plan;
+  auto round = gossip_internal::StartPushSumRound("push_sum", comm, *graph_, mixing_, step_, tag_, pool_, weight_,
+                                                  buffers, &plan);
   double w = weight_;
   gossip_internal::FinishRound(*round, buffers, plan.keep, std::vector<double>(plan.in_peers.size(), 1.0), &w);
   weight_ = w;

@@ -42,7 +42,17 @@ PushSumPlan MakePushSumPlan(const PeerGraph& graph, const MixingFn& mixing, int 
 
 namespace gossip_internal {
 class MessagePool;
-}
+class PendingRound;
+
+// The first half of every push-sum round (PushSum, OverlappedPushSum): checks that `graph`
+// is for comm.size() ranks and the buffers are acceptable, plans comm.rank()'s round at
+// `step` (into *plan) and posts one message of s_j * x and s_j * weight per out-peer.
+// Errors name `algorithm`. The caller keeps plan->keep locally and folds the round in.
+std::unique_ptr<PendingRound> StartPushSumRound(const std::string& algorithm, Communicator& comm,
+                                                const PeerGraph& graph, const MixingFn& mixing, int64_t step,
+                                                uint32_t tag, std::shared_ptr<MessagePool> pool, double weight,
+                                                const std::vector<Buffer>& buffers, PushSumPlan* plan);
+}  // namespace gossip_internal
 
 class PushSum {
  public:

@@ -5,9 +5,6 @@
 // of the data plus the 8-byte weight (and our 8-byte step header).
 //
 //   bazel run //algorithms/bench:gossip_vs_allreduce [-- --max_mb=64 --ranks=2,4,8]
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +15,7 @@
 #include "algorithms/peer_graph.h"
 #include "algorithms/push_sum.h"
 #include "algorithms/symmetric_gossip.h"
+#include "comm/bench/local_ranks.h"
 #include "comm/communicator.h"
 #include "comm/store.h"
 
@@ -32,11 +30,12 @@ struct Row {
 
 int Iterations(size_t bytes) { return bytes >= (32u << 20) ? 3 : bytes >= (8u << 20) ? 5 : 10; }
 
-// Rank body: every measurement, rank 0 writes rows to `out_fd`.
-int RunRank(int rank, int n, const std::string& dir, const std::vector<size_t>& sizes, int out_fd) {
+// Rank body: every measurement; rank 0 reports one row per size.
+int RunRank(int rank, int n, std::shared_ptr<gossipcc::Store> store, const std::vector<size_t>& sizes,
+            const gossipcc::bench::RowWriter<Row>& out) {
   gossipcc::CommunicatorOptions options;
   options.timeout = std::chrono::seconds(300);
-  auto comm = gossipcc::Communicator::Create(gossipcc::MakeFileStore(dir), rank, n, options);
+  auto comm = gossipcc::Communicator::Create(std::move(store), rank, n, options);
   std::shared_ptr<const gossipcc::PeerGraph> expo = gossipcc::MakePeerGraph("exponential", n);
   std::shared_ptr<const gossipcc::PeerGraph> ring = gossipcc::MakePeerGraph("ring", n);
   for (size_t bytes : sizes) {
@@ -61,7 +60,7 @@ int RunRank(int rank, int n, const std::string& dir, const std::vector<size_t>& 
     timed([&] { ps.Step(*comm, {buf}); }, &row.push_sum_ms, &row.push_sum_bytes);
     timed([&] { sg.Step(*comm, {buf}); }, &row.dpsgd_ms, &row.dpsgd_bytes);
     timed([&] { comm->allreduce(buf, gossipcc::ReduceOp::kAvg)->wait(); }, &row.allreduce_ms, nullptr);
-    if (rank == 0 && write(out_fd, &row, sizeof(row)) != sizeof(row)) return 1;
+    if (rank == 0 && !out.Write(row)) return 1;
   }
   return 0;
 }
@@ -91,49 +90,20 @@ int main(int argc, char** argv) {
   std::printf("%3s %7s | %12s %12s %10s | %12s %12s | %13s %13s\n", "n", "size", "push-sum ms", "sent/rank",
               "expected", "D-PSGD ms", "sent/rank", "allreduce ms", "allreduce/ps");
   for (int n : ranks) {
-    char dir_template[] = "/tmp/gossipcc_gossip_bench_XXXXXX";
-    const char* dir = mkdtemp(dir_template);
-    if (dir == nullptr) return 1;
-    int fds[2];
-    if (pipe(fds) != 0) return 1;
-    std::fflush(stdout);
-    std::vector<pid_t> pids;
-    for (int r = 0; r < n; ++r) {
-      pid_t pid = fork();
-      if (pid == 0) {
-        close(fds[0]);
-        int code = 1;
-        try {
-          code = RunRank(r, n, dir, sizes, fds[1]);
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-        }
-        _exit(code);
-      }
-      pids.push_back(pid);
-    }
-    close(fds[1]);
-    for (size_t bytes : sizes) {
-      Row row;
-      if (read(fds[0], &row, sizeof(row)) != sizeof(row)) break;
-      std::printf("%3d %5zuMB | %12.2f %12.0f %10zu | %12.2f %12.0f | %13.2f %12.2fx\n", n, bytes >> 20,
-                  row.push_sum_ms, row.push_sum_bytes, bytes + 16, row.dpsgd_ms, row.dpsgd_bytes, row.allreduce_ms,
-                  row.allreduce_ms / row.push_sum_ms);
-      std::fflush(stdout);
-    }
-    close(fds[0]);
-    int failed = 0;
-    for (pid_t pid : pids) {
-      int status = 0;
-      waitpid(pid, &status, 0);
-      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
-    }
-    std::string cleanup = std::string("rm -rf ") + dir;
-    if (std::system(cleanup.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir);
-    if (failed) {
-      std::fprintf(stderr, "%d rank(s) failed for n=%d\n", failed, n);
-      return 1;
-    }
+    auto size = sizes.begin();
+    const int failed = gossipcc::bench::RunLocalRanksWithRows<Row>(
+        n,
+        [&](int rank, std::shared_ptr<gossipcc::Store> store, const gossipcc::bench::RowWriter<Row>& out) {
+          return RunRank(rank, n, std::move(store), sizes, out);
+        },
+        [&](const Row& row) {
+          const size_t bytes = *size++;
+          std::printf("%3d %5zuMB | %12.2f %12.0f %10zu | %12.2f %12.0f | %13.2f %12.2fx\n", n, bytes >> 20,
+                      row.push_sum_ms, row.push_sum_bytes, bytes + 16, row.dpsgd_ms, row.dpsgd_bytes, row.allreduce_ms,
+                      row.allreduce_ms / row.push_sum_ms);
+          std::fflush(stdout);
+        });
+    if (failed) return 1;
   }
   return 0;
 }

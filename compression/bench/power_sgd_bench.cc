@@ -9,9 +9,6 @@
 //
 // Gradients are synthetic: per matrix a fixed rank-8 "signal" with singular values 1, 1/2,
 // 1/4, ... shared by all ranks, plus independent per-rank noise (std 0.3/sqrt(m)) each step.
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <Eigen/Dense>
 #include <algorithm>
 #include <chrono>
@@ -23,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/bench/local_ranks.h"
 #include "comm/communicator.h"
 #include "comm/errors.h"
 #include "comm/store.h"
@@ -208,69 +206,41 @@ int Main(int argc, char** argv) {
   std::vector<std::vector<Param>> models;
   for (const std::string& m : args.models) models.push_back(ReadShapes(args.shapes_dir + "/" + m + "_shapes.txt"));
 
-  char dir_template[] = "/tmp/gossipcc_psgd_bench_XXXXXX";
-  const char* dir = mkdtemp(dir_template);
-  if (dir == nullptr) return 1;
-  int pipefd[2];
-  if (pipe(pipefd) != 0) return 1;
-  std::fflush(stdout);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < args.ranks; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      close(pipefd[0]);
-      int code = 0;
-      try {
-        CommunicatorOptions co;
-        co.timeout = std::chrono::minutes(10);
-        auto comm = Communicator::Create(MakeFileStore(dir), r, args.ranks, co);
-        for (size_t mi = 0; mi < models.size(); ++mi) {
-          std::vector<int> methods = {0};
-          for (int rr : args.ranks_r) methods.push_back(rr);
-          for (int method : methods) {
-            const Row row = RunOne(*comm, args.models[mi], models[mi], method, args);
-            if (r == 0 && write(pipefd[1], &row, sizeof(row)) != sizeof(row)) code = 1;
-          }
-        }
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-        code = 1;
-      }
-      close(pipefd[1]);
-      std::fflush(stdout);
-      _exit(code);
-    }
-    pids.push_back(pid);
-  }
-  close(pipefd[1]);
   std::printf("PowerSGD vs exact all-reduce: %d ranks (processes, loopback), %d warm-up + %d timed steps\n", args.ranks,
               args.warmup, args.steps);
   std::printf("%-15s %-12s %14s %10s %12s %9s %11s %13s\n", "model", "method", "bytes/step", "ratio", "ms/step", "speedup",
               "rel. error", "best rank-r");
   double exact_ms = 0;
-  Row row;
-  while (read(pipefd[0], &row, sizeof(row)) == sizeof(row)) {
-    if (row.method == 0) exact_ms = row.median_ms;
-    char method[16];
-    std::snprintf(method, sizeof(method), row.method == 0 ? "exact" : "powersgd r=%d", row.method);
-    std::printf("%-15s %-12s %14.0f %9.1fx %12.1f %8.2fx", row.model, method, row.bytes_per_step, row.ratio,
-                row.median_ms, exact_ms / row.median_ms);
-    if (row.method > 0) {
-      std::printf(" %11.4f %13.4f  (x%.2f)\n", row.rel_error, row.best_rel_error,
-                  row.best_rel_error > 0 ? row.rel_error / row.best_rel_error : 0.0);
-    } else {
-      std::printf(" %11s %13s\n", "0", "-");
-    }
-    std::fflush(stdout);
-  }
-  int failed = 0;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
-  }
-  std::string cleanup = std::string("rm -rf ") + dir;
-  if (system(cleanup.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir);
+  const int failed = bench::RunLocalRanksWithRows<Row>(
+      args.ranks,
+      [&](int r, std::shared_ptr<Store> store, const bench::RowWriter<Row>& out) {
+        CommunicatorOptions co;
+        co.timeout = std::chrono::minutes(10);
+        auto comm = Communicator::Create(std::move(store), r, args.ranks, co);
+        for (size_t mi = 0; mi < models.size(); ++mi) {
+          std::vector<int> methods = {0};
+          for (int rr : args.ranks_r) methods.push_back(rr);
+          for (int method : methods) {
+            const Row row = RunOne(*comm, args.models[mi], models[mi], method, args);
+            if (r == 0 && !out.Write(row)) return 1;
+          }
+        }
+        return 0;
+      },
+      [&](const Row& row) {
+        if (row.method == 0) exact_ms = row.median_ms;
+        char method[16];
+        std::snprintf(method, sizeof(method), row.method == 0 ? "exact" : "powersgd r=%d", row.method);
+        std::printf("%-15s %-12s %14.0f %9.1fx %12.1f %8.2fx", row.model, method, row.bytes_per_step, row.ratio,
+                    row.median_ms, exact_ms / row.median_ms);
+        if (row.method > 0) {
+          std::printf(" %11.4f %13.4f  (x%.2f)\n", row.rel_error, row.best_rel_error,
+                      row.best_rel_error > 0 ? row.rel_error / row.best_rel_error : 0.0);
+        } else {
+          std::printf(" %11s %13s\n", "0", "-");
+        }
+        std::fflush(stdout);
+      });
   std::printf("rel. error: ||avg(M) - out||_F / ||avg(M)||_F over the compressed matrices after warm-up (M = grad + error);\n"
               "best rank-r: the same for the truncated SVD of avg(M); (xN) = PowerSGD error / best error.\n");
   return failed == 0 ? 0 : 1;
