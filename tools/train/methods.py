@@ -11,21 +11,18 @@ import torch.distributed as dist
 class Method:
     """name: registry key; backend: "gossipcc" or "gloo"; configure(gossipcc): called before
     init_process_group; wrap(module) -> the module to train; finish(wrapped): called after
-    the last step (e.g. drain gossip in flight); exact: replicas agree after every step;
-    average(wrapped): collective that sets every replica to the exact average (gossip methods:
-    the model one would deploy; the job reports its accuracy too)."""
+    the last step, inside its timing (e.g. fold the gossip round in flight); average(wrapped):
+    collective that sets every replica to the exact average (gossip methods: the model one
+    would deploy; the job reports its accuracy too)."""
 
-    def __init__(self, name, description, backend, wrap, configure=None, finish=None, exact=True,
-                 baseline=False, average=None):
+    def __init__(self, name, description, backend, wrap, configure=None, finish=None, average=None):
         self.name = name
         self.description = description
         self.backend = backend
         self.wrap = wrap
         self.configure = configure or (lambda gossipcc: None)
         self.finish = finish or (lambda wrapped: None)
-        self.exact = exact
-        self.baseline = baseline
-        self.average = average  # (wrapped) -> None: exact average of the replicas (gossip methods)
+        self.average = average
 
 
 REGISTRY = {}
@@ -73,7 +70,7 @@ def _torch_powersgd(rank):
 
 
 register(Method("allreduce-gloo", "exact all-reduce: DDP on PyTorch's gloo backend (baseline)",
-                "gloo", _ddp, baseline=True))
+                "gloo", _ddp))
 register(Method("allreduce", "exact all-reduce: DDP on backend gossipcc", "gossipcc", _ddp,
                 configure=lambda g: g.configure(allreduce="exact")))
 for _r in (1, 2):
@@ -106,15 +103,15 @@ def _average(model):
 
 
 register(Method("sgp", "SGP: push-sum gossip, one peer per step, exponential graph (GossipDataParallel)",
-                "gossipcc", _gossip("sgp", graph="exponential", peers_per_step=1), exact=False,
+                "gossipcc", _gossip("sgp", graph="exponential", peers_per_step=1),
                 average=_average))
 register(Method("osgp", "OSGP: overlapped push-sum (1 step stale), one peer, exponential graph",
                 "gossipcc", _gossip("osgp", graph="exponential", peers_per_step=1, synch_freq=1),
-                finish=_flush, exact=False, average=_average))
+                finish=_flush, average=_average))
 register(Method("dpsgd", "D-PSGD: symmetric gossip, Metropolis weights, ring (GossipDataParallel)",
-                "gossipcc", _gossip("dpsgd", graph="ring"), exact=False, average=_average))
+                "gossipcc", _gossip("dpsgd", graph="ring"), average=_average))
 register(Method("adpsgd", "AD-PSGD: asynchronous bilateral exchange (BilatGossipDataParallel)",
-                "gossipcc", _adpsgd, finish=lambda model: model.finish(), exact=False, average=_average))
+                "gossipcc", _adpsgd, finish=lambda model: model.finish(), average=_average))
 
 
 def names(spec):

@@ -120,7 +120,8 @@ def main(argv=None):
     p.add_argument("--network", default="1gbit",
                    help="local, or an emulated_cluster preset: " + ", ".join(emulated_cluster.PRESETS) +
                         ", or rate=..[,delay=..]")
-    p.add_argument("--methods", default="all", help="all, or a comma list of: " + ", ".join(methods.REGISTRY))
+    p.add_argument("--methods", default="all", help="all (every method except torch-powersgd-*, PyTorch's hook, which "
+                        "tools/bench/powersgd_vs_torch.py compares), or a comma list of: " + ", ".join(methods.REGISTRY))
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--target", type=float, default=0.95, help="test accuracy for the time-to-target column")
     p.add_argument("--batch", type=int, default=8, help="per rank")
