@@ -10,6 +10,9 @@ PACKAGES=(
   libgloo-dev libabsl-dev libgtest-dev libgmock-dev libeigen3-dev
   # The c10d backend (torch 1.13 on bookworm) and its Python tests.
   libtorch-dev python3-torch python3-dev pybind11-dev python3-pybind11 python3-pytest python3-numpy
+  # The main job and benchmarks (tools/train.sh, tools/bench/): the digits data set, plots, and
+  # iproute2 (ip, tc) for the emulated cluster (tools/emulated_cluster.py).
+  python3-sklearn python3-matplotlib iproute2
   # tools/trixie_root.sh: a Debian trixie root with torch 2.x, to test the backend against it.
   debootstrap
 )

@@ -1,0 +1,48 @@
+"""The main job (tools/train/train.py) end to end for a few steps, every kind of method, 2 ranks as
+local processes (--network local: no namespaces needed): it must finish, write its table,
+summary and plot, and every method must lower the test loss."""
+import json
+import os
+import subprocess
+import sys
+
+TOOLS = os.environ.get("GOSSIPCC_TOOLS") or os.path.join(os.path.dirname(__file__), "..", "..", "tools")
+sys.path.insert(0, os.path.join(TOOLS, "train"))
+import methods  # noqa: E402
+
+
+def test_every_method_runs_a_few_steps(tmp_path):
+    # One method per code path (the -r2 variants and gossipcc's exact all-reduce differ from
+    # these only in a policy string): each launch starts 2 fresh Python processes.
+    names = ["allreduce-gloo", "powersgd-r1", "torch-powersgd-r1", "sgp", "osgp", "dpsgd", "adpsgd"]
+    assert set(names) <= set(methods.REGISTRY)
+    results = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(TOOLS, "train", "train.py"), "--network", "local", "--ranks", "2",
+         "--methods", ",".join(names), "--steps", "8", "--eval-every", "4", "--hidden", "64",
+         "--batch", "16", "--powersgd-start-iter", "4", "--lr", "0.3", "--target", "0.5", "--timeout", "60",
+         "--results", str(results)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout
+    table = (results / "results.md").read_text()
+    for name in names:
+        assert f"| {name} |" in table, table
+    assert (results / "accuracy_vs_time.png").stat().st_size > 1000
+    rows = json.loads((results / "summary.json").read_text())["rows"]
+    assert [r["method"] for r in rows] == names
+    for r in rows:
+        assert "error" not in r, r
+        assert r["steps"] == 8
+        first, last = r["curve"][0], r["curve"][-1]
+        assert [c["step"] for c in r["curve"]] == [0, 4, 8]
+        # 8 steps are few (the test loss of one process falls from 2.30 to about 2.15): every
+        # method must lower it.
+        assert last["test_loss"] < first["test_loss"] - 0.02, (r["method"], r["curve"])
+        assert r["bytes_per_rank_per_step"] is None  # local processes: no NIC counters
+
+
+def test_unknown_method_is_refused():
+    proc = subprocess.run([sys.executable, os.path.join(TOOLS, "train", "train.py"), "--network", "local",
+                           "--methods", "allreduce,nope"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.returncode != 0
+    assert "unknown method 'nope'" in proc.stdout

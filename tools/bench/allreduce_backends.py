@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Benchmark (a): exact all-reduce through backend="gossipcc" vs backend="gloo" (c10d's
+ProcessGroupGloo), same processes and tensors, N ranks (default 4), 4 KB .. 256 MB, on an
+unshaped emulated network and at 1 Gbit/s per host.
+
+    tools/bench/run.sh allreduce_backends [--ranks 4] [--networks none,1gbit] [--max-bytes 268435456]
+
+Every rank is its own host (tools/emulated_cluster.py). Per size, the two backends alternate
+iteration by iteration (which goes first alternates too), each op preceded by an untimed
+barrier; a cell is the median over iterations of the slowest rank's time. Bytes are the ranks'
+NIC tx counters (frames with headers, TCP ACKs included) from just before the op to after the
+barrier that follows it (so the op's last queued segments count; the barrier adds a few
+hundred bytes), averaged over ranks. Link bound: the
+ring all-reduce's 2(n-1)/n * bytes at the link rate. Every result is checked against the
+expected sum.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+
+def iterations(nbytes):
+    return 20 if nbytes <= (1 << 20) else 10 if nbytes <= (4 << 20) else 5 if nbytes <= (16 << 20) else 3
+
+
+def worker(args):
+    import datetime
+    import torch
+    import torch.distributed as dist
+    import gossipcc  # noqa: F401  (registers the backend)
+    torch.set_num_threads(1)
+    rank, n = common.worker_env()
+    dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=300))
+    groups = {"gloo": dist.new_group(backend="gloo"), "gossipcc": dist.new_group(backend="gossipcc")}
+    expected = n * (n + 1) / 2
+    sizes = []
+    nbytes = args.min_bytes
+    while nbytes <= args.max_bytes:
+        sizes.append(nbytes)
+        nbytes *= 4
+    out = []
+    for nbytes in sizes:
+        t = torch.empty(nbytes // 4, dtype=torch.float32)
+        k = iterations(nbytes)
+        times = {name: [] for name in groups}
+        sent = {name: 0 for name in groups}
+        for i in range(-1, k):  # i = -1: warm-up, not recorded
+            order = list(groups) if i % 2 == 0 else list(reversed(list(groups)))
+            for name in order:
+                t.fill_(rank + 1)
+                dist.barrier()
+                c0 = common.rank_tx_bytes()
+                t0 = time.perf_counter()
+                dist.all_reduce(t, group=groups[name])
+                dt = time.perf_counter() - t0
+                dist.barrier()  # the op's last segments may still sit in the rank's queue
+                c1 = common.rank_tx_bytes()
+                if t[0].item() != expected or t[-1].item() != expected:
+                    raise AssertionError(f"{name} all-reduce of {nbytes} bytes: got {t[0].item()}, "
+                                         f"{t[-1].item()}, expected {expected}")
+                if i >= 0:
+                    times[name].append(dt)
+                    if c0 is not None:
+                        sent[name] += c1 - c0
+        out.append({"bytes": nbytes, "k": k, "times": times,
+                    "tx_per_op": {name: sent[name] / k for name in groups}})
+        del t
+    dist.barrier()
+    dist.destroy_process_group()
+    with open(args.out, "w") as f:
+        json.dump(out, f)
+
+
+def table(docs, network, n):
+    import emulated_cluster
+    rate, _ = emulated_cluster.parse_network(network) if network != "local" else (None, None)
+    bps = emulated_cluster.rate_bits_per_second(rate) / 8 if rate else None
+    rows = []
+    for i, entry in enumerate(docs[0]):
+        nbytes, k = entry["bytes"], entry["k"]
+        med = {}
+        for name in ("gloo", "gossipcc"):
+            per_iter = [max(doc[i]["times"][name][j] for doc in docs) for j in range(k)]
+            med[name] = common.median(per_iter)
+        tx = {name: sum(doc[i]["tx_per_op"][name] for doc in docs) / len(docs) for name in ("gloo", "gossipcc")}
+        row = [common.human_bytes(nbytes), k, f"{1e3 * med['gloo']:.2f}", f"{1e3 * med['gossipcc']:.2f}",
+               f"{med['gossipcc'] / med['gloo']:.2f}"]
+        if bps:
+            bound = 2 * (n - 1) / n * nbytes / bps
+            row += [f"{1e3 * bound:.2f}", f"{med['gloo'] / bound:.2f}", f"{med['gossipcc'] / bound:.2f}"]
+        row += [f"{tx['gloo'] / nbytes:.3f}", f"{tx['gossipcc'] / nbytes:.3f}"] if network != "local" else ["-", "-"]
+        rows.append(row)
+    header = ["size", "k", "gloo (ms)", "gossipcc (ms)", "ratio gossipcc/gloo"]
+    if bps:
+        header += ["link bound (ms)", "gloo/bound", "gossipcc/bound"]
+    header += ["sent/rank/op ÷ size, gloo", "gossipcc"]
+    return common.markdown_table(header, rows)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--networks", default="none,1gbit", help="comma list of emulated_cluster presets (or local)")
+    p.add_argument("--min-bytes", type=int, default=4096)
+    p.add_argument("--max-bytes", type=int, default=256 << 20)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    print(f"all-reduce, backend gossipcc vs gloo, {args.ranks} ranks, {common.human_bytes(args.min_bytes)}.."
+          f"{common.human_bytes(args.max_bytes)}, float32")
+    for network in args.networks.split(","):
+        load0 = common.load_average()
+        try:
+            with common.make_cluster(args.ranks, network) as cluster:
+                docs = common.run_ranks(cluster, os.path.abspath(__file__),
+                                        ["--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes)],
+                                        timeout=1200)
+        except common.NamespacesUnavailable as e:
+            common.fail(f"allreduce_backends: emulated network not available: {e}")
+        print(f"\nnetwork {network} (load average before {load0}, after {common.load_average()}):\n")
+        print(table(docs, network, args.ranks), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs one benchmark of tools/bench with the gossipcc package built and importable:
+#   tools/bench/run.sh allreduce_backends|powersgd_vs_torch|gossip_vs_allreduce [flags]
+# (each takes --help). They print tables; the emulated network needs root (tools/emulated_cluster.py).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+name=${1:?usage: tools/bench/run.sh BENCHMARK [flags]}; shift
+[ -f "tools/bench/${name}.py" ] || { echo "run.sh: no benchmark tools/bench/${name}.py" >&2; exit 2; }
+tools/setup.sh
+bazel build --jobs=2 --ui_event_filters=-info --noshow_progress //torch_backend:python_package
+export PYTHONPATH="$PWD/bazel-bin/torch_backend${PYTHONPATH:+:$PYTHONPATH}"
+echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ)"
+exec /usr/bin/python3 "tools/bench/${name}.py" "$@"

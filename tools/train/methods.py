@@ -1,0 +1,127 @@
+"""The training methods the main job compares, as a registry: each method is a few lines.
+
+A method says which c10d backend it needs, how to configure gossipcc before the process group
+exists, and how to wrap the model (DDP, DDP + comm hook, or a gossip wrapper). Every method then
+trains with the same loop (worker.py): forward, loss, zero_grad, backward, optimizer step.
+"""
+import torch
+import torch.distributed as dist
+
+
+class Method:
+    """name: registry key; backend: "gossipcc" or "gloo"; configure(gossipcc): called before
+    init_process_group; wrap(module) -> the module to train; finish(wrapped): called after
+    the last step, inside its timing (e.g. fold the gossip round in flight); average(wrapped):
+    collective that sets every replica to the exact average (gossip methods: the model one
+    would deploy; the job reports its accuracy too)."""
+
+    def __init__(self, name, description, backend, wrap, configure=None, finish=None, average=None):
+        self.name = name
+        self.description = description
+        self.backend = backend
+        self.wrap = wrap
+        self.configure = configure or (lambda gossipcc: None)
+        self.finish = finish or (lambda wrapped: None)
+        self.average = average
+
+
+REGISTRY = {}
+
+
+def register(method):
+    if method.name in REGISTRY:
+        raise ValueError(f"method {method.name!r} registered twice")
+    REGISTRY[method.name] = method
+    return method
+
+
+def _ddp(module):
+    return torch.nn.parallel.DistributedDataParallel(module)
+
+
+# Steps of exact all-reduce before PowerSGD compresses (PyTorch's start_powerSGD_iter): same for
+# gossipcc's policy and PyTorch's hook so the two are compared like for like.
+POWERSGD_START_ITER = 10
+
+
+def _ddp_one_bucket(module):
+    """DDP with all gradients in one bucket. PyTorch's powerSGD_hook on gloo needs it: with
+    several buckets the hook's second all-reduce is issued from the callback of the first, on
+    gloo's worker thread, so ranks can issue collectives in different orders (seen here: gloo
+    aborts with "op.preamble.length <= op.nbytes"). Both PowerSGD variants use it, so they
+    compare like for like."""
+    saved = dist._DEFAULT_FIRST_BUCKET_BYTES
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 40  # the bucket DDP caps separately after step 1
+    try:
+        return torch.nn.parallel.DistributedDataParallel(module, bucket_cap_mb=1 << 20)
+    finally:
+        dist._DEFAULT_FIRST_BUCKET_BYTES = saved
+
+
+def _torch_powersgd(rank):
+    def wrap(module):
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+        model = _ddp_one_bucket(module)
+        state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
+                                       start_powerSGD_iter=POWERSGD_START_ITER)
+        model.register_comm_hook(state, powerSGD.powerSGD_hook)
+        return model
+    return wrap
+
+
+register(Method("allreduce-gloo", "exact all-reduce: DDP on PyTorch's gloo backend (baseline)",
+                "gloo", _ddp))
+register(Method("allreduce", "exact all-reduce: DDP on backend gossipcc", "gossipcc", _ddp,
+                configure=lambda g: g.configure(allreduce="exact")))
+for _r in (1, 2):
+    register(Method(f"powersgd-r{_r}", f"PowerSGD rank {_r}: DDP on gossipcc, policy powersgd:rank={_r}",
+                    "gossipcc", _ddp_one_bucket,
+                    configure=lambda g, r=_r: g.configure(
+                        allreduce=f"powersgd:rank={r},start_iter={POWERSGD_START_ITER}")))
+    register(Method(f"torch-powersgd-r{_r}", f"PowerSGD rank {_r}: DDP on gloo with PyTorch's powerSGD_hook",
+                    "gloo", _torch_powersgd(_r)))
+
+
+def _gossip(algorithm, **kwargs):
+    def wrap(module):
+        import gossipcc
+        return gossipcc.GossipDataParallel(module, algorithm=algorithm, **kwargs)
+    return wrap
+
+
+def _flush(model):
+    model.flush()  # OSGP: fold the round still in flight
+
+
+def _adpsgd(module):
+    import gossipcc
+    return gossipcc.BilatGossipDataParallel(module)
+
+
+def _average(model):
+    model.average_parameters()
+
+
+register(Method("sgp", "SGP: push-sum gossip, one peer per step, exponential graph (GossipDataParallel)",
+                "gossipcc", _gossip("sgp", graph="exponential", peers_per_step=1),
+                average=_average))
+register(Method("osgp", "OSGP: overlapped push-sum (1 step stale), one peer, exponential graph",
+                "gossipcc", _gossip("osgp", graph="exponential", peers_per_step=1, synch_freq=1),
+                finish=_flush, average=_average))
+register(Method("dpsgd", "D-PSGD: symmetric gossip, Metropolis weights, ring (GossipDataParallel)",
+                "gossipcc", _gossip("dpsgd", graph="ring"), average=_average))
+register(Method("adpsgd", "AD-PSGD: asynchronous bilateral exchange (BilatGossipDataParallel)",
+                "gossipcc", _adpsgd, finish=lambda model: model.finish(), average=_average))
+
+
+def names(spec):
+    """"all" (every non-torch-hook method), "default", or a comma list -> list of names."""
+    if spec in ("all", "default"):
+        return [n for n in REGISTRY if not n.startswith("torch-")]
+    out = []
+    for name in spec.split(","):
+        name = name.strip()
+        if name not in REGISTRY:
+            raise ValueError(f"unknown method {name!r}; known: {', '.join(REGISTRY)}")
+        out.append(name)
+    return out

@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""The main job: trains an MLP on scikit-learn's digits on N ranks over an emulated network,
+once per method, and compares them (table + plot of test accuracy against wall-clock time).
+
+    tools/train.sh [--ranks 4] [--network 1gbit] [--methods all] [--steps 300] [--target 0.95]
+
+Each rank runs in its own network namespace with a shaped link (tools/emulated_cluster.py);
+`--network local` runs the ranks as plain local processes over loopback instead (no shaping,
+no byte counters; what the tests use). Results go to --results (default results/<time>):
+results.md (the table), summary.json, accuracy_vs_time.png, and every rank's log.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # tools/: emulated_cluster
+import methods  # noqa: E402
+import emulated_cluster  # noqa: E402
+
+WORKER = os.path.join(HERE, "worker.py")
+
+
+def load_average():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def read_rank_logs(paths):
+    ranks = []
+    for path in paths:
+        with open(path) as f:
+            ranks.append([json.loads(line) for line in f if line.strip()])
+    return ranks
+
+
+def summarize(name, ranks, target):
+    """Per-rank JSON records -> one summary row. Accuracy and loss: mean over ranks (each rank
+    evaluates its own model); time at a step: the slowest rank's training clock."""
+    evals = [[r for r in recs if r["type"] == "eval"] for recs in ranks]
+    ends = [next(r for r in recs if r["type"] == "end") for recs in ranks]
+    steps = ends[0]["steps"]
+    curve = []
+    for points in zip(*evals):
+        curve.append({
+            "step": points[0]["step"],
+            "time": max(p["train_time"] for p in points),
+            "test_acc": sum(p["test_acc"] for p in points) / len(points),
+            "test_loss": sum(p["test_loss"] for p in points) / len(points),
+            "loss": sum(p["loss"] for p in points) / len(points),
+        })
+    reached = next((c for c in curve if c["test_acc"] >= target), None)
+    tx = [e["tx_bytes"] for e in ends]
+    return {
+        "method": name,
+        "steps": steps,
+        "train_time": max(e["train_time"] for e in ends),
+        "time_per_step": max(e["train_time"] for e in ends) / steps,
+        "bytes_per_rank_per_step": None if None in tx else sum(tx) / len(tx) / steps,
+        "max_bytes_per_rank_per_step": None if None in tx else max(tx) / steps,
+        "final_loss": curve[-1]["loss"],
+        "final_test_loss": curve[-1]["test_loss"],
+        "final_test_acc": curve[-1]["test_acc"],
+        "final_test_acc_min_rank": min(e[-1]["test_acc"] for e in evals),
+        "averaged_test_acc": ends[0].get("averaged_test_acc"),
+        "time_to_target": reached["time"] if reached else None,
+        "steps_to_target": reached["step"] if reached else None,
+        "curve": curve,
+    }
+
+
+def format_table(rows, target, baseline):
+    base = next((r for r in rows if r["method"] == baseline and r.get("time_to_target")), None)
+    header = ("| method | s/step | MB sent/rank/step | final train loss | final test acc | "
+              f"test acc, averaged model | time to {100 * target:.0f}% (s) | speed-up vs {baseline} |")
+    lines = [header, "|---" * (header.count("|") - 1) + "|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['method']} | failed: {r['error']} | | | | | | |")
+            continue
+        mb = "-" if r["bytes_per_rank_per_step"] is None else f"{r['bytes_per_rank_per_step'] / 1e6:.3f}"
+        ttt = "not reached" if r["time_to_target"] is None else f"{r['time_to_target']:.2f}"
+        speed = "-"
+        if base and r["time_to_target"]:
+            speed = f"{base['time_to_target'] / r['time_to_target']:.2f}x"
+        avg = "-" if r.get("averaged_test_acc") is None else f"{100 * r['averaged_test_acc']:.1f}%"
+        lines.append(f"| {r['method']} | {r['time_per_step']:.4f} | {mb} | {r['final_loss']:.4f} | "
+                     f"{100 * r['final_test_acc']:.1f}% | {avg} | {ttt} | {speed} |")
+    return "\n".join(lines)
+
+
+def plot(rows, target, path, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in rows:
+        if "curve" not in r:
+            continue
+        ax.plot([c["time"] for c in r["curve"]], [100 * c["test_acc"] for c in r["curve"]],
+                marker=".", label=r["method"], linestyle="--" if r["method"].endswith("-gloo") else "-")
+    ax.axhline(100 * target, color="gray", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("training wall-clock time (s, evaluation excluded)")
+    ax.set_ylabel("test accuracy (%, mean over ranks)")
+    ax.set_ylim(max(0, 100 * target - 30), 100)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Train on N ranks over an emulated network, once per method.")
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--network", default="1gbit",
+                   help="local, or an emulated_cluster preset: " + ", ".join(emulated_cluster.PRESETS) +
+                        ", or rate=..[,delay=..]")
+    p.add_argument("--methods", default="all", help="all (every method except torch-powersgd-*, PyTorch's hook, which "
+                        "tools/bench/powersgd_vs_torch.py compares), or a comma list of: " + ", ".join(methods.REGISTRY))
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--target", type=float, default=0.95, help="test accuracy for the time-to-target column")
+    p.add_argument("--batch", type=int, default=8, help="per rank")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--hidden", type=int, default=512, help="MLP width (2 hidden layers)")
+    p.add_argument("--eval-every", type=int, default=20)
+    p.add_argument("--powersgd-start-iter", type=int, default=methods.POWERSGD_START_ITER,
+                   help="exact all-reduce steps before PowerSGD compresses")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per method before its ranks are killed")
+    p.add_argument("--results", default=None, help="results folder (default results/<date-time>)")
+    p.add_argument("--baseline", default="allreduce-gloo")
+    p.add_argument("--no-plot", action="store_true")
+    args = p.parse_args(argv)
+
+    try:
+        names = methods.names(args.methods)
+        if args.network != "local":
+            emulated_cluster.parse_network(args.network)
+    except ValueError as e:
+        p.error(str(e))
+    results = args.results or os.path.join("results", time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(results, exist_ok=True)
+    if args.network == "local":
+        cluster = emulated_cluster.LocalCluster(args.ranks)
+    else:
+        cluster = emulated_cluster.EmulatedCluster(args.ranks, args.network)
+
+    print(f"gossipcc main job: {args.ranks} ranks, network {args.network}, {args.steps} steps per method, "
+          f"MLP 64-{args.hidden}-{args.hidden}-10 on scikit-learn digits; results in {results}")
+    rows = []
+    try:
+        with cluster:
+            for i, name in enumerate(names):
+                m = methods.REGISTRY[name]
+                print(f"[{i + 1}/{len(names)}] {name}: {m.description}   (load {load_average()})", flush=True)
+                outs = [os.path.join(results, f"{name}.rank{r}.jsonl") for r in range(args.ranks)]
+                logs = [open(os.path.join(results, f"{name}.rank{r}.log"), "w") for r in range(args.ranks)]
+                cmds = [[sys.executable, WORKER, "--method", name, "--steps", str(args.steps),
+                         "--batch", str(args.batch), "--lr", str(args.lr), "--hidden", str(args.hidden),
+                         "--eval-every", str(args.eval_every), "--powersgd-start-iter", str(args.powersgd_start_iter),
+                         "--out", outs[r]]
+                        + (["--progress"] if r == 0 else []) for r in range(args.ranks)]
+                load_before = load_average()
+                try:
+                    run = cluster.run(cmds, env={"OMP_NUM_THREADS": "1"}, timeout=args.timeout,
+                                      stdout=[None] + logs[1:], stderr=logs)
+                    row = summarize(name, read_rank_logs(outs), args.target)
+                    row["run_wall_seconds"] = run.wall_seconds
+                    row["run_tx_bytes"] = run.tx_bytes
+                except emulated_cluster.ClusterError as e:
+                    for f in logs:
+                        f.flush()
+                    tail = ""
+                    for r in range(args.ranks):
+                        with open(logs[r].name) as f:
+                            text = f.read().strip().splitlines()
+                        if text:
+                            tail += f"\n--- rank {r} ({logs[r].name}), last lines:\n" + "\n".join(text[-15:])
+                    print(f"  {name} FAILED: {e}{tail}", file=sys.stderr)
+                    row = {"method": name, "error": str(e)}
+                finally:
+                    for f in logs:
+                        f.close()
+                row["load_before"], row["load_after"] = load_before, load_average()
+                rows.append(row)
+    except emulated_cluster.NamespacesUnavailable as e:
+        print(f"train: the emulated network is not available here: {e}\n"
+              "train: run as root, or pass --network local to run the ranks over loopback without shaping",
+              file=sys.stderr)
+        return 2
+    except emulated_cluster.ClusterError as e:
+        print(f"train: could not set up the emulated network: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ntrain: interrupted; rank processes stopped and namespaces removed", file=sys.stderr)
+        return 130
+
+    table = format_table(rows, args.target, args.baseline)
+    print("\n" + table)
+    with open(os.path.join(results, "results.md"), "w") as f:
+        f.write(f"{args.ranks} ranks, network {args.network}, {args.steps} steps, batch {args.batch}/rank, "
+                f"lr {args.lr}, MLP 64-{args.hidden}-{args.hidden}-10, target {args.target}\n\n{table}\n")
+    with open(os.path.join(results, "summary.json"), "w") as f:
+        json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+    if not args.no_plot:
+        png = os.path.join(results, "accuracy_vs_time.png")
+        plot(rows, args.target, png, f"digits MLP, {args.ranks} ranks, network {args.network}")
+        print(f"plot: {png}")
+    print(f"results: {results}/results.md")
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
