@@ -113,8 +113,18 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::symmetric_gossip_round(st
     if (!slot) slot = std::make_shared<SymmetricGossip>(peer_graph);
     gossip = slot;
   }
-  // Checked here too (the algorithm would fail the Work) to raise at the call.
-  if (!peer_graph->IsSymmetricAt(step)) {
+  // Checked here too (the algorithm would fail the Work) to raise at the call; remembered per
+  // step of the graph's period, so that steady-state calls cost no O(world size) check.
+  bool symmetric;
+  {
+    const int64_t phase = step % peer_graph->period();
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    auto key = std::make_pair(graph, phase);
+    auto it = symmetric_at_.find(key);
+    if (it == symmetric_at_.end()) it = symmetric_at_.emplace(key, peer_graph->IsSymmetricAt(step)).first;
+    symmetric = it->second;
+  }
+  if (!symmetric) {
     throw InvalidArgumentError("gossipcc symmetric_gossip_round: graph " + peer_graph->name() +
                                " is not symmetric (undirected) at step " + std::to_string(step) +
                                "; D-PSGD needs an undirected graph such as \"ring\", \"complete\" or \"hypercube\"");

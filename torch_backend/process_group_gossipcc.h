@@ -21,6 +21,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -201,6 +202,7 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   std::map<std::string, std::shared_ptr<const PeerGraph>> graphs_;
   std::map<std::string, std::shared_ptr<PushSum>> push_sums_;
   std::map<std::string, std::shared_ptr<SymmetricGossip>> symmetric_gossips_;
+  std::map<std::pair<std::string, int64_t>, bool> symmetric_at_;  // (spec, step mod period)
   std::map<std::string, std::shared_ptr<BilateralExchange>> bilateral_exchanges_;
   std::shared_ptr<AsyncBilateralExchange> async_bilateral_;
   mutable std::mutex async_stats_mu_;
