@@ -506,7 +506,17 @@ class Communicator::Impl {
       absl::MutexLock launch_lock(&nccl_mu_);
       return nccl_->P2P(ops, description);
     }
-    return p2p_->Post(ops, description);
+    try {
+      return p2p_->Post(ops, description);
+    } catch (const AbortedError&) {
+      throw;
+    } catch (const CommError&) {
+      // Posting to a peer whose connection is already closed fails here, synchronously: the
+      // same failure as in a batch, so the same peer check and the same poisoning.
+      std::exception_ptr annotated = Annotate(std::current_exception());
+      Poison(annotated);
+      std::rethrow_exception(annotated);
+    }
   }
 
   void Shutdown(const std::string& reason) {

@@ -7,8 +7,14 @@ namespace gossipcc {
 namespace soak {
 namespace {
 
-// Generous: allocator noise, not leaks, can move RSS by a few MiB.
+// Generous: allocator noise, not leaks, can move RSS by a few MiB. Under ASan/TSan freed
+// memory sits in the sanitizer's quarantine, so RSS grows by design (ASan's leak checker covers
+// leaks there): no bound.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr double kRssGrowthMb = 1e9;
+#else
 constexpr double kRssGrowthMb = 32;
+#endif
 
 TEST(SoakTest, PushSumConservesAndStaysFlat) {
   PushSumSoak s;
