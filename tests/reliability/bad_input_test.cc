@@ -203,6 +203,21 @@ TEST_P(BadInputTest, ShutdownWhileAnotherThreadWaits) {
   }, Quick(1500));
 }
 
+// Communicator::UnresponsivePeers(): empty while everyone is up, then names a peer that shut
+// down (its heartbeat says "down").
+TEST_P(BadInputTest, UnresponsivePeersNamesAPeerThatShutDown) {
+  RunRanks(3, GetParam(), [](Communicator& comm) {
+    EXPECT_TRUE(comm.UnresponsivePeers().empty());
+    comm.barrier()->wait();
+    if (comm.rank() == 2) {
+      comm.shutdown();
+      return;
+    }
+    std::this_thread::sleep_for(Ms(300));
+    EXPECT_EQ(comm.UnresponsivePeers(), std::vector<int>{2});
+  }, Quick());
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, BadInputTest, ::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
                          [](const ::testing::TestParamInfo<LaunchMode>& info) { return LaunchModeName(info.param); });
 
