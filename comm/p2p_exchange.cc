@@ -45,7 +45,7 @@ struct P2PExchange::Batch {
 };
 
 P2PExchange::P2PExchange(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout,
-                         std::function<void(std::exception_ptr)> on_failure)
+                         FailureHandler on_failure)
     : context_(std::move(context)), timeout_(timeout), on_failure_(std::move(on_failure)) {}
 
 P2PExchange::~P2PExchange() {
@@ -183,8 +183,7 @@ void P2PExchange::Complete(Batch& batch) {
     received += o.bytes;
   }
   if (failure) {
-    on_failure_(failure);
-    batch.work->Complete(failure);
+    batch.work->Complete(on_failure_(failure));
     return;
   }
   {

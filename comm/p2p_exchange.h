@@ -37,9 +37,10 @@ namespace gossipcc {
 class P2PExchange {
  public:
   // `on_failure` is told about transport failures (not mismatches), which leave the
-  // p2p message stream out of step.
-  P2PExchange(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout,
-              std::function<void(std::exception_ptr)> on_failure);
+  // p2p message stream out of step; the batch fails with the error it returns (the same,
+  // or one with more detail).
+  using FailureHandler = std::function<std::exception_ptr(std::exception_ptr)>;
+  P2PExchange(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout, FailureHandler on_failure);
   ~P2PExchange();
 
   // Ops were validated by the caller (CPU buffers, peers in range and not self).
@@ -60,7 +61,7 @@ class P2PExchange {
 
   std::shared_ptr<gloo::Context> context_;
   const std::chrono::milliseconds timeout_;
-  std::function<void(std::exception_ptr)> on_failure_;
+  FailureHandler on_failure_;
 
   mutable absl::Mutex mu_;
   int active_batches_ ABSL_GUARDED_BY(mu_) = 0;  // the destructor waits for these
