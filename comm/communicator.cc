@@ -119,7 +119,7 @@ class Communicator::Impl {
   void Connect() {
     context_ = ConnectGlooMesh(std::make_shared<PrefixStore>("gloo", store_), rank_, size_,
                                GlooMeshOptions{options_.hostname, options_.interface, options_.timeout});
-    p2p_ = std::make_unique<P2PExchange>(context_, options_.timeout, [this](std::exception_ptr e) {
+    p2p_ = std::make_unique<P2PExchange>(context_, options_.timeout, options_.p2p_segment_bytes, [this](std::exception_ptr e) {
       e = Annotate(std::move(e));
       Poison(e);
       return e;
@@ -595,6 +595,12 @@ std::unique_ptr<Communicator> Communicator::Create(std::shared_ptr<Store> store,
   if (options.timeout.count() <= 0) {
     throw InvalidArgumentError(absl::StrCat("Communicator: timeout must be positive, got ", options.timeout.count(),
                                             " ms"));
+  }
+  if (options.p2p_segment_bytes != 0 &&
+      (options.p2p_segment_bytes < kMinP2PSegmentBytes || options.p2p_segment_bytes > kMaxP2PSegmentBytes)) {
+    throw InvalidArgumentError(absl::StrCat("Communicator: p2p_segment_bytes must be 0 (off) or in [",
+                                            kMinP2PSegmentBytes, ", ", kMaxP2PSegmentBytes, "], got ",
+                                            options.p2p_segment_bytes));
   }
   IgnoreSigpipeUnlessHandled();
   auto impl = std::make_unique<Impl>(std::move(store), rank, size, std::move(options));

@@ -53,7 +53,16 @@ struct CommunicatorOptions {
   // adds at most ~3 intervals (<= 30% of a short timeout, 3 s at most) to a failure. Negative:
   // no heartbeat thread and no check.
   std::chrono::milliseconds heartbeat_interval{0};
+  // Point-to-point payloads larger than this travel as consecutive segments of this many
+  // bytes (the last one shorter), all posted at once, instead of one Gloo message: at 1 Gbit/s
+  // a 16 MB exchange then takes ~1.2 message times instead of ~2 (docs/benchmarks.md (c)).
+  // The receiver follows the sender's setting (it travels in the message header), so ranks
+  // may differ. 0: one message per payload. Otherwise in [kMinP2PSegmentBytes, kMaxP2PSegmentBytes].
+  size_t p2p_segment_bytes = size_t{1} << 20;
 };
+
+inline constexpr size_t kMinP2PSegmentBytes = size_t{1} << 10;
+inline constexpr size_t kMaxP2PSegmentBytes = size_t{1} << 30;
 
 // A receive's peer that matches a message from any other rank (CPU buffers only).
 inline constexpr int kAnySource = -1;

@@ -1,5 +1,7 @@
 #include "comm/p2p_exchange.h"
 
+#include <algorithm>
+
 #include <gloo/context.h>
 #include <gloo/transport/unbound_buffer.h>
 
@@ -17,10 +19,33 @@ struct Header {
   uint64_t count;
   uint32_t tag;
   uint8_t dtype;
-  uint8_t pad[11];
+  uint8_t pad[3];
+  uint32_t segment_bytes;  // the payload travels in segments of this size (0: in one piece)
+  uint8_t pad2[4];
 };
 static_assert(sizeof(Header) == 32, "p2p header layout");
 
+// The segment size a payload of `bytes` travels with: 0 (one piece) when it fits in one.
+uint32_t SegmentBytesFor(size_t bytes, size_t segment_bytes) {
+  return segment_bytes > 0 && bytes > segment_bytes ? static_cast<uint32_t>(segment_bytes) : 0;
+}
+
+// Posts the payload as consecutive segments of `segment_bytes` (the last one shorter) on
+// one buffer with offsets, or whole when `segment_bytes` is 0. Gloo matches a pair's
+// messages on one slot in order, so the receiver's segments line up with the sender's.
+// Returns the number of operations posted (each needs its own wait).
+template <typename PostFn>
+size_t PostSegments(size_t bytes, uint32_t segment_bytes, PostFn post) {
+  if (segment_bytes == 0) {
+    post(0, bytes);
+    return 1;
+  }
+  size_t count = 0;
+  for (size_t offset = 0; offset < bytes; offset += segment_bytes, ++count) {
+    post(offset, std::min<size_t>(segment_bytes, bytes - offset));
+  }
+  return count;
+}
 
 std::chrono::milliseconds Remaining(std::chrono::steady_clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
@@ -34,6 +59,7 @@ struct P2PExchange::Message {
   Header header{};
   std::unique_ptr<gloo::transport::UnboundBuffer> header_ub;
   std::unique_ptr<gloo::transport::UnboundBuffer> data_ub;
+  size_t data_ops = 0;  // payload segments posted on data_ub, each waited for
   std::vector<uint8_t> drain;  // receive side of a mismatch: payload lands here, not in the user buffer
 };
 
@@ -45,8 +71,11 @@ struct P2PExchange::Batch {
 };
 
 P2PExchange::P2PExchange(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout,
-                         FailureHandler on_failure)
-    : context_(std::move(context)), timeout_(timeout), on_failure_(std::move(on_failure)) {}
+                         size_t segment_bytes, FailureHandler on_failure)
+    : context_(std::move(context)),
+      timeout_(timeout),
+      segment_bytes_(segment_bytes),
+      on_failure_(std::move(on_failure)) {}
 
 P2PExchange::~P2PExchange() {
   Shutdown("communicator destroyed");
@@ -70,11 +99,15 @@ std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string
       m.op = ops[i];
       m.header_ub = context_->createUnboundBuffer(&m.header, sizeof(Header));
       if (m.op.kind == P2POp::Kind::kSend) {
-        m.header = Header{kHeaderMagic, m.op.buffer.count, m.op.tag, static_cast<uint8_t>(m.op.buffer.dtype), {}};
+        const size_t bytes = m.op.buffer.bytes();
+        m.header = Header{kHeaderMagic, m.op.buffer.count, m.op.tag, static_cast<uint8_t>(m.op.buffer.dtype), {},
+                          SegmentBytesFor(bytes, segment_bytes_), {}};
         m.header_ub->send(m.op.peer, MakeSlot(kP2PHeaderSlotPrefix, m.op.tag));
-        if (m.op.buffer.bytes() > 0) {
-          m.data_ub = context_->createUnboundBuffer(m.op.buffer.data, m.op.buffer.bytes());
-          m.data_ub->send(m.op.peer, MakeSlot(kP2PDataSlotPrefix, m.op.tag));
+        if (bytes > 0) {
+          m.data_ub = context_->createUnboundBuffer(m.op.buffer.data, bytes);
+          const uint64_t slot = MakeSlot(kP2PDataSlotPrefix, m.op.tag);
+          m.data_ops = PostSegments(bytes, m.header.segment_bytes,
+                                    [&](size_t offset, size_t n) { m.data_ub->send(m.op.peer, slot, offset, n); });
         }
       } else {
         if (m.op.peer == kAnySource) {
@@ -130,9 +163,19 @@ P2PExchange::ReceiveOutcome P2PExchange::ReceiveOne(Message& m, Clock::time_poin
       m.drain.resize(incoming);
       dst = m.drain.data();
     }
+    // The sender's segmentation, from its header. Later segments come from the sender the
+    // header came from, so a receive from any source cannot mix two senders' payloads.
+    const uint32_t segment_bytes = h.segment_bytes < incoming ? h.segment_bytes : 0;
     m.data_ub = context.createUnboundBuffer(dst, incoming);
-    m.data_ub->recv(m.op.peer, MakeSlot(kP2PDataSlotPrefix, m.op.tag));
-    m.data_ub->waitRecv(Remaining(deadline));
+    const uint64_t slot = MakeSlot(kP2PDataSlotPrefix, m.op.tag);
+    {
+      // All of one message's segments are posted together, so two receives on the same peer
+      // and tag (on different threads) cannot interleave their segments.
+      absl::MutexLock lock(&mu_);
+      m.data_ops = PostSegments(incoming, segment_bytes,
+                                [&](size_t offset, size_t n) { m.data_ub->recv(m.op.peer, slot, offset, n); });
+    }
+    for (size_t i = 0; i < m.data_ops; ++i) m.data_ub->waitRecv(Remaining(deadline));
     out.bytes = match ? incoming : 0;
   } catch (const std::exception& e) {
     try {
@@ -165,7 +208,7 @@ void P2PExchange::Complete(Batch& batch) {
     for (Message& m : batch.messages) {
       if (m.op.kind != P2POp::Kind::kSend) continue;
       m.header_ub->waitSend(Remaining(batch.deadline));
-      if (m.data_ub) m.data_ub->waitSend(Remaining(batch.deadline));
+      for (size_t i = 0; i < m.data_ops; ++i) m.data_ub->waitSend(Remaining(batch.deadline));
       sent += m.op.buffer.bytes();
     }
   } catch (const std::exception& e) {

@@ -7,6 +7,12 @@
 // cannot pass for a full one (raw Gloo reports success). On a mismatch the payload is
 // drained into scratch memory and the receive fails with a MismatchError naming both sides.
 //
+// A payload larger than the segment size travels as consecutive segments (offset/length
+// operations on one Gloo buffer, all posted at once; the header says the segment size, the
+// receiver posts the same cuts from the header's sender). Gloo moves one large message in
+// each direction far slower than the link allows when both directions are busy; segments
+// keep both directions flowing (docs/benchmarks.md (c)). Counters still count payload bytes.
+//
 // Batches are posted on the caller's thread; each then progresses on a thread of its own,
 // its receives independently of each other, and completes as soon as its own messages
 // have: no batch or receive waits behind another. Because every send is posted at once
@@ -40,7 +46,9 @@ class P2PExchange {
   // p2p message stream out of step; the batch fails with the error it returns (the same,
   // or one with more detail).
   using FailureHandler = std::function<std::exception_ptr(std::exception_ptr)>;
-  P2PExchange(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout, FailureHandler on_failure);
+  // `segment_bytes`: payloads larger than this are sent as segments of this size (0: whole).
+  P2PExchange(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout, size_t segment_bytes,
+              FailureHandler on_failure);
   ~P2PExchange();
 
   // Ops were validated by the caller (CPU buffers, peers in range and not self).
@@ -61,6 +69,7 @@ class P2PExchange {
 
   std::shared_ptr<gloo::Context> context_;
   const std::chrono::milliseconds timeout_;
+  const size_t segment_bytes_;
   FailureHandler on_failure_;
 
   mutable absl::Mutex mu_;
