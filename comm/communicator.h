@@ -54,11 +54,13 @@ struct CommunicatorOptions {
   // no heartbeat thread and no check.
   std::chrono::milliseconds heartbeat_interval{0};
   // Point-to-point payloads larger than this travel as consecutive segments of this many
-  // bytes (the last one shorter), all posted at once, instead of one Gloo message: at 1 Gbit/s
-  // a 16 MB exchange then takes ~1.2 message times instead of ~2 (docs/benchmarks.md (c)).
-  // The receiver follows the sender's setting (it travels in the message header), so ranks
-  // may differ. 0: one message per payload. Otherwise in [kMinP2PSegmentBytes, kMaxP2PSegmentBytes].
-  size_t p2p_segment_bytes = size_t{1} << 20;
+  // bytes (the last one shorter) instead of one Gloo message; the receiver keeps a few
+  // segments posted at a time. Both directions of an exchange then flow at once: at 1 Gbit/s
+  // a 16 MB message each way takes ~1.1-1.3 message times instead of ~2.1
+  // (docs/benchmarks.md (c)). The receiver follows the sender's setting (it travels in the
+  // message header), so ranks may differ. 0: one message per payload. Otherwise in
+  // [kMinP2PSegmentBytes, kMaxP2PSegmentBytes].
+  size_t p2p_segment_bytes = size_t{256} << 10;
 };
 
 inline constexpr size_t kMinP2PSegmentBytes = size_t{1} << 10;

@@ -30,22 +30,25 @@ uint32_t SegmentBytesFor(size_t bytes, size_t segment_bytes) {
   return segment_bytes > 0 && bytes > segment_bytes ? static_cast<uint32_t>(segment_bytes) : 0;
 }
 
-// Posts the payload as consecutive segments of `segment_bytes` (the last one shorter) on
-// one buffer with offsets, or whole when `segment_bytes` is 0. Gloo matches a pair's
-// messages on one slot in order, so the receiver's segments line up with the sender's.
-// Returns the number of operations posted (each needs its own wait).
-template <typename PostFn>
-size_t PostSegments(size_t bytes, uint32_t segment_bytes, PostFn post) {
-  if (segment_bytes == 0) {
-    post(0, bytes);
-    return 1;
-  }
-  size_t count = 0;
-  for (size_t offset = 0; offset < bytes; offset += segment_bytes, ++count) {
-    post(offset, std::min<size_t>(segment_bytes, bytes - offset));
-  }
-  return count;
-}
+// A payload cut into consecutive segments of `size` bytes (the last one shorter), or one
+// piece when `size` is 0. Each segment is one Gloo operation at an offset of one buffer;
+// Gloo matches a pair's operations on one slot in order, so the receiver's segments line up
+// with the sender's.
+struct Segments {
+  size_t bytes;
+  uint32_t size;
+  size_t count() const { return size == 0 ? 1 : (bytes + size - 1) / size; }
+  size_t offset(size_t i) const { return i * size; }
+  size_t length(size_t i) const { return size == 0 ? bytes : std::min<size_t>(size, bytes - i * size); }
+};
+
+// Segments a receive keeps posted at once. Gloo sends a payload only once the receiver has
+// announced the matching receive, and that announcement queues behind whatever the
+// receiver's own side is already writing to the same peer. Announcing every segment at once
+// lets each side queue its whole payload, so the other direction's announcement waits for it:
+// the two directions of an exchange run one after the other. A small window keeps at most a
+// few segments queued ahead of any announcement.
+constexpr size_t kReceiveWindow = 4;
 
 std::chrono::milliseconds Remaining(std::chrono::steady_clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
@@ -106,8 +109,11 @@ std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string
         if (bytes > 0) {
           m.data_ub = context_->createUnboundBuffer(m.op.buffer.data, bytes);
           const uint64_t slot = MakeSlot(kP2PDataSlotPrefix, m.op.tag);
-          m.data_ops = PostSegments(bytes, m.header.segment_bytes,
-                                    [&](size_t offset, size_t n) { m.data_ub->send(m.op.peer, slot, offset, n); });
+          const Segments segments{bytes, m.header.segment_bytes};
+          m.data_ops = segments.count();
+          for (size_t i = 0; i < m.data_ops; ++i) {
+            m.data_ub->send(m.op.peer, slot, segments.offset(i), segments.length(i));
+          }
         }
       } else {
         if (m.op.peer == kAnySource) {
@@ -129,6 +135,25 @@ std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string
   std::thread([this, b = std::move(batch)]() mutable { RunBatch(std::move(b)); }).detach();
   return work;
 }
+
+// Held while a receive takes its payload from (peer, tag).
+class P2PExchange::ExclusiveReceive {
+ public:
+  ExclusiveReceive(P2PExchange& exchange, int peer, uint32_t tag) : exchange_(exchange), key_(peer, tag) {
+    absl::MutexLock lock(&exchange_.mu_);
+    exchange_.mu_.Await(absl::Condition(this, &ExclusiveReceive::Free));
+    exchange_.receiving_.insert(key_);
+  }
+  ~ExclusiveReceive() {
+    absl::MutexLock lock(&exchange_.mu_);
+    exchange_.receiving_.erase(key_);
+  }
+
+ private:
+  bool Free() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(exchange_.mu_) { return exchange_.receiving_.count(key_) == 0; }
+  P2PExchange& exchange_;
+  const std::pair<int, uint32_t> key_;
+};
 
 struct P2PExchange::ReceiveOutcome {
   std::exception_ptr mismatch;  // the sender's count or dtype differs: payload drained
@@ -165,17 +190,25 @@ P2PExchange::ReceiveOutcome P2PExchange::ReceiveOne(Message& m, Clock::time_poin
     }
     // The sender's segmentation, from its header. Later segments come from the sender the
     // header came from, so a receive from any source cannot mix two senders' payloads.
-    const uint32_t segment_bytes = h.segment_bytes < incoming ? h.segment_bytes : 0;
+    const Segments segments{incoming, h.segment_bytes < incoming ? h.segment_bytes : 0};
     m.data_ub = context.createUnboundBuffer(dst, incoming);
     const uint64_t slot = MakeSlot(kP2PDataSlotPrefix, m.op.tag);
-    {
-      // All of one message's segments are posted together, so two receives on the same peer
-      // and tag (on different threads) cannot interleave their segments.
-      absl::MutexLock lock(&mu_);
-      m.data_ops = PostSegments(incoming, segment_bytes,
-                                [&](size_t offset, size_t n) { m.data_ub->recv(m.op.peer, slot, offset, n); });
+    // One payload at a time per peer and tag, so that two receives on the same peer and tag
+    // (on different threads) cannot interleave their segments. The holder's sender posted
+    // every segment with its header, so the holder finishes (or times out) without help.
+    ExclusiveReceive exclusive(*this, m.op.peer, m.op.tag);
+    m.data_ops = segments.count();
+    size_t posted = 0;
+    for (; posted < std::min(kReceiveWindow, m.data_ops); ++posted) {
+      m.data_ub->recv(m.op.peer, slot, segments.offset(posted), segments.length(posted));
     }
-    for (size_t i = 0; i < m.data_ops; ++i) m.data_ub->waitRecv(Remaining(deadline));
+    for (size_t done = 0; done < m.data_ops; ++done) {
+      m.data_ub->waitRecv(Remaining(deadline));  // segments complete in order
+      if (posted < m.data_ops) {
+        m.data_ub->recv(m.op.peer, slot, segments.offset(posted), segments.length(posted));
+        ++posted;
+      }
+    }
     out.bytes = match ? incoming : 0;
   } catch (const std::exception& e) {
     try {

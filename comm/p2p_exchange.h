@@ -25,7 +25,9 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -63,6 +65,7 @@ class P2PExchange {
   struct Message;
   struct Batch;
   struct ReceiveOutcome;
+  class ExclusiveReceive;
   ReceiveOutcome ReceiveOne(Message& m, Clock::time_point deadline, const std::string& description);
   void Complete(Batch& batch);
   void RunBatch(std::unique_ptr<Batch> batch);
@@ -78,6 +81,7 @@ class P2PExchange {
   std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<std::pair<int, uint32_t>> receiving_ ABSL_GUARDED_BY(mu_);  // (peer, tag) taking a payload
 };
 
 }  // namespace gossipcc
