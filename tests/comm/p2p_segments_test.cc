@@ -165,6 +165,37 @@ TEST_P(P2PSegmentsTest, MismatchedSegmentedMessageFailsAndLeavesTheStreamInStep)
   }, Segmented());
 }
 
+// Two receives outstanding at once on the same peer and tag each get one whole message:
+// their segments never interleave (which of the two messages each gets is not specified).
+TEST_P(P2PSegmentsTest, ConcurrentReceivesOnOnePeerAndTagGetWholeMessages) {
+  RunRanks(2, GetParam(), [](Communicator& comm) {
+    const size_t bytes = 30 * kSegment + 9;
+    std::vector<std::vector<uint8_t>> msgs(2, std::vector<uint8_t>(bytes));
+    for (uint32_t k = 0; k < 2; ++k) {
+      for (size_t i = 0; i < bytes; ++i) msgs[k][i] = Pattern(0, 1, 10 + k, i);
+    }
+    auto buf = [](std::vector<uint8_t>& v) { return Buffer{v.data(), v.size(), DType::kUInt8, Device::CPU()}; };
+    for (int round = 0; round < 5; ++round) {
+      if (comm.rank() == 0) {
+        auto a = comm.send(buf(msgs[0]), 1, 6);
+        auto b = comm.send(buf(msgs[1]), 1, 6);
+        a->wait();
+        b->wait();
+      } else {
+        std::vector<std::vector<uint8_t>> got(2, std::vector<uint8_t>(bytes));
+        auto a = comm.recv(buf(got[0]), 0, 6);
+        auto b = comm.recv(buf(got[1]), 0, 6);
+        a->wait();
+        b->wait();
+        const bool in_order = got[0] == msgs[0];
+        EXPECT_TRUE(in_order ? got[1] == msgs[1] : (got[0] == msgs[1] && got[1] == msgs[0]))
+            << "round " << round << ": a receive got parts of two messages";
+      }
+    }
+    comm.barrier()->wait();
+  }, Segmented());
+}
+
 // The receiver follows the sender's segmentation (carried in the header), so ranks with
 // different settings, segmentation off included, exchange correctly.
 TEST_P(P2PSegmentsTest, RanksWithDifferentSegmentSizesInteroperate) {
