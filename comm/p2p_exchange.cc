@@ -63,6 +63,8 @@ struct P2PExchange::Message {
   std::unique_ptr<gloo::transport::UnboundBuffer> header_ub;
   std::unique_ptr<gloo::transport::UnboundBuffer> data_ub;
   size_t data_ops = 0;  // payload segments posted on data_ub, each waited for
+  uint64_t ticket = 0;  // a named receive's turn on (peer, tag), drawn when posted
+  bool has_ticket = false;
   std::vector<uint8_t> drain;  // receive side of a mismatch: payload lands here, not in the user buffer
 };
 
@@ -130,29 +132,71 @@ std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string
   } catch (const std::exception& e) {
     RethrowGlooError(batch->description, e);
   }
+  for (Message& m : batch->messages) {
+    if (m.op.kind == P2POp::Kind::kRecv && m.op.peer != kAnySource) {
+      m.ticket = turns_[{m.op.peer, m.op.tag}].next++;
+      m.has_ticket = true;
+    }
+  }
   // One thread per batch: batches complete independently of each other, in any order.
   ++active_batches_;
   std::thread([this, b = std::move(batch)]() mutable { RunBatch(std::move(b)); }).detach();
   return work;
 }
 
-// Held while a receive takes its payload from (peer, tag).
-class P2PExchange::ExclusiveReceive {
+// A receive's turn to take its payload from (peer, tag). Gloo matches headers in posting
+// order, but each receive posts its payload's segments from its own thread: without turns,
+// two receives outstanding on one (peer, tag) could take each other's segments (Gloo aborts
+// on the length mismatch) or payloads. Named receives draw their ticket when posted (the
+// order their headers are matched in); a receive from any source draws one when its header
+// arrives. Every ticket is given back on every path, so a failed receive never blocks the next.
+class P2PExchange::Turn {
  public:
-  ExclusiveReceive(P2PExchange& exchange, int peer, uint32_t tag) : exchange_(exchange), key_(peer, tag) {
-    absl::MutexLock lock(&exchange_.mu_);
-    exchange_.mu_.Await(absl::Condition(this, &ExclusiveReceive::Free));
-    exchange_.receiving_.insert(key_);
+  Turn(P2PExchange& exchange, const Message& m) : exchange_(exchange) {
+    if (m.has_ticket) {
+      key_ = {m.op.peer, m.op.tag};
+      ticket_ = m.ticket;
+      held_ = true;
+    }
   }
-  ~ExclusiveReceive() {
+  Turn(const Turn&) = delete;
+  Turn& operator=(const Turn&) = delete;
+  ~Turn() {
+    if (!held_) return;
     absl::MutexLock lock(&exchange_.mu_);
-    exchange_.receiving_.erase(key_);
+    auto it = exchange_.turns_.find(key_);
+    Turns& t = it->second;
+    t.finished.insert(ticket_);
+    while (!t.finished.empty() && *t.finished.begin() == t.serving) {
+      t.finished.erase(t.finished.begin());
+      ++t.serving;
+    }
+    if (t.serving == t.next) exchange_.turns_.erase(it);  // idle: keeps the map small
+  }
+
+  // A receive from any source, once its header named the sender.
+  void Draw(int peer, uint32_t tag) {
+    if (held_) return;
+    absl::MutexLock lock(&exchange_.mu_);
+    key_ = {peer, tag};
+    ticket_ = exchange_.turns_[key_].next++;
+    held_ = true;
+  }
+
+  // Returns when every earlier receive on (peer, tag) has taken its payload (or failed).
+  void Wait() {
+    absl::MutexLock lock(&exchange_.mu_);
+    exchange_.mu_.Await(absl::Condition(this, &Turn::Mine));
   }
 
  private:
-  bool Free() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(exchange_.mu_) { return exchange_.receiving_.count(key_) == 0; }
+  bool Mine() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(exchange_.mu_) {
+    return exchange_.turns_.at(key_).serving == ticket_;
+  }
   P2PExchange& exchange_;
-  const std::pair<int, uint32_t> key_;
+  std::pair<int, uint32_t> key_;
+  uint64_t ticket_ = 0;
+  bool held_ = false;
 };
 
 struct P2PExchange::ReceiveOutcome {
@@ -166,10 +210,12 @@ P2PExchange::ReceiveOutcome P2PExchange::ReceiveOne(Message& m, Clock::time_poin
                                                     const std::string& description) {
   gloo::Context& context = *context_;
   ReceiveOutcome out;
+  Turn turn(*this, m);
   try {
     int sender = m.op.peer;
     m.header_ub->waitRecv(&sender, Remaining(deadline));
     m.op.peer = sender;  // resolves kAnySource: the payload comes from the header's sender
+    turn.Draw(sender, m.op.tag);
     if (m.op.source) *m.op.source = sender;
     const Header& h = m.header;
     const Buffer& b = m.op.buffer;
@@ -193,10 +239,9 @@ P2PExchange::ReceiveOutcome P2PExchange::ReceiveOne(Message& m, Clock::time_poin
     const Segments segments{incoming, h.segment_bytes < incoming ? h.segment_bytes : 0};
     m.data_ub = context.createUnboundBuffer(dst, incoming);
     const uint64_t slot = MakeSlot(kP2PDataSlotPrefix, m.op.tag);
-    // One payload at a time per peer and tag, so that two receives on the same peer and tag
-    // (on different threads) cannot interleave their segments. The holder's sender posted
-    // every segment with its header, so the holder finishes (or times out) without help.
-    ExclusiveReceive exclusive(*this, m.op.peer, m.op.tag);
+    // One payload at a time per (peer, tag), in header order. The receive ahead's sender
+    // posted every segment with its header, so it finishes (or times out) without help.
+    turn.Wait();
     m.data_ops = segments.count();
     size_t posted = 0;
     for (; posted < std::min(kReceiveWindow, m.data_ops); ++posted) {

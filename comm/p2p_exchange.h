@@ -24,6 +24,7 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -65,7 +66,12 @@ class P2PExchange {
   struct Message;
   struct Batch;
   struct ReceiveOutcome;
-  class ExclusiveReceive;
+  class Turn;
+  struct Turns {
+    uint64_t next = 0;              // the ticket the next receive draws
+    uint64_t serving = 0;           // the ticket whose receive may take its payload
+    std::set<uint64_t> finished;    // given back out of order, ahead of `serving`
+  };
   ReceiveOutcome ReceiveOne(Message& m, Clock::time_point deadline, const std::string& description);
   void Complete(Batch& batch);
   void RunBatch(std::unique_ptr<Batch> batch);
@@ -81,7 +87,7 @@ class P2PExchange {
   std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
-  std::set<std::pair<int, uint32_t>> receiving_ ABSL_GUARDED_BY(mu_);  // (peer, tag) taking a payload
+  std::map<std::pair<int, uint32_t>, Turns> turns_ ABSL_GUARDED_BY(mu_);  // by (peer, tag)
 };
 
 }  // namespace gossipcc
