@@ -7,11 +7,14 @@
 // cannot pass for a full one (raw Gloo reports success). On a mismatch the payload is
 // drained into scratch memory and the receive fails with a MismatchError naming both sides.
 //
-// A payload larger than the segment size travels as consecutive segments (offset/length
-// operations on one Gloo buffer, all posted at once; the header says the segment size, the
-// receiver posts the same cuts from the header's sender). Gloo moves one large message in
-// each direction far slower than the link allows when both directions are busy; segments
-// keep both directions flowing (docs/benchmarks.md (c)). Counters still count payload bytes.
+// A payload larger than the segment size travels as consecutive segments: offset/length
+// operations on one Gloo buffer, all posted at once by the sender; the header carries the
+// segment size, and the receiver posts the same cuts, from the header's sender only, a few at
+// a time (kReceiveWindow). Gloo sends a payload only once its receive is announced, and the
+// announcement queues behind what the receiver itself is writing to that peer: with whole
+// payloads the two directions of an exchange ran one after the other (docs/benchmarks.md
+// (c)). Receives on one (peer, tag) take their payloads in header order (tickets), so their
+// segments never interleave. Counters still count payload bytes.
 //
 // Batches are posted on the caller's thread; each then progresses on a thread of its own,
 // its receives independently of each other, and completes as soon as its own messages
