@@ -246,8 +246,10 @@ std::unique_ptr<PendingRound> StartRound(Communicator& comm, const std::vector<B
     }
   } catch (...) {
     std::exception_ptr e = std::current_exception();
+    // The prefix first: `s` lives in the round, which reset() destroys.
+    const std::string prefix = absl::StrCat(s.algorithm, " step ", s.step, " on rank ", comm.rank(), ": ");
     round.reset();  // waits for whatever was posted
-    Rethrow(e, absl::StrCat(s.algorithm, " step ", s.step, " on rank ", comm.rank(), ": "), "");
+    Rethrow(e, prefix, "");
   }
   return round;
 }

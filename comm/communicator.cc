@@ -1,13 +1,19 @@
 #include "comm/communicator.h"
 
 #include <gloo/context.h>
+#include <signal.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "comm/consistency_check.h"
 #include "comm/errors.h"
@@ -86,6 +92,21 @@ class StagedWork : public Work {
 
 size_t Sum(const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), size_t{0}); }
 
+// Gloo writes to its sockets without MSG_NOSIGNAL, so a write to a peer that has died raises
+// SIGPIPE, whose default action kills this process (seen with a SIGKILLed peer mid-broadcast).
+// Ignoring it makes the write fail with EPIPE, which surfaces as a PeerError. Only a default
+// disposition is changed: a handler the application installed is left alone (CPython already
+// ignores SIGPIPE).
+void IgnoreSigpipeUnlessHandled() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current;
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      signal(SIGPIPE, SIG_IGN);
+    }
+  });
+}
+
 }  // namespace
 
 class Communicator::Impl {
@@ -98,9 +119,13 @@ class Communicator::Impl {
   void Connect() {
     context_ = ConnectGlooMesh(std::make_shared<PrefixStore>("gloo", store_), rank_, size_,
                                GlooMeshOptions{options_.hostname, options_.interface, options_.timeout});
-    p2p_ = std::make_unique<P2PExchange>(context_, options_.timeout,
-                                         [this](std::exception_ptr e) { Poison(std::move(e)); });
+    p2p_ = std::make_unique<P2PExchange>(context_, options_.timeout, options_.p2p_segment_bytes, [this](std::exception_ptr e) {
+      e = Annotate(std::move(e));
+      Poison(e);
+      return e;
+    });
     worker_ = std::thread([this] { WorkerLoop(); });
+    StartHeartbeat();
     if (options_.cuda_device >= 0) nccl_ = CreateNccl(options_.cuda_device);
   }
 
@@ -223,8 +248,9 @@ class Communicator::Impl {
     } catch (const InvalidArgumentError&) {
       return std::current_exception();
     } catch (const CommError&) {
-      Poison(std::current_exception());
-      return std::current_exception();
+      std::exception_ptr annotated = Annotate(std::current_exception());
+      Poison(annotated);
+      return annotated;
     } catch (const std::exception& e) {
       std::exception_ptr mapped;
       try {
@@ -232,9 +258,164 @@ class Communicator::Impl {
       } catch (...) {
         mapped = std::current_exception();
       }
+      mapped = Annotate(mapped);
       Poison(mapped);
       return mapped;
     }
+  }
+
+  // ---- peer health: heartbeats in the store, checked when an operation fails ----
+
+  static std::string HealthKey(int rank) { return absl::StrCat("heartbeat/", rank); }
+
+  void StartHeartbeat() {
+    const auto configured = options_.heartbeat_interval;
+    if (configured.count() < 0 || size_ == 1) return;
+    interval_ = configured.count() > 0
+                    ? configured
+                    : std::clamp(options_.timeout / 10, std::chrono::milliseconds(50), std::chrono::milliseconds(1000));
+    health_store_ = std::make_shared<PrefixStore>("health", store_);
+    Beat();  // before Create() returns, so a peer that fails at once finds this rank's key
+    heartbeat_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(heartbeat_mu_);
+      while (!heartbeat_cv_.wait_for(lock, interval_, [this] { return heartbeat_stop_; })) {
+        lock.unlock();
+        Beat();
+        lock.lock();
+      }
+    });
+  }
+
+  // Best effort: a store that is gone (its host died) must not take this rank down with it.
+  void Beat() {
+    std::string error = SetHealth(absl::StrCat(beats_++));
+    std::lock_guard<std::mutex> lock(heartbeat_mu_);
+    heartbeat_error_ = std::move(error);
+  }
+  // Returns the store's error, if any.
+  std::string SetHealth(const std::string& value) {
+    try {
+      health_store_->set(HealthKey(rank_), std::vector<char>(value.begin(), value.end()));
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  void StopHeartbeat() {
+    if (!heartbeat_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(heartbeat_mu_);
+      heartbeat_stop_ = true;
+    }
+    heartbeat_cv_.notify_all();
+    heartbeat_.join();
+    SetHealth("down");
+  }
+
+  struct PeerHealth {
+    std::vector<int> silent;  // heartbeat did not advance (or never appeared)
+    std::vector<int> down;    // shut down its communicator
+    std::string store_error;  // the store could not be read
+  };
+
+  PeerHealth CheckPeers() {
+    PeerHealth health;
+    if (!health_store_) return health;
+    auto read_all = [&](std::map<int, std::string>* out) {
+      for (int r = 0; r < size_ && health.store_error.empty(); ++r) {
+        if (r == rank_) continue;
+        try {
+          std::vector<char> v = health_store_->get(HealthKey(r), interval_);
+          (*out)[r] = std::string(v.begin(), v.end());
+        } catch (const TimeoutError&) {
+          (*out)[r] = "";  // never wrote a heartbeat
+        } catch (const std::exception& e) {
+          health.store_error = e.what();
+        }
+      }
+    };
+    std::map<int, std::string> first, second;
+    read_all(&first);
+    std::this_thread::sleep_for(3 * interval_);
+    read_all(&second);
+    if (!health.store_error.empty()) return health;
+    for (const auto& [r, value] : second) {
+      if (value == "down") {
+        health.down.push_back(r);
+      } else if (value.empty() || value == first[r]) {
+        health.silent.push_back(r);
+      }
+    }
+    return health;
+  }
+
+  // One check per communicator: concurrent failures (several p2p batches) share it.
+  std::string PeerReport() {
+    std::lock_guard<std::mutex> lock(report_mu_);
+    if (report_done_) return report_;
+    report_done_ = true;
+    if (!health_store_) return report_;
+    std::string own_error;
+    {
+      std::lock_guard<std::mutex> lock(heartbeat_mu_);
+      own_error = heartbeat_error_;
+    }
+    if (!own_error.empty()) {
+      // E.g. a write-once store (WrapGlooStore): peers' heartbeats would look frozen too.
+      report_ = absl::StrCat(" [peer check on rank ", rank_, " unavailable: this rank's heartbeat cannot be written: ",
+                             own_error, "]");
+      return report_;
+    }
+    const PeerHealth h = CheckPeers();
+    auto ranks = [](const std::vector<int>& v) {
+      return absl::StrCat(v.size() == 1 ? "rank " : "ranks ", absl::StrJoin(v, ", "));
+    };
+    std::vector<std::string> parts;
+    if (!h.store_error.empty()) {
+      parts.push_back(absl::StrCat("store unreachable (", h.store_error, ")"));
+    } else {
+      if (!h.silent.empty()) {
+        parts.push_back(absl::StrCat(ranks(h.silent), h.silent.size() == 1 ? " is" : " are",
+                                     " not responding (no heartbeat for ", (3 * interval_).count(),
+                                     " ms: killed, stopped or hung)"));
+      }
+      if (!h.down.empty()) {
+        parts.push_back(absl::StrCat(ranks(h.down), h.down.size() == 1 ? " has shut down its communicator" : " have shut down their communicators"));
+      }
+      if (parts.empty()) parts.push_back("every peer's heartbeat is advancing (peers alive; a slow peer or ranks out of step?)");
+    }
+    report_ = absl::StrCat(" [peer check on rank ", rank_, ": ", absl::StrJoin(parts, "; "), "]");
+    return report_;
+  }
+
+  // Appends the peer check to a timeout or transport error (same exception type).
+  std::exception_ptr Annotate(std::exception_ptr error) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return error;  // failing because this rank shut down, not because of a peer
+    }
+    try {
+      std::rethrow_exception(error);
+    } catch (const AbortedError&) {
+      return error;
+    } catch (const TimeoutError& e) {
+      return std::make_exception_ptr(TimeoutError(e.what() + PeerReport()));
+    } catch (const PeerError& e) {
+      return std::make_exception_ptr(PeerError(e.what() + PeerReport()));
+    } catch (const CommError& e) {
+      return std::make_exception_ptr(CommError(e.what() + PeerReport()));
+    } catch (...) {
+      return error;
+    }
+  }
+
+  std::vector<int> UnresponsivePeers() {
+    PeerHealth h = CheckPeers();
+    std::vector<int> out = h.silent;
+    out.insert(out.end(), h.down.begin(), h.down.end());
+    std::sort(out.begin(), out.end());
+    return out;
   }
 
   void Poison(std::exception_ptr error) {
@@ -325,7 +506,17 @@ class Communicator::Impl {
       absl::MutexLock launch_lock(&nccl_mu_);
       return nccl_->P2P(ops, description);
     }
-    return p2p_->Post(ops, description);
+    try {
+      return p2p_->Post(ops, description);
+    } catch (const AbortedError&) {
+      throw;
+    } catch (const CommError&) {
+      // Posting to a peer whose connection is already closed fails here, synchronously: the
+      // same failure as in a batch, so the same peer check and the same poisoning.
+      std::exception_ptr annotated = Annotate(std::current_exception());
+      Poison(annotated);
+      std::rethrow_exception(annotated);
+    }
   }
 
   void Shutdown(const std::string& reason) {
@@ -342,6 +533,7 @@ class Communicator::Impl {
       if (failure_text_.empty()) failure_text_ = stop_reason_;
     }
     for (auto& task : dropped) task();  // Run() sees first_failure_ and fails each with AbortedError
+    StopHeartbeat();  // and says "down", so peers that fail next name this rank as shut down
     if (p2p_) p2p_->Shutdown(stop_reason_);
     if (worker_.joinable()) worker_.join();
     p2p_.reset();
@@ -378,6 +570,19 @@ class Communicator::Impl {
   std::string failure_text_ ABSL_GUARDED_BY(mu_);
   TrafficCounters traffic_ ABSL_GUARDED_BY(mu_);
   std::thread worker_;
+
+  // Peer health (std::mutex: the heartbeat thread waits with a timeout).
+  std::chrono::milliseconds interval_{0};
+  std::shared_ptr<Store> health_store_;
+  uint64_t beats_ = 0;  // heartbeat thread only (and Connect() before it starts)
+  std::thread heartbeat_;
+  std::mutex heartbeat_mu_;
+  std::condition_variable heartbeat_cv_;
+  bool heartbeat_stop_ = false;
+  std::string heartbeat_error_;  // guarded by heartbeat_mu_: the last heartbeat's store error
+  std::mutex report_mu_;
+  bool report_done_ = false;
+  std::string report_;
 };
 
 std::unique_ptr<Communicator> Communicator::Create(std::shared_ptr<Store> store, int rank, int size,
@@ -391,6 +596,13 @@ std::unique_ptr<Communicator> Communicator::Create(std::shared_ptr<Store> store,
     throw InvalidArgumentError(absl::StrCat("Communicator: timeout must be positive, got ", options.timeout.count(),
                                             " ms"));
   }
+  if (options.p2p_segment_bytes != 0 &&
+      (options.p2p_segment_bytes < kMinP2PSegmentBytes || options.p2p_segment_bytes > kMaxP2PSegmentBytes)) {
+    throw InvalidArgumentError(absl::StrCat("Communicator: p2p_segment_bytes must be 0 (off) or in [",
+                                            kMinP2PSegmentBytes, ", ", kMaxP2PSegmentBytes, "], got ",
+                                            options.p2p_segment_bytes));
+  }
+  IgnoreSigpipeUnlessHandled();
   auto impl = std::make_unique<Impl>(std::move(store), rank, size, std::move(options));
   impl->Connect();
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
@@ -404,6 +616,7 @@ int Communicator::size() const { return impl_->size_; }
 const CommunicatorOptions& Communicator::options() const { return impl_->options_; }
 void Communicator::shutdown() { impl_->Shutdown("shutdown() called"); }
 TrafficCounters Communicator::traffic() const { return impl_->traffic(); }
+std::vector<int> Communicator::UnresponsivePeers() { return impl_->UnresponsivePeers(); }
 
 namespace {
 OpSpec Spec(OpKind kind, const Buffer& b, uint64_t count) {

@@ -8,6 +8,8 @@
 // with a MismatchError on every rank, naming each rank's value, and leaves the communicator
 // usable. A timeout or a failed peer fails the Work and leaves the communicator unusable
 // (later calls raise AbortedError quoting the first failure), as NCCL does after an abort.
+// Such errors end with a "peer check" naming which peers are dead, stalled or shut down
+// (CommunicatorOptions::heartbeat_interval).
 //
 // Point-to-point operations (send, recv, p2p batches) are posted at once and progress in the
 // background, independently of collectives, so a gossip round of sends and receives to
@@ -42,7 +44,27 @@ struct CommunicatorOptions {
   // CUDA device this rank uses for CUDA buffers, or -1 to infer it from the first CUDA buffer.
   // Point-to-point on CUDA needs it set (NCCL's communicator is created collectively).
   int cuda_device = -1;
+  // Peer health check. Each rank writes a heartbeat counter to the store every
+  // `heartbeat_interval` (zero: timeout / 10, clamped to [50 ms, 1 s]) and "down" when it shuts
+  // down. When an operation fails with a timeout or a transport error, the rank reads every
+  // peer's heartbeat twice, 3 intervals apart, and appends the finding to the error message
+  // ("peer check: rank 2 is not responding (...): killed, stopped or hung"), so that every
+  // survivor names the dead or stalled peer, not merely the neighbour it was waiting on. That
+  // adds at most ~3 intervals (<= 30% of a short timeout, 3 s at most) to a failure. Negative:
+  // no heartbeat thread and no check.
+  std::chrono::milliseconds heartbeat_interval{0};
+  // Point-to-point payloads larger than this travel as consecutive segments of this many
+  // bytes (the last one shorter) instead of one Gloo message; the receiver keeps a few
+  // segments posted at a time. Both directions of an exchange then flow at once: at 1 Gbit/s
+  // a 16 MB message each way takes ~1.1-1.3 message times instead of ~2.1
+  // (docs/benchmarks.md (c)). The receiver follows the sender's setting (it travels in the
+  // message header), so ranks may differ. 0: one message per payload. Otherwise in
+  // [kMinP2PSegmentBytes, kMaxP2PSegmentBytes].
+  size_t p2p_segment_bytes = size_t{256} << 10;
 };
+
+inline constexpr size_t kMinP2PSegmentBytes = size_t{1} << 10;
+inline constexpr size_t kMaxP2PSegmentBytes = size_t{1} << 30;
 
 // A receive's peer that matches a message from any other rank (CPU buffers only).
 inline constexpr int kAnySource = -1;
@@ -121,6 +143,10 @@ class Communicator {
   void shutdown();
 
   TrafficCounters traffic() const;
+
+  // Checks every peer's heartbeat now (takes ~3 heartbeat intervals) and returns the ranks
+  // that are not responding or have shut down, ascending. Empty with the check disabled.
+  std::vector<int> UnresponsivePeers();
 
   class Impl;
 

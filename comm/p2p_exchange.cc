@@ -1,5 +1,7 @@
 #include "comm/p2p_exchange.h"
 
+#include <algorithm>
+
 #include <gloo/context.h>
 #include <gloo/transport/unbound_buffer.h>
 
@@ -17,10 +19,36 @@ struct Header {
   uint64_t count;
   uint32_t tag;
   uint8_t dtype;
-  uint8_t pad[11];
+  uint8_t pad[3];
+  uint32_t segment_bytes;  // the payload travels in segments of this size (0: in one piece)
+  uint8_t pad2[4];
 };
 static_assert(sizeof(Header) == 32, "p2p header layout");
 
+// The segment size a payload of `bytes` travels with: 0 (one piece) when it fits in one.
+uint32_t SegmentBytesFor(size_t bytes, size_t segment_bytes) {
+  return segment_bytes > 0 && bytes > segment_bytes ? static_cast<uint32_t>(segment_bytes) : 0;
+}
+
+// A payload cut into consecutive segments of `size` bytes (the last one shorter), or one
+// piece when `size` is 0. Each segment is one Gloo operation at an offset of one buffer;
+// Gloo matches a pair's operations on one slot in order, so the receiver's segments line up
+// with the sender's.
+struct Segments {
+  size_t bytes;
+  uint32_t size;
+  size_t count() const { return size == 0 ? 1 : (bytes + size - 1) / size; }
+  size_t offset(size_t i) const { return i * size; }
+  size_t length(size_t i) const { return size == 0 ? bytes : std::min<size_t>(size, bytes - i * size); }
+};
+
+// Segments a receive keeps posted at once. Gloo sends a payload only once the receiver has
+// announced the matching receive, and that announcement queues behind whatever the
+// receiver's own side is already writing to the same peer. Announcing every segment at once
+// lets each side queue its whole payload, so the other direction's announcement waits for it:
+// the two directions of an exchange run one after the other. A small window keeps at most a
+// few segments queued ahead of any announcement.
+constexpr size_t kReceiveWindow = 4;
 
 std::chrono::milliseconds Remaining(std::chrono::steady_clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
@@ -34,6 +62,9 @@ struct P2PExchange::Message {
   Header header{};
   std::unique_ptr<gloo::transport::UnboundBuffer> header_ub;
   std::unique_ptr<gloo::transport::UnboundBuffer> data_ub;
+  size_t data_ops = 0;  // payload segments posted on data_ub, each waited for
+  uint64_t ticket = 0;  // a named receive's turn on (peer, tag), drawn when posted
+  bool has_ticket = false;
   std::vector<uint8_t> drain;  // receive side of a mismatch: payload lands here, not in the user buffer
 };
 
@@ -45,8 +76,11 @@ struct P2PExchange::Batch {
 };
 
 P2PExchange::P2PExchange(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout,
-                         std::function<void(std::exception_ptr)> on_failure)
-    : context_(std::move(context)), timeout_(timeout), on_failure_(std::move(on_failure)) {}
+                         size_t segment_bytes, FailureHandler on_failure)
+    : context_(std::move(context)),
+      timeout_(timeout),
+      segment_bytes_(segment_bytes),
+      on_failure_(std::move(on_failure)) {}
 
 P2PExchange::~P2PExchange() {
   Shutdown("communicator destroyed");
@@ -70,11 +104,18 @@ std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string
       m.op = ops[i];
       m.header_ub = context_->createUnboundBuffer(&m.header, sizeof(Header));
       if (m.op.kind == P2POp::Kind::kSend) {
-        m.header = Header{kHeaderMagic, m.op.buffer.count, m.op.tag, static_cast<uint8_t>(m.op.buffer.dtype), {}};
+        const size_t bytes = m.op.buffer.bytes();
+        m.header = Header{kHeaderMagic, m.op.buffer.count, m.op.tag, static_cast<uint8_t>(m.op.buffer.dtype), {},
+                          SegmentBytesFor(bytes, segment_bytes_), {}};
         m.header_ub->send(m.op.peer, MakeSlot(kP2PHeaderSlotPrefix, m.op.tag));
-        if (m.op.buffer.bytes() > 0) {
-          m.data_ub = context_->createUnboundBuffer(m.op.buffer.data, m.op.buffer.bytes());
-          m.data_ub->send(m.op.peer, MakeSlot(kP2PDataSlotPrefix, m.op.tag));
+        if (bytes > 0) {
+          m.data_ub = context_->createUnboundBuffer(m.op.buffer.data, bytes);
+          const uint64_t slot = MakeSlot(kP2PDataSlotPrefix, m.op.tag);
+          const Segments segments{bytes, m.header.segment_bytes};
+          m.data_ops = segments.count();
+          for (size_t i = 0; i < m.data_ops; ++i) {
+            m.data_ub->send(m.op.peer, slot, segments.offset(i), segments.length(i));
+          }
         }
       } else {
         if (m.op.peer == kAnySource) {
@@ -91,11 +132,72 @@ std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string
   } catch (const std::exception& e) {
     RethrowGlooError(batch->description, e);
   }
+  for (Message& m : batch->messages) {
+    if (m.op.kind == P2POp::Kind::kRecv && m.op.peer != kAnySource) {
+      m.ticket = turns_[{m.op.peer, m.op.tag}].next++;
+      m.has_ticket = true;
+    }
+  }
   // One thread per batch: batches complete independently of each other, in any order.
   ++active_batches_;
   std::thread([this, b = std::move(batch)]() mutable { RunBatch(std::move(b)); }).detach();
   return work;
 }
+
+// A receive's turn to take its payload from (peer, tag). Gloo matches headers in posting
+// order, but each receive posts its payload's segments from its own thread: without turns,
+// two receives outstanding on one (peer, tag) could take each other's segments (Gloo aborts
+// on the length mismatch) or payloads. Named receives draw their ticket when posted (the
+// order their headers are matched in); a receive from any source draws one when its header
+// arrives. Every ticket is given back on every path, so a failed receive never blocks the next.
+class P2PExchange::Turn {
+ public:
+  Turn(P2PExchange& exchange, const Message& m) : exchange_(exchange) {
+    if (m.has_ticket) {
+      key_ = {m.op.peer, m.op.tag};
+      ticket_ = m.ticket;
+      held_ = true;
+    }
+  }
+  Turn(const Turn&) = delete;
+  Turn& operator=(const Turn&) = delete;
+  ~Turn() {
+    if (!held_) return;
+    absl::MutexLock lock(&exchange_.mu_);
+    auto it = exchange_.turns_.find(key_);
+    Turns& t = it->second;
+    t.finished.insert(ticket_);
+    while (!t.finished.empty() && *t.finished.begin() == t.serving) {
+      t.finished.erase(t.finished.begin());
+      ++t.serving;
+    }
+    if (t.serving == t.next) exchange_.turns_.erase(it);  // idle: keeps the map small
+  }
+
+  // A receive from any source, once its header named the sender.
+  void Draw(int peer, uint32_t tag) {
+    if (held_) return;
+    absl::MutexLock lock(&exchange_.mu_);
+    key_ = {peer, tag};
+    ticket_ = exchange_.turns_[key_].next++;
+    held_ = true;
+  }
+
+  // Returns when every earlier receive on (peer, tag) has taken its payload (or failed).
+  void Wait() {
+    absl::MutexLock lock(&exchange_.mu_);
+    exchange_.mu_.Await(absl::Condition(this, &Turn::Mine));
+  }
+
+ private:
+  bool Mine() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(exchange_.mu_) {
+    return exchange_.turns_.at(key_).serving == ticket_;
+  }
+  P2PExchange& exchange_;
+  std::pair<int, uint32_t> key_;
+  uint64_t ticket_ = 0;
+  bool held_ = false;
+};
 
 struct P2PExchange::ReceiveOutcome {
   std::exception_ptr mismatch;  // the sender's count or dtype differs: payload drained
@@ -108,10 +210,12 @@ P2PExchange::ReceiveOutcome P2PExchange::ReceiveOne(Message& m, Clock::time_poin
                                                     const std::string& description) {
   gloo::Context& context = *context_;
   ReceiveOutcome out;
+  Turn turn(*this, m);
   try {
     int sender = m.op.peer;
     m.header_ub->waitRecv(&sender, Remaining(deadline));
     m.op.peer = sender;  // resolves kAnySource: the payload comes from the header's sender
+    turn.Draw(sender, m.op.tag);
     if (m.op.source) *m.op.source = sender;
     const Header& h = m.header;
     const Buffer& b = m.op.buffer;
@@ -130,9 +234,26 @@ P2PExchange::ReceiveOutcome P2PExchange::ReceiveOne(Message& m, Clock::time_poin
       m.drain.resize(incoming);
       dst = m.drain.data();
     }
+    // The sender's segmentation, from its header. Later segments come from the sender the
+    // header came from, so a receive from any source cannot mix two senders' payloads.
+    const Segments segments{incoming, h.segment_bytes < incoming ? h.segment_bytes : 0};
     m.data_ub = context.createUnboundBuffer(dst, incoming);
-    m.data_ub->recv(m.op.peer, MakeSlot(kP2PDataSlotPrefix, m.op.tag));
-    m.data_ub->waitRecv(Remaining(deadline));
+    const uint64_t slot = MakeSlot(kP2PDataSlotPrefix, m.op.tag);
+    // One payload at a time per (peer, tag), in header order. The receive ahead's sender
+    // posted every segment with its header, so it finishes (or times out) without help.
+    turn.Wait();
+    m.data_ops = segments.count();
+    size_t posted = 0;
+    for (; posted < std::min(kReceiveWindow, m.data_ops); ++posted) {
+      m.data_ub->recv(m.op.peer, slot, segments.offset(posted), segments.length(posted));
+    }
+    for (size_t done = 0; done < m.data_ops; ++done) {
+      m.data_ub->waitRecv(Remaining(deadline));  // segments complete in order
+      if (posted < m.data_ops) {
+        m.data_ub->recv(m.op.peer, slot, segments.offset(posted), segments.length(posted));
+        ++posted;
+      }
+    }
     out.bytes = match ? incoming : 0;
   } catch (const std::exception& e) {
     try {
@@ -165,7 +286,7 @@ void P2PExchange::Complete(Batch& batch) {
     for (Message& m : batch.messages) {
       if (m.op.kind != P2POp::Kind::kSend) continue;
       m.header_ub->waitSend(Remaining(batch.deadline));
-      if (m.data_ub) m.data_ub->waitSend(Remaining(batch.deadline));
+      for (size_t i = 0; i < m.data_ops; ++i) m.data_ub->waitSend(Remaining(batch.deadline));
       sent += m.op.buffer.bytes();
     }
   } catch (const std::exception& e) {
@@ -183,8 +304,7 @@ void P2PExchange::Complete(Batch& batch) {
     received += o.bytes;
   }
   if (failure) {
-    on_failure_(failure);
-    batch.work->Complete(failure);
+    batch.work->Complete(on_failure_(failure));
     return;
   }
   {

@@ -7,6 +7,15 @@
 // cannot pass for a full one (raw Gloo reports success). On a mismatch the payload is
 // drained into scratch memory and the receive fails with a MismatchError naming both sides.
 //
+// A payload larger than the segment size travels as consecutive segments: offset/length
+// operations on one Gloo buffer, all posted at once by the sender; the header carries the
+// segment size, and the receiver posts the same cuts, from the header's sender only, a few at
+// a time (kReceiveWindow). Gloo sends a payload only once its receive is announced, and the
+// announcement queues behind what the receiver itself is writing to that peer: with whole
+// payloads the two directions of an exchange ran one after the other (docs/benchmarks.md
+// (c)). Receives on one (peer, tag) take their payloads in header order (tickets), so their
+// segments never interleave. Counters still count payload bytes.
+//
 // Batches are posted on the caller's thread; each then progresses on a thread of its own,
 // its receives independently of each other, and completes as soon as its own messages
 // have: no batch or receive waits behind another. Because every send is posted at once
@@ -18,8 +27,11 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -37,9 +49,12 @@ namespace gossipcc {
 class P2PExchange {
  public:
   // `on_failure` is told about transport failures (not mismatches), which leave the
-  // p2p message stream out of step.
-  P2PExchange(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout,
-              std::function<void(std::exception_ptr)> on_failure);
+  // p2p message stream out of step; the batch fails with the error it returns (the same,
+  // or one with more detail).
+  using FailureHandler = std::function<std::exception_ptr(std::exception_ptr)>;
+  // `segment_bytes`: payloads larger than this are sent as segments of this size (0: whole).
+  P2PExchange(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout, size_t segment_bytes,
+              FailureHandler on_failure);
   ~P2PExchange();
 
   // Ops were validated by the caller (CPU buffers, peers in range and not self).
@@ -54,13 +69,20 @@ class P2PExchange {
   struct Message;
   struct Batch;
   struct ReceiveOutcome;
+  class Turn;
+  struct Turns {
+    uint64_t next = 0;              // the ticket the next receive draws
+    uint64_t serving = 0;           // the ticket whose receive may take its payload
+    std::set<uint64_t> finished;    // given back out of order, ahead of `serving`
+  };
   ReceiveOutcome ReceiveOne(Message& m, Clock::time_point deadline, const std::string& description);
   void Complete(Batch& batch);
   void RunBatch(std::unique_ptr<Batch> batch);
 
   std::shared_ptr<gloo::Context> context_;
   const std::chrono::milliseconds timeout_;
-  std::function<void(std::exception_ptr)> on_failure_;
+  const size_t segment_bytes_;
+  FailureHandler on_failure_;
 
   mutable absl::Mutex mu_;
   int active_batches_ ABSL_GUARDED_BY(mu_) = 0;  // the destructor waits for these
@@ -68,6 +90,7 @@ class P2PExchange {
   std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::pair<int, uint32_t>, Turns> turns_ ABSL_GUARDED_BY(mu_);  // by (peer, tag)
 };
 
 }  // namespace gossipcc

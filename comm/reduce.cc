@@ -17,6 +17,12 @@ template <typename T>
 struct Min { static T Apply(T a, T b) { return std::min(a, b); } };
 template <typename T>
 struct Max { static T Apply(T a, T b) { return std::max(a, b); } };
+// Floating min/max propagate NaN, as torch.minimum/maximum and NCCL do. std::min/max would
+// keep or drop a NaN depending on the operand order, i.e. on which rank held it.
+template <typename T>
+struct NanMin { static T Apply(T a, T b) { return (a != a || b != b) ? a + b : std::min(a, b); } };
+template <typename T>
+struct NanMax { static T Apply(T a, T b) { return (a != a || b != b) ? a + b : std::max(a, b); } };
 
 // Integer sums wrap (two's complement) like torch and NCCL; do them unsigned to avoid UB.
 template <typename T>
@@ -49,8 +55,8 @@ ReduceFn ForFloat(ReduceOp op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg: return &Kernel<T, Sum>;
     case ReduceOp::kProduct: return &Kernel<T, Prod>;
-    case ReduceOp::kMin: return &Kernel<T, Min>;
-    case ReduceOp::kMax: return &Kernel<T, Max>;
+    case ReduceOp::kMin: return &Kernel<T, NanMin>;
+    case ReduceOp::kMax: return &Kernel<T, NanMax>;
   }
   return nullptr;
 }

@@ -23,6 +23,8 @@ class Store {
  public:
   virtual ~Store() = default;
 
+  // Sets (or replaces) the value of `key`. Stores that accept each key once only (Gloo's own
+  // stores, through WrapGlooStore) work for rendezvous but disable the peer heartbeats.
   virtual void set(const std::string& key, const std::vector<char>& value) = 0;
   // Blocks until `key` exists (or `timeout` passes: TimeoutError), then returns its value.
   virtual std::vector<char> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
@@ -30,7 +32,8 @@ class Store {
   virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
 };
 
-// Shares a directory between processes on one host (or a shared file system).
+// Shares a directory between processes on one host (or a shared file system): one file per
+// key, replaced atomically on set.
 std::shared_ptr<Store> MakeFileStore(const std::string& path);
 // In-process store: for ranks running as threads of one process.
 std::shared_ptr<Store> MakeHashStore();

@@ -26,7 +26,7 @@ stage "test //... (torch 1.13)" bazel test //... "$@"
 stage "test //... (asan+ubsan)" bazel test --config=asan --build_tag_filters=-python --test_tag_filters=-python //... "$@"
 # The C++ suite under ThreadSanitizer (.bazelrc: tsan; tools/tsan explains the Abseil shim).
 stage "test C++ (tsan)" bazel test --config=tsan --build_tag_filters=-python --test_tag_filters=-python \
-  //tests/comm/... //tests/compression/... //tests/algorithms/... "$@"
+  //tests/comm/... //tests/compression/... //tests/algorithms/... //tests/reliability/... "$@"
 # libFuzzer on the option/graph parsers, bounded (tools/fuzz.sh; installs clang on first use).
 stage "fuzz parsers (20 s each)" tools/fuzz.sh 20
 # The c10d backend against torch 2.x: the same build and tests in a Debian trixie root.

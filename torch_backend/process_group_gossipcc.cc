@@ -6,8 +6,10 @@
 #include <cstdlib>
 #include <functional>
 #include <numeric>
+#include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "comm/errors.h"
 #include "torch_backend/c10d_store.h"
 #include "torch_backend/gossipcc_work.h"
@@ -100,9 +102,22 @@ std::string TransportInterface() {
   return "";
 }
 
+// GOSSIPCC_P2P_SEGMENT_BYTES: CommunicatorOptions::p2p_segment_bytes (0: off); the
+// Communicator checks the range.
+void ApplySegmentBytesFromEnvironment(CommunicatorOptions& c) {
+  const char* v = std::getenv("GOSSIPCC_P2P_SEGMENT_BYTES");
+  if (!v || !*v) return;
+  const std::string text(v);
+  if (text.size() > 12 || text.find_first_not_of("0123456789") != std::string::npos) {
+    throw InvalidArgumentError(absl::StrCat("GOSSIPCC_P2P_SEGMENT_BYTES must be a byte count, got '", text, "'"));
+  }
+  c.p2p_segment_bytes = static_cast<size_t>(std::stoull(text));
+}
+
 CommunicatorOptions MakeCommunicatorOptions(const ProcessGroupOptions& options) {
   CommunicatorOptions c = options.communicator;
   c.timeout = options.timeout;
+  ApplySegmentBytesFromEnvironment(c);
   const std::string iface = TransportInterface();
   const std::string host = TransportHostname();
   if (!iface.empty()) c.interface = iface;

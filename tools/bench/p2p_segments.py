@@ -21,6 +21,10 @@ def worker(args):
     torch.set_num_threads(1)
     rank, _ = common.worker_env()
     dist.init_process_group("gloo", init_method="env://")
+    group = None
+    if args.backend == "gossipcc":
+        import gossipcc  # noqa: F401  (registers the backend)
+        group = dist.new_group(backend="gossipcc")
     peer = 1 - rank
     x = torch.full((args.bytes // 4,), float(rank + 1))
     y = torch.empty(args.bytes // 4)
@@ -33,8 +37,8 @@ def worker(args):
             t = time.perf_counter()
             works = []
             for off in range(0, x.numel(), n):
-                works.append(dist.isend(x[off:off + n], peer))
-                works.append(dist.irecv(y[off:off + n], peer))
+                works.append(dist.isend(x[off:off + n], peer, group=group))
+                works.append(dist.irecv(y[off:off + n], peer, group=group))
             for w in works:
                 w.wait()
             if it > 0:
@@ -56,6 +60,8 @@ def main():
     p.add_argument("--segments", default=f"{16 << 20},{1 << 20},{256 << 10}")
     p.add_argument("--network", default="1gbit")
     p.add_argument("--iters", type=int, default=4)
+    p.add_argument("--backend", default="gloo", choices=["gloo", "gossipcc"],
+                   help="whose isend/irecv (gossipcc cuts messages itself: GOSSIPCC_P2P_SEGMENT_BYTES)")
     args = p.parse_args()
     if args.worker:
         return worker(args)
@@ -64,13 +70,16 @@ def main():
     load0 = common.load_average()
     with common.make_cluster(2, args.network) as cluster:
         docs = common.run_ranks(cluster, os.path.abspath(__file__),
-                                ["--bytes", str(args.bytes), "--segments", args.segments, "--iters", str(args.iters)])
+                                ["--bytes", str(args.bytes), "--segments", args.segments, "--iters", str(args.iters),
+                                 "--backend", args.backend])
     msg = args.bytes / bps
     rows = []
     for seg in args.segments.split(","):
         t = common.median([max(d[seg][j] for d in docs) for j in range(args.iters)])
         rows.append([common.human_bytes(int(seg)), f"{1e3 * t:.1f}", f"{t / msg:.2f}"])
-    print(f"2 ranks, {common.human_bytes(args.bytes)} each way at once, network {args.network}, one message time "
+    seg_env = os.environ.get("GOSSIPCC_P2P_SEGMENT_BYTES", "default")
+    backend = args.backend if args.backend == "gloo" else f"gossipcc (GOSSIPCC_P2P_SEGMENT_BYTES={seg_env})"
+    print(f"{backend}: 2 ranks, {common.human_bytes(args.bytes)} each way at once, network {args.network}, one message time "
           f"{1e3 * msg:.1f} ms, load average {load0} -> {common.load_average()}\n")
     print(common.markdown_table(["segment", "exchange (ms)", "/ message time"], rows))
 

@@ -1,0 +1,325 @@
+#include "algorithms/fault_tolerant_push_sum.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "algorithms/push_sum.h"
+#include "comm/errors.h"
+
+namespace gossipcc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<char> Bytes(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
+
+// x element `i` of the concatenated buffers, as float64.
+class FlatView {
+ public:
+  explicit FlatView(const std::vector<Buffer>& buffers) : parts_(buffers) {}
+  template <typename Fn>  // fn(size_t flat_index, double& value), value written back
+  void Update(Fn fn) const {
+    size_t k = 0;
+    for (const Buffer& b : parts_) {
+      if (b.dtype == DType::kFloat64) {
+        double* p = static_cast<double*>(b.data);
+        for (size_t i = 0; i < b.count; ++i, ++k) fn(k, p[i]);
+      } else {
+        float* p = static_cast<float*>(b.data);
+        for (size_t i = 0; i < b.count; ++i, ++k) {
+          double v = p[i];
+          fn(k, v);
+          p[i] = static_cast<float>(v);
+        }
+      }
+    }
+  }
+  template <typename Fn>  // fn(size_t flat_index, double value)
+  void Read(Fn fn) const {
+    size_t k = 0;
+    for (const Buffer& b : parts_) {
+      for (size_t i = 0; i < b.count; ++i, ++k) {
+        fn(k, b.dtype == DType::kFloat64 ? static_cast<const double*>(b.data)[i]
+                                         : static_cast<double>(static_cast<const float*>(b.data)[i]));
+      }
+    }
+  }
+
+ private:
+  std::vector<Buffer> parts_;
+};
+
+size_t CheckBuffers(const std::vector<Buffer>& buffers) {
+  size_t count = 0;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const Buffer& b = buffers[i];
+    if (b.device.is_cuda()) {
+      throw InvalidArgumentError(absl::StrCat("fault_tolerant_push_sum: buffer ", i, " is on ", b.device.ToString(),
+                                              "; CPU buffers only"));
+    }
+    if (b.dtype != DType::kFloat32 && b.dtype != DType::kFloat64) {
+      throw InvalidArgumentError(absl::StrCat("fault_tolerant_push_sum: buffer ", i, " is ", DTypeName(b.dtype),
+                                              "; float32 or float64 only"));
+    }
+    if (b.dtype != buffers[0].dtype) {
+      throw InvalidArgumentError(absl::StrCat("fault_tolerant_push_sum: buffer ", i, " is ", DTypeName(b.dtype),
+                                              " but buffer 0 is ", DTypeName(buffers[0].dtype)));
+    }
+    if (b.data == nullptr && b.count > 0) {
+      throw InvalidArgumentError(absl::StrCat("fault_tolerant_push_sum: buffer ", i, " has null data"));
+    }
+    count += b.count;
+  }
+  return count;
+}
+
+// A failure that a recovery handles: the peer or the link, not the caller.
+bool IsPeerFailure(const CommError& e) {
+  return dynamic_cast<const MismatchError*>(&e) == nullptr && dynamic_cast<const InvalidArgumentError*>(&e) == nullptr;
+}
+
+}  // namespace
+
+FaultTolerantPushSum::FaultTolerantPushSum(std::shared_ptr<Store> store, int rank, int world_size,
+                                           FaultTolerantPushSumOptions options)
+    : store_(std::move(store)), rank_(rank), world_size_(world_size), options_(std::move(options)) {
+  if (!store_) throw InvalidArgumentError("fault_tolerant_push_sum: null store");
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw InvalidArgumentError(
+        absl::StrCat("fault_tolerant_push_sum: rank ", rank, " is out of range [0, ", world_size, ")"));
+  }
+  window_ = options_.join_window.count() > 0 ? options_.join_window : 2 * options_.comm.timeout;
+  for (int r = 0; r < world_size; ++r) members_.push_back(r);
+  MakePeerGraph(options_.graph, world_size);  // validates the spec before any rendezvous
+  Connect();
+}
+
+FaultTolerantPushSum::~FaultTolerantPushSum() = default;
+
+int FaultTolerantPushSum::GroupRank(int original) const {
+  auto it = std::lower_bound(members_.begin(), members_.end(), original);
+  return (it != members_.end() && *it == original) ? static_cast<int>(it - members_.begin()) : -1;
+}
+
+void FaultTolerantPushSum::Connect() {
+  const int m = static_cast<int>(members_.size());
+  comm_ = Communicator::Create(std::make_shared<PrefixStore>(absl::StrCat("ftps/", epoch_, "/comm"), store_),
+                               GroupRank(rank_), m, options_.comm);
+  graph_ = MakePeerGraph(options_.graph, m);
+}
+
+bool FaultTolerantPushSum::Step(std::vector<Buffer> buffers) {
+  const size_t count = CheckBuffers(buffers);
+  const int me = comm_->rank();
+  const PushSumPlan plan = MakePushSumPlan(*graph_, nullptr, me, step_, "fault_tolerant_push_sum");
+  const FlatView x(buffers);
+  // Message: [step][share * x ...][share * w], all float64.
+  const size_t words = count + 2;
+  const double share = plan.send_shares.empty() ? 0.0 : plan.send_shares[0];
+  std::vector<double> out(words);
+  out[0] = static_cast<double>(step_);
+  x.Read([&](size_t k, double v) { out[k + 1] = share * v; });
+  out[count + 1] = share * weight_;
+  std::vector<std::vector<double>> in(plan.in_peers.size(), std::vector<double>(words));
+  std::vector<P2POp> ops;
+  for (int p : plan.out_peers) ops.push_back(P2POp::Send(CpuBuffer(out.data(), words), p, options_.tag));
+  for (size_t j = 0; j < plan.in_peers.size(); ++j) {
+    ops.push_back(P2POp::Recv(CpuBuffer(in[j].data(), words), plan.in_peers[j], options_.tag));
+  }
+  try {
+    comm_->p2p(ops)->wait();
+  } catch (const CommError& e) {
+    if (!IsPeerFailure(e)) throw;
+    Recover(buffers, count);
+    return false;
+  }
+  for (size_t j = 0; j < in.size(); ++j) {
+    if (in[j][0] != static_cast<double>(step_)) {
+      throw MismatchError(absl::StrCat("fault_tolerant_push_sum step ", step_, " on rank ", rank_,
+                                       ": the message from rank ", members_[plan.in_peers[j]], " was sent at its step ",
+                                       in[j][0], "; every rank must call Step the same number of times"));
+    }
+  }
+  // x <- x - sum of what was sent + sum of what was received, with the flows recorded so that
+  // x = x(0) + updates + sum(recv - sent) holds exactly in float64.
+  const double sent_total = share * static_cast<double>(plan.out_peers.size());
+  x.Update([&](size_t k, double& v) {
+    double acc = v - sent_total * v;
+    for (const auto& msg : in) acc += msg[k + 1];
+    v = acc;
+  });
+  double w = weight_ - sent_total * weight_;
+  for (const auto& msg : in) w += msg[count + 1];
+  weight_ = w;
+  auto record = [&](std::map<int, std::vector<double>>& records, int peer, const double* msg, double sign) {
+    std::vector<double>& rec = records[peer];
+    rec.resize(count + 1, 0.0);
+    for (size_t k = 0; k <= count; ++k) rec[k] += sign * msg[k];
+  };
+  for (int p : plan.out_peers) {
+    record(sent_, members_[p], out.data() + 1, 1.0);
+    record(net_, members_[p], out.data() + 1, 1.0);
+  }
+  for (size_t j = 0; j < in.size(); ++j) {
+    record(recv_, members_[plan.in_peers[j]], in[j].data() + 1, 1.0);
+    record(net_, members_[plan.in_peers[j]], in[j].data() + 1, -1.0);
+  }
+  ++step_;
+  return true;
+}
+
+std::vector<int> FaultTolerantPushSum::AgreeOnMembers() {
+  const std::string prefix = absl::StrCat("ftps/", epoch_, "/");
+  store_->set(absl::StrCat(prefix, "join/", rank_), Bytes("1"));
+  std::vector<bool> joined(members_.size(), false);
+  const auto deadline = Clock::now() + window_;
+  for (;;) {
+    bool all = true;
+    for (size_t i = 0; i < members_.size(); ++i) {
+      if (joined[i]) continue;
+      try {
+        store_->wait({absl::StrCat(prefix, "join/", members_[i])}, std::chrono::milliseconds(1));
+        joined[i] = true;
+      } catch (const TimeoutError&) {
+        all = false;
+      }
+    }
+    if (all || Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::vector<int> view;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    if (joined[i]) view.push_back(members_[i]);
+  }
+  const std::string mine = absl::StrJoin(view, ",");
+  store_->set(absl::StrCat(prefix, "view/", rank_), Bytes(mine));
+  // Everyone in the view joined within this rank's window, so each publishes its view at
+  // most one window after this rank did.
+  for (int r : view) {
+    if (r == rank_) continue;
+    std::vector<char> v;
+    try {
+      v = store_->get(absl::StrCat(prefix, "view/", r), 2 * window_ + options_.comm.timeout);
+    } catch (const TimeoutError& e) {
+      throw PeerError(absl::StrCat("fault_tolerant_push_sum on rank ", rank_, ": recovery of epoch ", epoch_,
+                                   ": rank ", r, " joined but published no membership view (", e.what(), ")"));
+    }
+    const std::string theirs(v.begin(), v.end());
+    if (theirs != mine) {
+      throw PeerError(absl::StrCat("fault_tolerant_push_sum on rank ", rank_, ": recovery of epoch ", epoch_,
+                                   ": survivors disagree on the membership: this rank saw {", mine, "}, rank ", r,
+                                   " saw {", theirs, "}",
+                                   theirs.find(absl::StrCat(rank_)) == std::string::npos
+                                       ? " (this rank joined after the others closed the epoch and was dropped)"
+                                       : " (a rank joined at the very end of the join window)"));
+    }
+  }
+  return view;
+}
+
+void FaultTolerantPushSum::Recover(const std::vector<Buffer>& buffers, size_t count) {
+  const int max_attempts = static_cast<int>(members_.size());
+  for (int attempt = 0;; ++attempt) {
+    comm_.reset();  // closes our sockets: the neighbours' steps fail now, not at their timeout
+    const std::vector<int> view = AgreeOnMembers();
+    std::vector<int> dropped;
+    std::set_difference(members_.begin(), members_.end(), view.begin(), view.end(), std::back_inserter(dropped));
+    members_ = view;
+    dead_.insert(dead_.end(), dropped.begin(), dropped.end());
+    std::sort(dead_.begin(), dead_.end());
+    ++epoch_;
+    Connect();
+    try {
+      const double w_before = weight_;
+      Reconcile(buffers, count);
+      last_recovery_.epoch = epoch_;
+      last_recovery_.dead = dead_;
+      last_recovery_.members = members_;
+      last_recovery_.step = step_;
+      last_recovery_.weight_correction = weight_ - w_before;
+      return;
+    } catch (const CommError& e) {
+      if (!IsPeerFailure(e) || attempt + 1 >= max_attempts) throw;
+      // Another rank failed while reconciling: the records are untouched, start over.
+    }
+  }
+}
+
+void FaultTolerantPushSum::Reconcile(const std::vector<Buffer>& buffers, size_t count) {
+  const int m = static_cast<int>(members_.size());
+  const int me = comm_->rank();
+  const size_t words = count + 1;
+  // Who holds a sent-record for whom (original ranks), and the step to resume at.
+  const int world = world_size_;
+  std::vector<int32_t> flags(world, 0);
+  for (const auto& [peer, rec] : sent_) {
+    flags[peer] = 1;
+  }
+  std::vector<int32_t> all_flags(static_cast<size_t>(world) * m);
+  comm_->allgather(CpuBuffer(flags.data(), flags.size()), CpuBuffer(all_flags.data(), all_flags.size()))->wait();
+  int64_t step = step_;
+  comm_->allreduce(CpuBuffer(&step, 1), ReduceOp::kMax)->wait();
+
+  std::vector<P2POp> ops;
+  std::vector<std::vector<double>> sent_copy;  // keeps send buffers alive
+  for (int j = 0; j < m; ++j) {
+    if (j == me) continue;
+    auto it = sent_.find(members_[j]);
+    if (it == sent_.end()) continue;
+    std::vector<double> rec = it->second;
+    rec.resize(words, 0.0);
+    sent_copy.push_back(std::move(rec));
+  }
+  size_t s = 0;
+  for (int j = 0; j < m; ++j) {
+    if (j == me || sent_.count(members_[j]) == 0) continue;
+    ops.push_back(P2POp::Send(CpuBuffer(sent_copy[s++].data(), words), j, options_.tag + 1));
+  }
+  std::vector<std::pair<int, std::vector<double>>> incoming;
+  for (int j = 0; j < m; ++j) {
+    if (j != me && all_flags[static_cast<size_t>(j) * world + rank_]) incoming.emplace_back(j, std::vector<double>(words));
+  }
+  for (auto& [j, buf] : incoming) ops.push_back(P2POp::Recv(CpuBuffer(buf.data(), words), j, options_.tag + 1));
+  if (!ops.empty()) comm_->p2p(ops)->wait();
+
+  // Everything arrived: now nothing can fail, apply the corrections.
+  std::vector<double> corr(words, 0.0);
+  auto add = [&](const std::vector<double>& v, double sign, std::vector<double>* also = nullptr) {
+    for (size_t k = 0; k < v.size() && k < words; ++k) {
+      corr[k] += sign * v[k];
+      if (also) {
+        also->resize(words, 0.0);
+        (*also)[k] -= sign * v[k];  // what we take in from a peer lowers our net flow to it
+      }
+    }
+  };
+  // The dead: undo every exchange with them since the start (net = sent - received).
+  for (int d : dead_) {
+    if (auto it = net_.find(d); it != net_.end()) {
+      add(it->second, +1);
+      net_.erase(it);
+    }
+  }
+  // Survivors: mass in flight (sent, not applied) or half-applied (applied, not recorded as
+  // sent) since the last recovery: settle it here, and in net_ so that a later death of that
+  // peer undoes it too.
+  for (const auto& [j, buf] : incoming) add(buf, +1, &net_[members_[j]]);  // sent_j[me]
+  for (int j = 0; j < m; ++j) {
+    if (j == me) continue;
+    if (auto it = recv_.find(members_[j]); it != recv_.end()) add(it->second, -1, &net_[members_[j]]);
+  }
+  FlatView(buffers).Update([&](size_t k, double& v) { v += corr[k]; });
+  weight_ += corr[count];
+  sent_.clear();
+  recv_.clear();
+  step_ = step;
+}
+
+void FaultTolerantPushSum::Debias(const Buffer& in, Buffer out) const {
+  DebiasBuffer("fault_tolerant_push_sum debias", weight_, in, out);
+}
+
+}  // namespace gossipcc

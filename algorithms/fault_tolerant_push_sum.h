@@ -1,0 +1,133 @@
+// Push-sum that survives dead peers (opt-in): when a rank dies or stalls, the others agree on
+// who is left, re-derive the graph over the survivors, restore the push-sum mass exactly as if
+// the dead ranks had never taken part, and keep going. See docs/reliability.md ("Dropping a dead
+// peer") for the design and its guarantees.
+//
+//   FaultTolerantPushSum ps(store, rank, world_size, {.graph = "exponential"});
+//   for (...) { local_update(x); ps.Step({CpuBuffer(x, n)}); ps.Debias(x_buf, z_buf); }
+//
+// Failure detection: a Step whose transfers fail with a timeout or a transport error (any
+// CommError except MismatchError / InvalidArgumentError) starts a recovery. The communicator
+// is destroyed first, which closes its sockets, so the neighbours' own steps fail at once and
+// they join the recovery too.
+//
+// Agreement (epoch e, keys "ftps/<e>/..." in the store): each rank in recovery writes
+// join/<rank>, waits until every member of epoch e has joined or `join_window` has passed, then
+// publishes the set it saw (view/<rank>) and reads the view of every rank in it. Equal views:
+// that set is epoch e+1's membership. Unequal views (a rank joined at the very end of a window)
+// or a view without this rank (it joined after the others closed the epoch: it was presumed
+// dead): PeerError on the ranks concerned, nothing changed. Survivors get ranks 0..m-1 in
+// ascending order of their original ranks and a new Communicator ("ftps/<e+1>/comm").
+//
+// Mass accounting: every rank records, per peer (original rank), in float64, the mass (x and
+// w) it removed from itself and sent and the mass it received and added: since the last
+// recovery (sent[p], recv[p]) and, as net[p] = sent - received, since the start. So always
+// x_i = x_i(0) + local updates + sum_p (-net_i[p]). A step that fails changes and records
+// nothing. In recovery each survivor i adds
+//   sum over dead d of net_i[d]                       (take back what it gave the dead, give
+//                                                      back what it got from them, ever)
+// + sum over survivors j of (sent_j[i] - recv_i[j])   (mass in flight, or applied by i but not
+//                                                      recorded as sent by j whose step failed)
+// with sent_j[i] fetched from j over the new communicator (net_i[j] is settled likewise).
+// Afterwards the survivors' sum of x equals the sum of their initial values plus their own
+// local updates, and their sum of w is the number of survivors (up to float64 rounding; with
+// float32 buffers, up to the rounding of storing x each step): the de-biased x / w converges to
+// the survivors' average, as if the dead ranks had never been there. Individual weights can be
+// small or negative right after a recovery (a rank gives back mass it received from the dead);
+// push-sum is linear, so the ratio still converges, but x / w is unreliable for a few rounds.
+// Drive loops by step() (the agreed counter), not by a local count of calls: survivors resume
+// at the same step() though some may have completed one more round than others.
+// Memory: three float64 vectors of (elements + 1) per distinct peer exchanged with.
+//
+// Not covered: the store itself must survive (a FileStore, or a TCPStore not hosted by a rank
+// that may die); a failure while the survivors agree is reported (PeerError), a failure while
+// they reconcile starts another recovery. CPU float32/float64 buffers, uniform mixing.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "algorithms/peer_graph.h"
+#include "comm/communicator.h"
+#include "comm/store.h"
+#include "comm/types.h"
+
+namespace gossipcc {
+
+struct FaultTolerantPushSumOptions {
+  // MakePeerGraph spec, instantiated over the current members (re-derived after each recovery).
+  std::string graph = "exponential";
+  // Options of every communicator this object creates; `timeout` bounds failure detection.
+  CommunicatorOptions comm;
+  // How long ranks in recovery wait for the other members to join. Zero: 2 * comm.timeout.
+  std::chrono::milliseconds join_window{0};
+  uint32_t tag = 0x46545053;  // "FTPS"
+};
+
+// What the last recovery did.
+struct RecoveryReport {
+  int epoch = 0;                  // the epoch it created
+  std::vector<int> dead;          // original ranks dropped by it
+  std::vector<int> members;       // original ranks left
+  int64_t step = 0;               // the step counter agreed on (max over survivors)
+  double weight_correction = 0;   // what this rank's weight changed by
+};
+
+class FaultTolerantPushSum {
+ public:
+  // Rendezvous of `world_size` ranks (original ranks 0..world_size-1) through `store`.
+  FaultTolerantPushSum(std::shared_ptr<Store> store, int rank, int world_size,
+                       FaultTolerantPushSumOptions options = {});
+  ~FaultTolerantPushSum();
+
+  // One push-sum round on `buffers` (this rank's numerator x; CPU, float32 or float64, one
+  // dtype, the same total count on every rank). Returns true if the round was applied; false
+  // if a peer failed and this call recovered instead (x and weight() then carry the recovery's
+  // corrections; last_recovery() says what happened). Throws MismatchError /
+  // InvalidArgumentError as PushSum does (nothing changed), PeerError if the survivors could
+  // not agree or this rank was excluded.
+  bool Step(std::vector<Buffer> buffers);
+
+  // out <- in / weight().
+  void Debias(const Buffer& in, Buffer out) const;
+
+  double weight() const { return weight_; }
+  int64_t step() const { return step_; }
+  int epoch() const { return epoch_; }
+  int rank() const { return rank_; }  // original rank
+  const std::vector<int>& members() const { return members_; }  // original ranks, ascending
+  const std::vector<int>& dead() const { return dead_; }        // every rank dropped so far
+  const RecoveryReport& last_recovery() const { return last_recovery_; }
+  // The current group's communicator (ranks 0..members().size()-1).
+  Communicator& comm() { return *comm_; }
+
+ private:
+  void Connect();
+  void Recover(const std::vector<Buffer>& buffers, size_t count);
+  std::vector<int> AgreeOnMembers();
+  void Reconcile(const std::vector<Buffer>& buffers, size_t count);
+  int GroupRank(int original) const;
+
+  std::shared_ptr<Store> store_;
+  const int rank_;
+  const int world_size_;
+  const FaultTolerantPushSumOptions options_;
+  std::chrono::milliseconds window_;
+  std::vector<int> members_;
+  std::vector<int> dead_;
+  int epoch_ = 0;
+  int64_t step_ = 0;
+  double weight_ = 1.0;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<PeerGraph> graph_;
+  // By original rank, x elements then w: mass sent and received since the last recovery, and
+  // the net flow (sent - received) since the start, settled in-flight mass included.
+  std::map<int, std::vector<double>> sent_, recv_, net_;
+  RecoveryReport last_recovery_;
+};
+
+}  // namespace gossipcc

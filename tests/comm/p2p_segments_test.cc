@@ -1,0 +1,236 @@
+// Point-to-point payloads larger than CommunicatorOptions::p2p_segment_bytes travel as
+// segments: sizes around the segment size, receive from any source, mismatches, senders and
+// receivers with different settings, and the option's validation. Data is checked element by
+// element and the traffic counters byte by byte.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/communicator.h"
+#include "comm/errors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/comm/harness.h"
+#include "tests/comm/typed_array.h"
+
+namespace gossipcc {
+namespace testing {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+constexpr size_t kSegment = kMinP2PSegmentBytes;  // 1 KiB: many segments from small buffers
+
+CommunicatorOptions Segmented(size_t segment_bytes = kSegment) {
+  CommunicatorOptions o;
+  o.timeout = std::chrono::seconds(20);
+  o.p2p_segment_bytes = segment_bytes;
+  return o;
+}
+
+// A byte that depends on who sent it, to whom, with which tag and where: a segment landing
+// at the wrong offset or from the wrong sender shows.
+uint8_t Pattern(int from, int to, uint32_t tag, size_t i) {
+  return static_cast<uint8_t>((from * 131 + to * 71 + tag * 17 + i * 7 + i / 1024) & 0xff);
+}
+
+// Byte sizes around the 1 KiB segment: none, tiny, exactly one, one byte over, many
+// segments, a tail that is not a multiple, and a float32 count whose segments split elements.
+const std::vector<size_t> kByteSizes = {0, 1, kSegment - 1, kSegment, kSegment + 1, 4 * kSegment,
+                                        10 * kSegment + 17, 64 * kSegment + 3};
+
+class P2PSegmentsTest : public ::testing::TestWithParam<LaunchMode> {};
+
+// Every rank sends to both ring neighbours and receives from both in one batch (a gossip
+// round), for every size; the counters count exactly the payload bytes.
+TEST_P(P2PSegmentsTest, RingExchangeAtEverySizeAroundTheSegment) {
+  RunRanks(3, GetParam(), [](Communicator& comm) {
+    const int n = comm.size(), me = comm.rank();
+    const int right = (me + 1) % n, left = (me - 1 + n) % n;
+    uint64_t expected_bytes = 0;
+    for (size_t bytes : kByteSizes) {
+      std::vector<uint8_t> to_right(bytes), to_left(bytes), from_left(bytes, 0xee), from_right(bytes, 0xee);
+      for (size_t i = 0; i < bytes; ++i) {
+        to_right[i] = Pattern(me, right, 1, i);
+        to_left[i] = Pattern(me, left, 2, i);
+      }
+      auto buf = [](std::vector<uint8_t>& v) { return Buffer{v.data(), v.size(), DType::kUInt8, Device::CPU()}; };
+      std::vector<P2POp> ops = {P2POp::Recv(buf(from_left), left, 1), P2POp::Send(buf(to_right), right, 1),
+                                P2POp::Send(buf(to_left), left, 2), P2POp::Recv(buf(from_right), right, 2)};
+      comm.p2p(ops)->wait();
+      for (size_t i = 0; i < bytes; ++i) {
+        ASSERT_EQ(from_left[i], Pattern(left, me, 1, i)) << bytes << " bytes, byte " << i;
+        ASSERT_EQ(from_right[i], Pattern(right, me, 2, i)) << bytes << " bytes, byte " << i;
+      }
+      expected_bytes += 2 * bytes;
+      const TrafficCounters t = comm.traffic();
+      EXPECT_EQ(t.p2p_bytes_sent, expected_bytes);
+      EXPECT_EQ(t.p2p_bytes_received, expected_bytes);
+    }
+    // 257 float32 = 1028 bytes: the segment boundary falls inside an element.
+    TypedArray out(DType::kFloat32, 257), in(DType::kFloat32, 257);
+    for (size_t i = 0; i < 257; ++i) out.set(i, me * 1000.0 + i + 0.25);
+    auto s = comm.send(out.buffer(), right, 5);
+    comm.recv(in.buffer(), left, 5)->wait();
+    s->wait();
+    for (size_t i = 0; i < 257; ++i) ASSERT_EQ(in.get(i), left * 1000.0 + i + 0.25);
+  }, Segmented());
+}
+
+// The default (1 MiB) cuts a 4 MB + tail message into 5 segments; several messages on one
+// tag from one sender arrive whole and in order.
+TEST_P(P2PSegmentsTest, DefaultSegmentSizeAndBackToBackMessagesOnOneTag) {
+  RunRanks(2, GetParam(), [](Communicator& comm) {
+    const int me = comm.rank(), peer = 1 - me;
+    const size_t bytes = (4u << 20) + 12345;
+    std::vector<std::vector<uint8_t>> out(3, std::vector<uint8_t>(bytes)), in(3, std::vector<uint8_t>(bytes));
+    for (uint32_t k = 0; k < 3; ++k) {
+      for (size_t i = 0; i < bytes; ++i) out[k][i] = Pattern(me, peer, k, i);
+    }
+    auto buf = [](std::vector<uint8_t>& v) { return Buffer{v.data(), v.size(), DType::kUInt8, Device::CPU()}; };
+    std::vector<std::shared_ptr<Work>> sends;
+    for (uint32_t k = 0; k < 3; ++k) sends.push_back(comm.send(buf(out[k]), peer, 9));
+    for (uint32_t k = 0; k < 3; ++k) comm.recv(buf(in[k]), peer, 9)->wait();  // one at a time: in order
+    for (auto& s : sends) s->wait();
+    for (uint32_t k = 0; k < 3; ++k) {
+      for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(in[k][i], Pattern(peer, me, k, i)) << "message " << k << " byte " << i;
+    }
+    EXPECT_EQ(comm.traffic().p2p_bytes_sent, 3 * bytes);
+    EXPECT_EQ(comm.traffic().p2p_bytes_received, 3 * bytes);
+  });
+}
+
+// Rank 0 receives one segmented message from each other rank without naming the sender:
+// every byte of each payload comes from the sender the receive reports.
+TEST_P(P2PSegmentsTest, ReceiveFromAnySourceTakesEverySegmentFromTheHeadersSender) {
+  RunRanks(4, GetParam(), [](Communicator& comm) {
+    const int n = comm.size(), me = comm.rank();
+    const size_t bytes = 20 * kSegment + 5;
+    if (me == 0) {
+      std::vector<std::vector<uint8_t>> got(n - 1, std::vector<uint8_t>(bytes));
+      std::vector<int> sources(n - 1, -7);
+      std::vector<std::shared_ptr<Work>> works;
+      for (int k = 0; k < n - 1; ++k) {
+        works.push_back(comm.recv_any_source(Buffer{got[k].data(), bytes, DType::kUInt8, Device::CPU()}, 4, &sources[k]));
+      }
+      for (auto& w : works) w->wait();
+      std::vector<int> seen;
+      for (int k = 0; k < n - 1; ++k) {
+        ASSERT_GE(sources[k], 1);
+        for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(got[k][i], Pattern(sources[k], 0, 4, i)) << "byte " << i;
+        seen.push_back(sources[k]);
+      }
+      std::sort(seen.begin(), seen.end());
+      EXPECT_EQ(seen, (std::vector<int>{1, 2, 3}));
+      EXPECT_EQ(comm.traffic().p2p_bytes_received, (n - 1) * bytes);
+    } else {
+      std::vector<uint8_t> out(bytes);
+      for (size_t i = 0; i < bytes; ++i) out[i] = Pattern(me, 0, 4, i);
+      comm.send(Buffer{out.data(), bytes, DType::kUInt8, Device::CPU()}, 0, 4)->wait();
+    }
+  }, Segmented());
+}
+
+// A segmented message longer or shorter than the receive buffer fails the receive with a
+// MismatchError, leaves the buffer untouched, counts nothing, and the next message on the
+// same tag still arrives intact (the stream stays in step).
+TEST_P(P2PSegmentsTest, MismatchedSegmentedMessageFailsAndLeavesTheStreamInStep) {
+  RunRanks(2, GetParam(), [](Communicator& comm) {
+    const size_t count = 3000;  // 12000 bytes of float32: 12 segments
+    std::vector<float> big(count + 500, 7.0f), exact(count);
+    for (size_t i = 0; i < count; ++i) exact[i] = static_cast<float>(i);
+    if (comm.rank() == 0) {
+      comm.send(CpuBuffer(big.data(), count + 500), 1, 3)->wait();
+      comm.send(CpuBuffer(big.data(), count - 1000), 1, 3)->wait();
+      comm.send(CpuBuffer(exact.data(), count), 1, 3)->wait();
+    } else {
+      std::vector<float> mine(count, -1.0f);
+      for (const char* sent : {"rank 0 sent 3500 x float32", "rank 0 sent 2000 x float32"}) {
+        try {
+          comm.recv(CpuBuffer(mine.data(), count), 0, 3)->wait();
+          ADD_FAILURE() << "expected a MismatchError";
+        } catch (const MismatchError& e) {
+          EXPECT_THAT(std::string(e.what()), AllOf(HasSubstr("expected 3000 x float32"), HasSubstr(sent)));
+        }
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(mine[i], -1.0f) << "buffer must be untouched";
+      }
+      EXPECT_EQ(comm.traffic().p2p_bytes_received, 0u);
+      comm.recv(CpuBuffer(mine.data(), count), 0, 3)->wait();
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(mine[i], static_cast<float>(i));
+      EXPECT_EQ(comm.traffic().p2p_bytes_received, count * sizeof(float));
+    }
+    comm.barrier()->wait();
+  }, Segmented());
+}
+
+// Receives outstanding at once on the same peer and tag get whole messages in posting order:
+// their segments never interleave.
+TEST_P(P2PSegmentsTest, ConcurrentReceivesOnOnePeerAndTagGetWholeMessagesInOrder) {
+  RunRanks(2, GetParam(), [](Communicator& comm) {
+    const size_t bytes = 30 * kSegment + 9;
+    std::vector<std::vector<uint8_t>> msgs(2, std::vector<uint8_t>(bytes));
+    for (uint32_t k = 0; k < 2; ++k) {
+      for (size_t i = 0; i < bytes; ++i) msgs[k][i] = Pattern(0, 1, 10 + k, i);
+    }
+    auto buf = [](std::vector<uint8_t>& v) { return Buffer{v.data(), v.size(), DType::kUInt8, Device::CPU()}; };
+    for (int round = 0; round < 5; ++round) {
+      if (comm.rank() == 0) {
+        auto a = comm.send(buf(msgs[0]), 1, 6);
+        auto b = comm.send(buf(msgs[1]), 1, 6);
+        a->wait();
+        b->wait();
+      } else {
+        std::vector<std::vector<uint8_t>> got(2, std::vector<uint8_t>(bytes));
+        auto a = comm.recv(buf(got[0]), 0, 6);
+        auto b = comm.recv(buf(got[1]), 0, 6);
+        a->wait();
+        b->wait();
+        EXPECT_TRUE(got[0] == msgs[0]) << "round " << round;
+        EXPECT_TRUE(got[1] == msgs[1]) << "round " << round;
+      }
+    }
+    comm.barrier()->wait();
+  }, Segmented());
+}
+
+// The receiver follows the sender's segmentation (carried in the header), so ranks with
+// different settings, segmentation off included, exchange correctly.
+TEST_P(P2PSegmentsTest, RanksWithDifferentSegmentSizesInteroperate) {
+  RunRanksWithStore(3, GetParam(), [](int rank, std::shared_ptr<Store> store) {
+    const size_t settings[] = {0, kSegment, 3 * kSegment + 1};
+    auto comm = Communicator::Create(store, rank, 3, Segmented(settings[rank]));
+    const int n = 3, right = (rank + 1) % n, left = (rank + n - 1) % n;
+    const size_t bytes = 9 * kSegment + 100;
+    std::vector<uint8_t> out(bytes), in(bytes);
+    for (size_t i = 0; i < bytes; ++i) out[i] = Pattern(rank, right, 0, i);
+    std::vector<P2POp> ops = {P2POp::Send(Buffer{out.data(), bytes, DType::kUInt8, Device::CPU()}, right),
+                              P2POp::Recv(Buffer{in.data(), bytes, DType::kUInt8, Device::CPU()}, left)};
+    comm->p2p(ops)->wait();
+    for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(in[i], Pattern(left, rank, 0, i)) << "byte " << i;
+    comm->barrier()->wait();
+  });
+}
+
+TEST(P2PSegmentOptionTest, OutOfRangeSegmentSizesAreRejected) {
+  RunRanksWithStore(1, LaunchMode::kThreads, [](int rank, std::shared_ptr<Store> store) {
+    for (size_t bad : {size_t{1}, kMinP2PSegmentBytes - 1, kMaxP2PSegmentBytes + 1}) {
+      try {
+        Communicator::Create(store, rank, 1, Segmented(bad));
+        ADD_FAILURE() << "accepted p2p_segment_bytes = " << bad;
+      } catch (const InvalidArgumentError& e) {
+        EXPECT_THAT(std::string(e.what()),
+                    AllOf(HasSubstr("p2p_segment_bytes must be 0 (off) or in [1024, 1073741824]"),
+                          HasSubstr(absl::StrCat("got ", bad))));
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, P2PSegmentsTest, ::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
+                         [](const auto& info) { return LaunchModeName(info.param); });
+
+}  // namespace
+}  // namespace testing
+}  // namespace gossipcc

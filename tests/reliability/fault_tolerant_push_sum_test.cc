@@ -1,0 +1,214 @@
+// FaultTolerantPushSum: ranks (separate processes) are SIGKILLed or SIGSTOPped mid-run; the
+// survivors recover, agree on the same membership, keep stepping, and
+//  - their sum of w is exactly the number of survivors and their sum of x exactly the sum of
+//    their own initial values (the dead ranks' mass and everything exchanged with them is
+//    accounted for), up to float64 rounding;
+//  - the de-biased x / w of every survivor converges to the survivors' average.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <iostream>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "algorithms/fault_tolerant_push_sum.h"
+#include "comm/errors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/comm/harness.h"
+
+namespace gossipcc {
+namespace testing {
+namespace {
+
+using ::testing::ElementsAreArray;
+using Clock = std::chrono::steady_clock;
+using Ms = std::chrono::milliseconds;
+
+constexpr int64_t kSteps = 80;
+
+// The step the main thread is in (for faults raised from a helper thread mid-step).
+std::atomic<int64_t> g_step{-1};
+
+double Initial(int rank, size_t e) { return (rank + 1.0) * (static_cast<double>(e % 97) + 1.0) + 0.5 * rank * rank; }
+
+FaultTolerantPushSumOptions Options() {
+  FaultTolerantPushSumOptions o;
+  o.graph = "exponential";
+  o.comm.timeout = Ms(1500);
+  return o;
+}
+
+// A fault: `rank` gets `signal` when its step counter reaches `at_step`: raised on the main
+// thread between steps, or (mid_step) from a helper thread `after` the main thread entered
+// that step, while its messages are in flight.
+struct Fault {
+  int rank;
+  int signal;
+  int64_t at_step;
+  bool mid_step = false;
+  Ms after{0};
+};
+
+// The body of one rank; returns its exit status.
+int RankMain(int rank, int n, const std::string& dir, const std::vector<Fault>& faults, size_t count) {
+  FaultTolerantPushSum ps(MakeFileStore(dir), rank, n, Options());
+  std::vector<double> x(count);
+  for (size_t e = 0; e < count; ++e) x[e] = Initial(rank, e);
+  for (const Fault& f : faults) {
+    if (f.rank == rank && f.mid_step) {
+      std::thread([f] {
+        while (g_step.load() < f.at_step) std::this_thread::sleep_for(Ms(1));
+        std::this_thread::sleep_for(f.after);
+        raise(f.signal);
+      }).detach();
+    }
+  }
+  int recoveries = 0;
+  // Loops are driven by the agreed step counter: after a recovery every survivor resumes at
+  // the same step() even if some had completed one more round than others.
+  while (ps.step() < kSteps) {
+    for (const Fault& f : faults) {
+      if (f.rank == rank && !f.mid_step && f.at_step == ps.step()) raise(f.signal);
+    }
+    g_step.store(ps.step());
+    if (!ps.Step({CpuBuffer(x.data(), count)})) {
+      ++recoveries;
+      std::cout << "rank " << rank << " recovered into epoch " << ps.epoch() << " at step " << ps.step()
+                << ": members {" << absl::StrJoin(ps.members(), ",") << "}, weight correction "
+                << ps.last_recovery().weight_correction << std::endl;
+      // Right after each recovery the survivors' weights add up to their number.
+      double w = ps.weight();
+      ps.comm().allreduce(CpuBuffer(&w, 1))->wait();
+      EXPECT_NEAR(w, static_cast<double>(ps.members().size()), 1e-12) << "after epoch " << ps.epoch();
+    }
+  }
+  std::set<int> dead;
+  for (const Fault& f : faults) dead.insert(f.rank);
+  std::vector<int> survivors;
+  for (int r = 0; r < n; ++r) {
+    if (!dead.count(r)) survivors.push_back(r);
+  }
+  EXPECT_EQ(ps.members(), survivors);
+  EXPECT_THAT(ps.dead(), ElementsAreArray(dead));
+  EXPECT_GE(recoveries, 1);
+  // Accounting: sums over the survivors.
+  std::vector<double> sums(x);
+  sums.push_back(ps.weight());
+  ps.comm().allreduce(CpuBuffer(sums.data(), sums.size()))->wait();
+  EXPECT_NEAR(sums[count], static_cast<double>(survivors.size()), 1e-12) << "sum of w";
+  double worst = 0, worst_z = 0;
+  std::vector<double> z(count);
+  ps.Debias(CpuBuffer(x.data(), count), CpuBuffer(z.data(), count));
+  for (size_t e = 0; e < count; ++e) {
+    double expected = 0;
+    for (int r : survivors) expected += Initial(r, e);
+    worst = std::max(worst, std::abs(sums[e] - expected) / std::abs(expected));
+    const double avg = expected / static_cast<double>(survivors.size());
+    worst_z = std::max(worst_z, std::abs(z[e] - avg) / std::abs(avg));
+  }
+  EXPECT_LT(worst, 1e-12) << "sum of x vs the survivors' initial sum (relative)";
+  EXPECT_LT(worst_z, 1e-9) << "de-biased value vs the survivors' average (relative)";
+  std::cout << "rank " << rank << ": sum x rel. error " << worst << ", sum w " << sums[count]
+            << ", |z - survivors' average| rel. " << worst_z << std::endl;
+  return ::testing::Test::HasFailure() ? 1 : 0;
+}
+
+void RunWithFaults(int n, const std::vector<Fault>& faults, size_t count) {
+  const std::string dir = FreshTempDir();
+  std::cout.flush();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      int code = 3;
+      try {
+        code = RankMain(r, n, dir, faults, count);
+      } catch (const std::exception& e) {
+        std::cerr << "rank " << r << " threw: " << e.what() << std::endl;
+      }
+      std::cout.flush();
+      std::cerr.flush();
+      _exit(code);
+    }
+    ASSERT_GT(pid, 0);
+    pids.push_back(pid);
+  }
+  std::set<int> victims;
+  for (const Fault& f : faults) victims.insert(f.rank);
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  for (int r = 0; r < n; ++r) {
+    if (victims.count(r)) continue;
+    int status = 0;
+    pid_t got = 0;
+    while ((got = waitpid(pids[r], &status, WNOHANG)) == 0 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(Ms(5));
+    }
+    if (got == 0) {
+      kill(pids[r], SIGKILL);
+      waitpid(pids[r], &status, 0);
+      ADD_FAILURE() << "survivor rank " << r << " hung";
+    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      ADD_FAILURE() << "survivor rank " << r << " failed (status " << status << ")";
+    }
+  }
+  for (int v : victims) {
+    kill(pids[v], SIGKILL);
+    waitpid(pids[v], nullptr, 0);
+  }
+}
+
+TEST(FaultTolerantPushSumTest, RankKilledBetweenStepsIsDroppedAndMassIsAccounted) {
+  RunWithFaults(4, {{2, SIGKILL, /*at_step=*/12}}, 40);
+}
+
+TEST(FaultTolerantPushSumTest, RankStoppedMidStepIsDroppedAndMassIsAccounted) {
+  // Large messages so the stop lands while transfers are in flight.
+  RunWithFaults(4, {{1, SIGSTOP, 20, /*mid_step=*/true, Ms(1)}}, 1 << 17);
+}
+
+TEST(FaultTolerantPushSumTest, TwoSuccessiveDeathsOnFiveRanks) {
+  RunWithFaults(5, {{3, SIGKILL, 8}, {0, SIGKILL, 30}}, 33);
+}
+
+// Without failures it is plain push-sum: sums conserved, average reached, no recovery.
+TEST(FaultTolerantPushSumTest, WithoutFailuresBehavesAsPushSum) {
+  RunRanksWithStore(4, LaunchMode::kThreads, [](int rank, std::shared_ptr<Store> store) {
+    FaultTolerantPushSum ps(store, rank, 4, Options());
+    std::vector<float> x(10);
+    for (size_t e = 0; e < x.size(); ++e) x[e] = static_cast<float>(Initial(rank, e));
+    while (ps.step() < 40) EXPECT_TRUE(ps.Step({CpuBuffer(x.data(), x.size())}));
+    std::vector<float> z(10);
+    ps.Debias(CpuBuffer(x.data(), 10), CpuBuffer(z.data(), 10));
+    for (size_t e = 0; e < z.size(); ++e) {
+      const double avg = (Initial(0, e) + Initial(1, e) + Initial(2, e) + Initial(3, e)) / 4;
+      EXPECT_NEAR(z[e], avg, 1e-5 * avg);
+    }
+    EXPECT_EQ(ps.epoch(), 0);
+    EXPECT_TRUE(ps.dead().empty());
+    // Bad input is rejected before anything is sent; the group stays in step.
+    std::vector<int32_t> ints(4);
+    EXPECT_THROW(ps.Step({CpuBuffer(ints.data(), 4)}), InvalidArgumentError);
+    std::vector<double> d(10);
+    EXPECT_THROW(ps.Step({CpuBuffer(x.data(), 10), CpuBuffer(d.data(), 10)}), InvalidArgumentError);
+    EXPECT_TRUE(ps.Step({CpuBuffer(x.data(), x.size())}));
+  });
+  EXPECT_THROW(FaultTolerantPushSum(MakeHashStore(), 0, 2, [] {
+                 auto o = Options();
+                 o.graph = "no-such-graph";
+                 return o;
+               }()),
+               InvalidArgumentError);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gossipcc

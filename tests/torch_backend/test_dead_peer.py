@@ -1,0 +1,90 @@
+"""A rank of a 4-rank DDP job over backend="gossipcc" is SIGKILLed (or SIGSTOPped) mid-training:
+every other rank raises an error naming it ("rank 2 is not responding") within the process
+group's timeout plus the peer check, tears the process group down and exits normally."""
+import datetime
+import multiprocessing
+import os
+import queue as queue_module
+import signal
+import tempfile
+import time
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+WORLD = 4
+VICTIM = 2
+TIMEOUT_S = 4.0
+# A step that fails takes the timeout at most, then the peer check (3 heartbeats of 400 ms),
+# plus slack for a loaded 2-core machine.
+BOUND_S = TIMEOUT_S + 4.0
+
+
+def worker(rank, init_file, sig, results):
+    try:
+        import gossipcc  # noqa: F401
+        dist.init_process_group("gossipcc", init_method="file://" + init_file, rank=rank, world_size=WORLD,
+                                timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        outcome = None
+        for step in range(200):
+            if rank == VICTIM and step == 5:
+                os.kill(os.getpid(), sig)  # SIGKILL: gone; SIGSTOP: frozen until the parent kills it
+            x = torch.randn(16, 32)
+            start = time.time()
+            try:
+                opt.zero_grad()
+                loss = model(x).square().mean()
+                loss.backward()
+                opt.step()
+            except Exception as e:  # noqa: BLE001 - the error under test
+                outcome = (step, time.time() - start, str(e))
+                break
+        # Clean shutdown with a dead peer: must neither hang nor crash.
+        t0 = time.time()
+        dist.destroy_process_group()
+        results.put((rank, outcome, time.time() - t0, None))
+    except BaseException:  # noqa: BLE001
+        results.put((rank, None, None, traceback.format_exc()))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["kill", "stop"])
+def test_ddp_survivors_name_the_dead_rank_and_exit_cleanly(sig):
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
+        procs = [ctx.Process(target=worker, args=(r, os.path.join(tmp, "init"), sig, results)) for r in range(WORLD)]
+        for p in procs:
+            p.start()
+        got = {}
+        try:
+            while len(got) < WORLD - 1:
+                rank, outcome, shutdown_s, err = results.get(timeout=90)
+                got[rank] = (outcome, shutdown_s, err)
+        except queue_module.Empty:
+            pass
+        survivors = [r for r in range(WORLD) if r != VICTIM]
+        for r in survivors:
+            procs[r].join(timeout=30)
+        exit_codes = {r: procs[r].exitcode for r in survivors}
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+    assert sorted(got) == survivors, got
+    for r in survivors:
+        outcome, shutdown_s, err = got[r]
+        assert err is None, f"rank {r}:\n{err}"
+        assert outcome is not None, f"rank {r} trained on without an error"
+        step, took, msg = outcome
+        print(f"rank {r}: step {step}, failed after {took:.1f} s: {msg}")
+        assert f"rank {VICTIM} is not responding" in msg, f"rank {r}: {msg}"
+        assert took < BOUND_S, f"rank {r}: the failing step took {took:.1f} s: {msg}"
+        assert shutdown_s < 10, f"rank {r}: destroy_process_group took {shutdown_s:.1f} s"
+        assert exit_codes[r] == 0, f"rank {r} exited with {exit_codes[r]}"
+    assert procs[VICTIM].exitcode == -signal.SIGKILL
