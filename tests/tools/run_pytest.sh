@@ -1,9 +1,0 @@
-#!/usr/bin/env bash
-# Bazel sh_test entry: pytest on the given files with gossipcc and tools/ importable.
-set -euo pipefail
-RUNFILES="${TEST_SRCDIR:?}/${TEST_WORKSPACE:-gossipcc}"
-export PYTHONPATH="$RUNFILES/torch_backend:$RUNFILES/tools${PYTHONPATH:+:$PYTHONPATH}"
-export GOSSIPCC_TOOLS="$RUNFILES/tools"
-export OMP_NUM_THREADS=1
-cd "$RUNFILES"
-exec /usr/bin/python3 -m pytest -q -p no:cacheprovider "$@"
