@@ -4,7 +4,9 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <map>
@@ -105,6 +107,16 @@ void IgnoreSigpipeUnlessHandled() {
       signal(SIGPIPE, SIG_IGN);
     }
   });
+}
+
+// Set when the process starts exiting. A Python job usually exits without destroying its
+// process group, so its communicator's heartbeat thread is still running while exit() runs
+// static destructors; from then on the thread must not touch the store (or anything else).
+std::atomic<bool> g_process_exiting{false};
+
+void StopHeartbeatsAtExit() {
+  static std::once_flag once;
+  std::call_once(once, [] { std::atexit([] { g_process_exiting.store(true); }); });
 }
 
 }  // namespace
@@ -275,10 +287,12 @@ class Communicator::Impl {
                     ? configured
                     : std::clamp(options_.timeout / 10, std::chrono::milliseconds(50), std::chrono::milliseconds(1000));
     health_store_ = std::make_shared<PrefixStore>("health", store_);
+    StopHeartbeatsAtExit();
     Beat();  // before Create() returns, so a peer that fails at once finds this rank's key
     heartbeat_ = std::thread([this] {
       std::unique_lock<std::mutex> lock(heartbeat_mu_);
       while (!heartbeat_cv_.wait_for(lock, interval_, [this] { return heartbeat_stop_; })) {
+        if (g_process_exiting.load()) return;
         lock.unlock();
         Beat();
         lock.lock();
@@ -310,7 +324,7 @@ class Communicator::Impl {
     }
     heartbeat_cv_.notify_all();
     heartbeat_.join();
-    SetHealth("down");
+    if (!g_process_exiting.load()) SetHealth("down");
   }
 
   struct PeerHealth {

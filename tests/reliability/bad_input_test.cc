@@ -206,16 +206,20 @@ TEST_P(BadInputTest, ShutdownWhileAnotherThreadWaits) {
 // Communicator::UnresponsivePeers(): empty while everyone is up, then names a peer that shut
 // down (its heartbeat says "down").
 TEST_P(BadInputTest, UnresponsivePeersNamesAPeerThatShutDown) {
-  RunRanks(3, GetParam(), [](Communicator& comm) {
-    EXPECT_TRUE(comm.UnresponsivePeers().empty());
-    comm.barrier()->wait();
-    if (comm.rank() == 2) {
-      comm.shutdown();
+  RunRanksWithStore(3, GetParam(), [](int rank, std::shared_ptr<Store> store) {
+    auto comm = Communicator::Create(store, rank, 3, Quick());
+    EXPECT_TRUE(comm->UnresponsivePeers().empty());
+    comm->barrier()->wait();
+    if (rank == 2) {
+      comm->shutdown();
       return;
     }
     std::this_thread::sleep_for(Ms(300));
-    EXPECT_EQ(comm.UnresponsivePeers(), std::vector<int>{2});
-  }, Quick());
+    EXPECT_EQ(comm->UnresponsivePeers(), std::vector<int>{2});
+    // Neither of the two may shut down before the other has checked.
+    store->set(absl::StrCat("checked/", rank), {'1'});
+    store->wait({"checked/0", "checked/1"}, std::chrono::seconds(10));
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, BadInputTest, ::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
