@@ -550,9 +550,14 @@ class Communicator::Impl {
     StopHeartbeat();  // and says "down", so peers that fail next name this rank as shut down
     if (p2p_) p2p_->Shutdown(stop_reason_);
     if (worker_.joinable()) worker_.join();
+    // Buffers of failed p2p batches may still be referenced by Gloo's pairs: free them only
+    // once the context (and its pairs) is gone.
+    std::vector<std::shared_ptr<void>> retired_p2p_buffers;
+    if (p2p_) retired_p2p_buffers = p2p_->TakeRetiredBuffers();
     p2p_.reset();
     nccl_.reset();
     context_.reset();
+    retired_p2p_buffers.clear();
   }
 
   TrafficCounters traffic() const {

@@ -265,7 +265,7 @@ P2PExchange::ReceiveOutcome P2PExchange::ReceiveOne(Message& m, Clock::time_poin
   return out;
 }
 
-void P2PExchange::Complete(Batch& batch) {
+bool P2PExchange::Complete(Batch& batch) {
   // Every receive progresses on its own (the first on this thread, others on helpers), so
   // a receive whose sender is late never holds back the payload of one that has arrived:
   // the sender of that payload may be waiting for it before it does what the late one needs.
@@ -305,7 +305,7 @@ void P2PExchange::Complete(Batch& batch) {
   }
   if (failure) {
     batch.work->Complete(on_failure_(failure));
-    return;
+    return false;
   }
   {
     absl::MutexLock lock(&mu_);
@@ -313,13 +313,20 @@ void P2PExchange::Complete(Batch& batch) {
     bytes_received_ += received;
   }
   batch.work->Complete(mismatch);
+  return true;
 }
 
 void P2PExchange::RunBatch(std::unique_ptr<Batch> batch) {
-  Complete(*batch);
-  batch.reset();  // releases the Gloo buffers before this exchange may be destroyed
+  const bool ok = Complete(*batch);
+  if (ok) batch.reset();  // releases the Gloo buffers before this exchange may be destroyed
   absl::MutexLock lock(&mu_);
+  if (!ok) retired_.push_back(std::shared_ptr<Batch>(std::move(batch)));
   --active_batches_;
+}
+
+std::vector<std::shared_ptr<void>> P2PExchange::TakeRetiredBuffers() {
+  absl::MutexLock lock(&mu_);
+  return std::move(retired_);
 }
 
 void P2PExchange::Shutdown(const std::string& reason) {

@@ -64,6 +64,13 @@ class P2PExchange {
   uint64_t bytes_sent() const;
   uint64_t bytes_received() const;
 
+  // The Gloo buffers of batches that failed (transport error or timeout). They may still be
+  // registered with a pair, and Gloo's device thread signals a failing pair's pending buffers
+  // under each buffer's own lock only, so freeing them while the pairs live is a
+  // use-after-free (ThreadSanitizer caught it in dead_peer_test). The owner frees what this
+  // returns after destroying the Gloo context.
+  std::vector<std::shared_ptr<void>> TakeRetiredBuffers();
+
  private:
   using Clock = std::chrono::steady_clock;
   struct Message;
@@ -76,7 +83,8 @@ class P2PExchange {
     std::set<uint64_t> finished;    // given back out of order, ahead of `serving`
   };
   ReceiveOutcome ReceiveOne(Message& m, Clock::time_point deadline, const std::string& description);
-  void Complete(Batch& batch);
+  // False if the batch failed (its buffers are then retired, not freed).
+  bool Complete(Batch& batch);
   void RunBatch(std::unique_ptr<Batch> batch);
 
   std::shared_ptr<gloo::Context> context_;
@@ -91,6 +99,7 @@ class P2PExchange {
   uint64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::pair<int, uint32_t>, Turns> turns_ ABSL_GUARDED_BY(mu_);  // by (peer, tag)
+  std::vector<std::shared_ptr<void>> retired_ ABSL_GUARDED_BY(mu_);      // see TakeRetiredBuffers
 };
 
 }  // namespace gossipcc

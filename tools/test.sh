@@ -25,7 +25,7 @@ stage "test //... (torch 1.13)" bazel test //... "$@"
 # the Python extension and its tests (tag "python") run in the plain stages only.
 stage "test //... (asan+ubsan)" bazel test --config=asan --build_tag_filters=-python --test_tag_filters=-python //... "$@"
 # The C++ suite under ThreadSanitizer (.bazelrc: tsan; tools/tsan explains the Abseil shim).
-stage "test C++ (tsan)" bazel test --config=tsan --build_tag_filters=-python --test_tag_filters=-python \
+stage "test C++ (tsan)" bazel test --config=tsan --build_tag_filters=-python --test_tag_filters=-python,-no_tsan \
   //tests/comm/... //tests/compression/... //tests/algorithms/... //tests/reliability/... "$@"
 # libFuzzer on the option/graph parsers, bounded (tools/fuzz.sh; installs clang on first use).
 stage "fuzz parsers (20 s each)" tools/fuzz.sh 20
