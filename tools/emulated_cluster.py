@@ -80,6 +80,17 @@ _DELAY_RE = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$")
 _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
 
+def log_tails(paths, lines=15):
+    """The last `lines` lines of each rank's log file, as one text to append to an error."""
+    text = ""
+    for rank, path in enumerate(paths):
+        with open(path) as f:
+            tail = f.read().strip().splitlines()[-lines:]
+        if tail:
+            text += f"\n--- rank {rank} ({path}), last lines:\n" + "\n".join(tail)
+    return text
+
+
 def parse_network(spec):
     """A preset name or "rate=<tc rate>[,delay=<tc time>]" -> (rate or None, delay or None)."""
     if spec in PRESETS:

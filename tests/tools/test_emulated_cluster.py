@@ -46,6 +46,16 @@ def test_cleanup_removes_only_dead_runs():
             subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
 
 
+def test_log_tails_quotes_the_last_lines_of_each_nonempty_log(tmp_path):
+    logs = [tmp_path / "rank0.log", tmp_path / "rank1.log", tmp_path / "rank2.log"]
+    logs[0].write_text("one\ntwo\nthree\n")
+    logs[1].write_text("")
+    logs[2].write_text("boom\n")
+    text = ec.log_tails([str(p) for p in logs], lines=2)
+    assert text == (f"\n--- rank 0 ({logs[0]}), last lines:\ntwo\nthree"
+                    f"\n--- rank 2 ({logs[2]}), last lines:\nboom")
+
+
 def test_parse_network():
     assert ec.parse_network("1gbit") == ("1gbit", None)
     assert ec.parse_network("none") == (None, None)

@@ -43,13 +43,7 @@ def run_ranks(cluster, script, args, timeout=600, env=None):
         except ClusterError as e:
             for f in logs:
                 f.close()
-            tail = ""
-            for r in range(cluster.n):
-                with open(logs[r].name) as f:
-                    lines = f.read().strip().splitlines()
-                if lines:
-                    tail += f"\n--- rank {r}:\n" + "\n".join(lines[-12:])
-            raise ClusterError(f"{e}{tail}") from None
+            raise ClusterError(f"{e}{emulated_cluster.log_tails([f.name for f in logs])}") from None
         for f in logs:
             f.close()
         docs = []

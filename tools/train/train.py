@@ -174,12 +174,7 @@ def main(argv=None):
                 except emulated_cluster.ClusterError as e:
                     for f in logs:
                         f.flush()
-                    tail = ""
-                    for r in range(args.ranks):
-                        with open(logs[r].name) as f:
-                            text = f.read().strip().splitlines()
-                        if text:
-                            tail += f"\n--- rank {r} ({logs[r].name}), last lines:\n" + "\n".join(text[-15:])
+                    tail = emulated_cluster.log_tails([f.name for f in logs])
                     print(f"  {name} FAILED: {e}{tail}", file=sys.stderr)
                     row = {"method": name, "error": str(e)}
                 finally:
