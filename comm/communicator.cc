@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "comm/consistency_check.h"
+#include "comm/eager_collectives.h"
 #include "comm/errors.h"
 #include "comm/gloo_collectives.h"
 #include "comm/gloo_util.h"
@@ -126,11 +127,19 @@ class Communicator::Impl {
   Impl(std::shared_ptr<Store> store, int rank, int size, CommunicatorOptions options)
       : store_(std::move(store)), rank_(rank), size_(size), options_(std::move(options)) {}
 
-  ~Impl() { Shutdown("communicator destroyed"); }
+  ~Impl() {
+    {
+      // Waits for waiters running an operation inline (they hold the gate shared).
+      absl::MutexLock lock(&gate_->mu);
+      gate_->impl = nullptr;
+    }
+    Shutdown("communicator destroyed");
+  }
 
   void Connect() {
     context_ = ConnectGlooMesh(std::make_shared<PrefixStore>("gloo", store_), rank_, size_,
                                GlooMeshOptions{options_.hostname, options_.interface, options_.timeout});
+    handshake_ = std::make_unique<CollectiveHandshake>(size_);
     p2p_ = std::make_unique<P2PExchange>(context_, options_.timeout, options_.p2p_segment_bytes, [this](std::exception_ptr e) {
       e = Annotate(std::move(e));
       Poison(e);
@@ -199,11 +208,25 @@ class Communicator::Impl {
 
   // ---- collectives ----
 
+  // A CPU collective small enough to travel inside the signature handshake
+  // (consistency_check.h): `payload` rides with this rank's header, and `finish` completes the
+  // collective from every rank's payload. A null `finish`: not eager.
+  struct EagerPlan {
+    absl::Span<const uint8_t> payload;
+    std::function<void(const CollectiveHandshake&)> finish;
+  };
+
+  // Whether a CPU collective whose per-rank payload is `bytes` goes eager.
+  bool EagerFits(const Device& device, size_t bytes) const {
+    return size_ > 1 && !device.is_cuda() && bytes <= EagerCollectiveMaxBytes(size_);
+  }
+
   // Queues a collective: the worker checks the signature across ranks, then runs `cpu` (CPU
-  // buffers, on Gloo) or `cuda` (CUDA buffers, launched on NCCL).
+  // buffers, on Gloo) or `cuda` (CUDA buffers, launched on NCCL); an eager CPU collective
+  // completes within the check instead.
   std::shared_ptr<Work> Submit(OpSpec spec, std::function<void(const GlooCall&)> cpu,
                                std::function<std::shared_ptr<Work>(NcclTransport&, std::string)> cuda,
-                               uint64_t payload_bytes) {
+                               uint64_t payload_bytes, EagerPlan eager = {}) {
     absl::MutexLock lock(&mu_);
     if (stopping_) throw AbortedError(absl::StrCat(Where(OpKindName(spec.kind)), ": ", stop_reason_));
     if (first_failure_) {
@@ -215,15 +238,27 @@ class Communicator::Impl {
     const std::string description = absl::StrCat(spec.Describe(), " on rank ", rank_, " of ", size_);
     if (!spec.device.is_cuda()) {
       auto work = std::make_shared<CompletionWork>(description);
-      queue_.push_back([this, spec, work, cpu = std::move(cpu)] {
-        work->Complete(Run(spec, [&] {
-          cpu(GlooCall{context_, static_cast<uint32_t>(spec.seq), options_.timeout});
-        }));
+      work->SetInlineRunner([gate = gate_, seq = spec.seq] {
+        absl::ReaderMutexLock lock(&gate->mu);
+        if (gate->impl) gate->impl->TryRunInline(seq);
       });
+      queue_.push_back({spec.seq, [this, spec, work, cpu = std::move(cpu), eager = std::move(eager)] {
+        const bool is_eager = eager.finish != nullptr;
+        work->Complete(Run(
+            spec,
+            [&] {
+              if (is_eager) {
+                eager.finish(*handshake_);
+              } else {
+                cpu(GlooCall{context_, static_cast<uint32_t>(spec.seq), options_.timeout});
+              }
+            },
+            eager.payload, is_eager));
+      }});
       return work;
     }
     auto work = std::make_shared<StagedWork>(description);
-    queue_.push_back([this, spec, work, description, cuda = std::move(cuda)] {
+    queue_.push_back({spec.seq, [this, spec, work, description, cuda = std::move(cuda)] {
       std::shared_ptr<Work> launched;
       std::exception_ptr error = Run(spec, [&] {
         NcclTransport& nccl = NcclFor(spec.device.index);
@@ -235,13 +270,30 @@ class Communicator::Impl {
       } else {
         work->SetLaunched(std::move(launched));
       }
-    });
+    }});
     return work;
+  }
+
+  // Runs queued collective `seq` on the calling thread if it is next in line and nothing is
+  // running (collectives must run one at a time, in order); otherwise leaves it to the worker.
+  void TryRunInline(uint64_t seq) {
+    std::function<void()> task;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_ || running_ || queue_.empty() || queue_.front().seq != seq) return;
+      task = std::move(queue_.front().run);
+      queue_.pop_front();
+      running_ = true;
+    }
+    task();
+    absl::MutexLock lock(&mu_);
+    running_ = false;
   }
 
   // Runs one queued collective; returns its error. Transport failures poison the
   // communicator; mismatches do not (no data moved).
-  std::exception_ptr Run(const OpSpec& spec, const std::function<void()>& body) {
+  std::exception_ptr Run(const OpSpec& spec, const std::function<void()>& body,
+                         absl::Span<const uint8_t> eager_payload = {}, bool eager = false) {
     {
       absl::MutexLock lock(&mu_);
       if (first_failure_) {
@@ -252,7 +304,8 @@ class Communicator::Impl {
     }
     const std::string where = absl::StrCat(spec.Describe(), " on rank ", rank_, " of ", size_);
     try {
-      if (options_.verify_collectives) VerifyAcrossRanks(*context_, spec, options_.timeout);
+      // An eager collective's data travels in the handshake, so it always runs.
+      if (options_.verify_collectives || eager) handshake_->Run(*context_, spec, eager_payload, options_.timeout);
       body();
       return nullptr;
     } catch (const MismatchError&) {
@@ -460,13 +513,18 @@ class Communicator::Impl {
       {
         absl::MutexLock lock(&mu_);
         mu_.Await(absl::Condition(
-            +[](Impl* self) ABSL_NO_THREAD_SAFETY_ANALYSIS { return self->stopping_ || !self->queue_.empty(); },
+            +[](Impl* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              return self->stopping_ || (!self->running_ && !self->queue_.empty());
+            },
             this));
-        if (queue_.empty()) return;
-        task = std::move(queue_.front());
+        if (queue_.empty() || running_) return;  // stopping
+        task = std::move(queue_.front().run);
         queue_.pop_front();
+        running_ = true;
       }
       task();
+      absl::MutexLock lock(&mu_);
+      running_ = false;
     }
   }
 
@@ -534,7 +592,7 @@ class Communicator::Impl {
   }
 
   void Shutdown(const std::string& reason) {
-    std::deque<std::function<void()>> dropped;
+    std::deque<QueuedTask> dropped;
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
@@ -546,18 +604,26 @@ class Communicator::Impl {
                                       : std::make_exception_ptr(AbortedError(stop_reason_));
       if (failure_text_.empty()) failure_text_ = stop_reason_;
     }
-    for (auto& task : dropped) task();  // Run() sees first_failure_ and fails each with AbortedError
+    for (auto& task : dropped) task.run();  // Run() sees first_failure_ and fails each with AbortedError
     StopHeartbeat();  // and says "down", so peers that fail next name this rank as shut down
     if (p2p_) p2p_->Shutdown(stop_reason_);
     if (worker_.joinable()) worker_.join();
+    {
+      // A collective running inline on a waiting thread finishes first (bounded by its timeout).
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](Impl* self) ABSL_NO_THREAD_SAFETY_ANALYSIS { return !self->running_; }, this));
+    }
     // Buffers of failed p2p batches may still be referenced by Gloo's pairs: free them only
     // once the context (and its pairs) is gone.
-    std::vector<std::shared_ptr<void>> retired_p2p_buffers;
+    std::vector<std::shared_ptr<void>> retired_p2p_buffers, retired_handshake_buffers;
     if (p2p_) retired_p2p_buffers = p2p_->TakeRetiredBuffers();
+    if (handshake_) retired_handshake_buffers = handshake_->TakeRetiredBuffers();
     p2p_.reset();
     nccl_.reset();
     context_.reset();
     retired_p2p_buffers.clear();
+    retired_handshake_buffers.clear();
   }
 
   TrafficCounters traffic() const {
@@ -576,12 +642,31 @@ class Communicator::Impl {
   const CommunicatorOptions options_;
 
   std::shared_ptr<gloo::Context> context_;
+  // Worker thread only; its staging memory outlives context_ (see Shutdown).
+  std::unique_ptr<CollectiveHandshake> handshake_;
   std::unique_ptr<P2PExchange> p2p_;
   std::unique_ptr<NcclTransport> nccl_;
   absl::Mutex nccl_mu_;  // NCCL calls on one communicator must not interleave across threads
 
   mutable absl::Mutex mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  struct QueuedTask {
+    uint64_t seq;
+    std::function<void()> run;
+  };
+  std::deque<QueuedTask> queue_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;  // a collective is running (worker or inline)
+  // Lets a Work's inline runner reach this Impl only while it is alive (see ~Impl).
+  struct InlineGate {
+    absl::Mutex mu;
+    Impl* impl ABSL_GUARDED_BY(mu);
+  };
+  const std::shared_ptr<InlineGate> gate_ = MakeGate(this);
+  static std::shared_ptr<InlineGate> MakeGate(Impl* impl) {
+    auto gate = std::make_shared<InlineGate>();
+    absl::MutexLock lock(&gate->mu);
+    gate->impl = impl;
+    return gate;
+  }
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string stop_reason_ ABSL_GUARDED_BY(mu_);
@@ -638,6 +723,10 @@ TrafficCounters Communicator::traffic() const { return impl_->traffic(); }
 std::vector<int> Communicator::UnresponsivePeers() { return impl_->UnresponsivePeers(); }
 
 namespace {
+absl::Span<const uint8_t> BytesOf(const Buffer& b) {
+  return absl::Span<const uint8_t>(static_cast<const uint8_t*>(b.data), b.bytes());
+}
+
 OpSpec Spec(OpKind kind, const Buffer& b, uint64_t count) {
   OpSpec s;
   s.kind = kind;
@@ -657,9 +746,14 @@ std::shared_ptr<Work> Communicator::allreduce(Buffer data, ReduceOp op) {
   }
   OpSpec spec = Spec(OpKind::kAllreduce, data, data.count);
   spec.op = op;
+  Impl::EagerPlan eager;
+  if (impl_->EagerFits(data.device, data.bytes())) {
+    eager = {BytesOf(data), [data, op, n = size()](const CollectiveHandshake& h) { EagerAllreduce(h, n, data, op); }};
+  }
   return impl_->Submit(
       spec, [=](const GlooCall& call) { if (data.count) GlooAllreduce(call, data, op); },
-      [=](NcclTransport& n, std::string d) { return n.Allreduce(data, op, std::move(d)); }, data.bytes());
+      [=](NcclTransport& n, std::string d) { return n.Allreduce(data, op, std::move(d)); }, data.bytes(),
+      std::move(eager));
 }
 
 std::shared_ptr<Work> Communicator::broadcast(Buffer data, int root) {
@@ -667,9 +761,15 @@ std::shared_ptr<Work> Communicator::broadcast(Buffer data, int root) {
   impl_->CheckPeer("broadcast", root, "root");
   OpSpec spec = Spec(OpKind::kBroadcast, data, data.count);
   spec.root = root;
+  Impl::EagerPlan eager;
+  if (impl_->EagerFits(data.device, data.bytes())) {
+    eager = {rank() == root ? BytesOf(data) : absl::Span<const uint8_t>(),
+             [data, root, me = rank()](const CollectiveHandshake& h) { EagerBroadcast(h, me, data, root); }};
+  }
   return impl_->Submit(
       spec, [=](const GlooCall& call) { if (data.count && call.context->size > 1) GlooBroadcast(call, data, root); },
-      [=](NcclTransport& n, std::string d) { return n.Broadcast(data, root, std::move(d)); }, data.bytes());
+      [=](NcclTransport& n, std::string d) { return n.Broadcast(data, root, std::move(d)); }, data.bytes(),
+      std::move(eager));
 }
 
 std::shared_ptr<Work> Communicator::allgather(Buffer input, Buffer output) {
@@ -681,10 +781,16 @@ std::shared_ptr<Work> Communicator::allgather(Buffer input, Buffer output) {
                                             " elements but size() * input.count = ", size(), " * ", input.count,
                                             " = ", input.count * size(), " are required"));
   }
+  Impl::EagerPlan eager;
+  if (impl_->EagerFits(input.device, input.bytes())) {
+    eager = {BytesOf(input), [output, counts = std::vector<size_t>(size(), input.count),
+                              n = size()](const CollectiveHandshake& h) { EagerAllgatherv(h, n, output, counts); }};
+  }
   return impl_->Submit(
       Spec(OpKind::kAllgather, input, input.count),
       [=](const GlooCall& call) { if (input.count) GlooAllgather(call, input, output); },
-      [=](NcclTransport& n, std::string d) { return n.Allgather(input, output, std::move(d)); }, input.bytes());
+      [=](NcclTransport& n, std::string d) { return n.Allgather(input, output, std::move(d)); }, input.bytes(),
+      std::move(eager));
 }
 
 std::shared_ptr<Work> Communicator::allgatherv(Buffer input, Buffer output, std::vector<size_t> counts) {
@@ -703,10 +809,17 @@ std::shared_ptr<Work> Communicator::allgatherv(Buffer input, Buffer output, std:
   }
   OpSpec spec = Spec(OpKind::kAllgatherv, input, total);
   spec.layout_hash = HashCounts(counts);
+  Impl::EagerPlan eager;
+  // Decided from the counts vector, which every rank must pass alike (checked), not from this
+  // rank's own count, so all ranks choose the same plan.
+  if (impl_->EagerFits(input.device, *std::max_element(counts.begin(), counts.end()) * ElementSize(input.dtype))) {
+    eager = {BytesOf(input),
+             [output, counts, n = size()](const CollectiveHandshake& h) { EagerAllgatherv(h, n, output, counts); }};
+  }
   return impl_->Submit(
       spec, [=](const GlooCall& call) { if (total) GlooAllgatherv(call, input, output, counts); },
       [=](NcclTransport& n, std::string d) { return n.Allgatherv(input, output, counts, std::move(d)); },
-      input.bytes());
+      input.bytes(), std::move(eager));
 }
 
 std::shared_ptr<Work> Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op) {
@@ -725,10 +838,16 @@ std::shared_ptr<Work> Communicator::reduce_scatter(Buffer input, Buffer output, 
   }
   OpSpec spec = Spec(OpKind::kReduceScatter, input, output.count);
   spec.op = op;
+  Impl::EagerPlan eager;
+  if (impl_->EagerFits(input.device, input.bytes())) {
+    eager = {BytesOf(input), [output, op, n = size(), me = rank()](const CollectiveHandshake& h) {
+               EagerReduceScatter(h, n, me, output, op);
+             }};
+  }
   return impl_->Submit(
       spec, [=](const GlooCall& call) { if (output.count) RingReduceScatter(call, input, output, op); },
       [=](NcclTransport& n, std::string d) { return n.ReduceScatter(input, output, op, std::move(d)); },
-      input.bytes());
+      input.bytes(), std::move(eager));
 }
 
 std::shared_ptr<Work> Communicator::alltoall(Buffer input, Buffer output) {
@@ -782,9 +901,13 @@ std::shared_ptr<Work> Communicator::alltoallv(Buffer input, std::vector<size_t> 
 std::shared_ptr<Work> Communicator::barrier() {
   OpSpec spec;
   spec.kind = OpKind::kBarrier;
+  // A CPU barrier is the handshake alone: a rank gets past it only once every peer's header
+  // (sent on entering the barrier) has arrived.
+  Impl::EagerPlan eager;
+  if (impl_->EagerFits(spec.device, 0)) eager = {{}, [](const CollectiveHandshake&) {}};
   return impl_->Submit(
       spec, [](const GlooCall& call) { GlooBarrier(call); },
-      [](NcclTransport& n, std::string d) { return n.Barrier(std::move(d)); }, 0);
+      [](NcclTransport& n, std::string d) { return n.Barrier(std::move(d)); }, 0, std::move(eager));
 }
 
 std::shared_ptr<Work> Communicator::send(Buffer data, int peer, uint32_t tag) {

@@ -39,7 +39,9 @@ struct CommunicatorOptions {
   std::string interface;
   // Compare each collective's signature across ranks before moving data. Costs one
   // exchange of a 64-byte message with every peer per collective; turning it off trusts the
-  // caller (a mismatch may then corrupt memory or abort the process, as in raw Gloo).
+  // caller (a mismatch may then corrupt memory or abort the process, as in raw Gloo). Eager
+  // collectives (EagerCollectiveMaxBytes) carry their data in that exchange, so they check
+  // either way.
   bool verify_collectives = true;
   // CUDA device this rank uses for CUDA buffers, or -1 to infer it from the first CUDA buffer.
   // Point-to-point on CUDA needs it set (NCCL's communicator is created collectively).
@@ -62,6 +64,15 @@ struct CommunicatorOptions {
   // [kMinP2PSegmentBytes, kMaxP2PSegmentBytes].
   size_t p2p_segment_bytes = size_t{256} << 10;
 };
+
+// Small CPU collectives go "eager": a rank whose payload is at most this many bytes (a
+// function of the group size only: 512 KiB / (size - 1), so 512 KiB on 2 ranks, 170 KiB on 4,
+// 73 KiB on 8) sends it to every peer inside the signature check that starts every collective,
+// and all-reduce, broadcast, all-gather(v), reduce-scatter and barrier then complete in that
+// one message latency; larger ones run Gloo's algorithms after the check. Eager reductions
+// combine the ranks in rank order, so every rank gets a bitwise identical result. Always 0 for
+// size 1.
+size_t EagerCollectiveMaxBytes(int size);
 
 inline constexpr size_t kMinP2PSegmentBytes = size_t{1} << 10;
 inline constexpr size_t kMaxP2PSegmentBytes = size_t{1} << 30;

@@ -3,15 +3,19 @@
 #include <gloo/context.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "comm/communicator.h"
 #include "comm/errors.h"
 #include "comm/gloo_util.h"
 
 namespace gossipcc {
 namespace {
 
+// The header every rank sends: 64 bytes, then the payload (if any).
 struct Fingerprint {
   uint64_t seq;
   uint64_t count;
@@ -20,15 +24,22 @@ struct Fingerprint {
   uint64_t expects_from_peer;  // alltoallv: elements the sender expects from the receiver
   int32_t root;
   int32_t device_index;
+  uint32_t payload_bytes;
   uint8_t kind;
   uint8_t dtype;
   uint8_t op;
   uint8_t device_type;
-  uint32_t pad;
+  uint64_t reserved;
 };
-static_assert(sizeof(Fingerprint) == 56, "fingerprint layout");
+constexpr size_t kHeaderBytes = 64;
+static_assert(sizeof(Fingerprint) == kHeaderBytes, "fingerprint layout");
 
-Fingerprint Make(const OpSpec& spec, int peer) {
+// Bytes of payload every rank appends at most, summed over the peers it goes to. Direct
+// exchange sends (n-1) x payload per rank where a ring all-reduce sends 2(n-1)/n x payload
+// in 2(n-1) steps: below this the saved latencies are worth more than the extra bytes.
+constexpr size_t kEagerFanoutBytes = size_t{512} << 10;
+
+Fingerprint Make(const OpSpec& spec, int peer, size_t payload_bytes) {
   Fingerprint f{};
   f.seq = spec.seq;
   f.count = spec.count;
@@ -39,6 +50,7 @@ Fingerprint Make(const OpSpec& spec, int peer) {
   }
   f.root = spec.root;
   f.device_index = spec.device.index;
+  f.payload_bytes = static_cast<uint32_t>(payload_bytes);
   f.kind = static_cast<uint8_t>(spec.kind);
   f.dtype = static_cast<uint8_t>(spec.dtype);
   f.op = static_cast<uint8_t>(spec.op);
@@ -58,30 +70,6 @@ std::string Table(const std::vector<Fingerprint>& all, Fn value) {
   return s;
 }
 
-// Sends outgoing[p] to every peer p and receives incoming[p] from it (one message latency).
-template <typename T>
-void ExchangeWithAll(gloo::Context& context, uint64_t slot, std::vector<T>& outgoing, std::vector<T>& incoming,
-                     const OpSpec& spec, std::chrono::milliseconds timeout) {
-  const int n = context.size;
-  const int me = context.rank;
-  incoming[me] = outgoing[me];
-  try {
-    auto in = context.createUnboundBuffer(incoming.data(), incoming.size() * sizeof(T));
-    auto out = context.createUnboundBuffer(outgoing.data(), outgoing.size() * sizeof(T));
-    for (int p = 0; p < n; ++p) {
-      if (p == me) continue;
-      in->recv(p, slot, p * sizeof(T), sizeof(T));
-      out->send(p, slot, p * sizeof(T), sizeof(T));
-    }
-    for (int p = 0; p < n - 1; ++p) {
-      in->waitRecv(timeout);
-      out->waitSend(timeout);
-    }
-  } catch (const std::exception& e) {
-    RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", me, " of ", n, ": exchanging signatures"), e);
-  }
-}
-
 // alltoallv: each pair's counts are checked by the two ranks involved; a second exchange
 // tells every rank about any bad pair, so all ranks fail together instead of the others
 // waiting for data that will never come.
@@ -92,17 +80,95 @@ struct PairVerdict {
   uint64_t sends;
   uint64_t expects;
 };
+static_assert(sizeof(PairVerdict) <= kHeaderBytes, "a verdict travels in a header slot");
 
 }  // namespace
 
-void VerifyAcrossRanks(gloo::Context& context, const OpSpec& spec, std::chrono::milliseconds timeout) {
-  const int n = context.size;
+size_t EagerCollectiveMaxBytes(int size) {
+  if (size <= 1) return 0;
+  return (kEagerFanoutBytes / static_cast<size_t>(size - 1)) & ~size_t{63};
+}
+
+CollectiveHandshake::CollectiveHandshake(int size)
+    : size_(size),
+      stride_(kHeaderBytes + EagerCollectiveMaxBytes(size)),
+      outgoing_(std::max(kHeaderBytes * static_cast<size_t>(size), stride_)),
+      incoming_(stride_ * static_cast<size_t>(size)) {}
+
+CollectiveHandshake::~CollectiveHandshake() = default;
+
+const uint8_t* CollectiveHandshake::payload(int rank) const {
+  return incoming_.data() + static_cast<size_t>(rank) * stride_ + kHeaderBytes;
+}
+
+size_t CollectiveHandshake::payload_bytes(int rank) const {
+  Fingerprint f;
+  std::memcpy(&f, incoming_.data() + static_cast<size_t>(rank) * stride_, sizeof(f));
+  return f.payload_bytes;
+}
+
+std::vector<std::shared_ptr<void>> CollectiveHandshake::TakeRetiredBuffers() { return std::move(retired_); }
+
+// Sends outgoing_ to every peer (one shared message of `send_bytes`, or with per_peer_headers
+// header p to peer p) and receives each peer's message into its slot of incoming_.
+void CollectiveHandshake::Exchange(gloo::Context& context, uint64_t slot, size_t send_bytes, bool per_peer_headers,
+                                   const OpSpec& spec, std::chrono::milliseconds timeout) {
+  const int n = size_;
   const int me = context.rank;
-  if (n == 1) return;
-  std::vector<Fingerprint> outgoing(n), incoming(n);
-  for (int p = 0; p < n; ++p) outgoing[p] = Make(spec, p);
-  ExchangeWithAll(context, MakeSlot(kFingerprintSlotPrefix, static_cast<uint32_t>(spec.seq)), outgoing, incoming,
-                  spec, timeout);
+  const size_t own_offset = per_peer_headers ? static_cast<size_t>(me) * kHeaderBytes : 0;
+  std::memcpy(incoming_.data() + static_cast<size_t>(me) * stride_, outgoing_.data() + own_offset, send_bytes);
+  std::unique_ptr<gloo::transport::UnboundBuffer> in, out;
+  try {
+    in = context.createUnboundBuffer(incoming_.data(), incoming_.size());
+    out = context.createUnboundBuffer(outgoing_.data(), outgoing_.size());
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      in->recv(p, slot, static_cast<size_t>(p) * stride_, stride_);
+      out->send(p, slot, per_peer_headers ? static_cast<size_t>(p) * kHeaderBytes : 0, send_bytes);
+    }
+    for (int p = 0; p < n - 1; ++p) {
+      in->waitRecv(timeout);
+      out->waitSend(timeout);
+    }
+  } catch (const std::exception& e) {
+    // Gloo's pairs may still hold these buffers: keep them (and the staging memory, owned by
+    // this object) alive until the context is destroyed.
+    if (in) retired_.push_back(std::shared_ptr<void>(std::move(in)));
+    if (out) retired_.push_back(std::shared_ptr<void>(std::move(out)));
+    RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", me, " of ", n, ": exchanging signatures"), e);
+  }
+}
+
+
+void CollectiveHandshake::Run(gloo::Context& context, const OpSpec& spec, absl::Span<const uint8_t> payload,
+                              std::chrono::milliseconds timeout) {
+  const int n = size_;
+  const int me = context.rank;
+  if (payload.size() > EagerCollectiveMaxBytes(n)) {
+    throw InvalidArgumentError(absl::StrCat(spec.Describe(), " on rank ", me, ": eager payload of ", payload.size(),
+                                            " bytes exceeds the limit of ", EagerCollectiveMaxBytes(n)));
+  }
+  if (n == 1) {
+    Fingerprint own = Make(spec, 0, payload.size());
+    std::memcpy(incoming_.data(), &own, sizeof(own));
+    if (!payload.empty()) std::memcpy(incoming_.data() + kHeaderBytes, payload.data(), payload.size());
+    return;
+  }
+  const bool per_peer = spec.kind == OpKind::kAlltoallv;
+  if (per_peer) {
+    for (int p = 0; p < n; ++p) {
+      Fingerprint f = Make(spec, p, 0);
+      std::memcpy(outgoing_.data() + static_cast<size_t>(p) * kHeaderBytes, &f, sizeof(f));
+    }
+  } else {
+    Fingerprint f = Make(spec, 0, payload.size());
+    std::memcpy(outgoing_.data(), &f, sizeof(f));
+    if (!payload.empty()) std::memcpy(outgoing_.data() + kHeaderBytes, payload.data(), payload.size());
+  }
+  Exchange(context, MakeSlot(kFingerprintSlotPrefix, static_cast<uint32_t>(spec.seq)),
+           per_peer ? kHeaderBytes : kHeaderBytes + payload.size(), per_peer, spec, timeout);
+  std::vector<Fingerprint> incoming(n);
+  for (int p = 0; p < n; ++p) std::memcpy(&incoming[p], incoming_.data() + static_cast<size_t>(p) * stride_, sizeof(Fingerprint));
 
   const std::string where = absl::StrCat(spec.Describe(), " on rank ", me, " of ", n);
   auto differs = [&](auto field) {
@@ -144,6 +210,11 @@ void VerifyAcrossRanks(gloo::Context& context, const OpSpec& spec, std::chrono::
   }
   if (spec.kind == OpKind::kAllgatherv && differs([](const Fingerprint& f) { return f.layout_hash; }))
     fail("the per-rank counts vector (every rank must pass the same counts)");
+  // Ranks that agree on everything above choose the same eager plan; this guards the rule
+  // where payloads must be equal (broadcast: only the root's; allgatherv: counts[r] elements).
+  if (spec.kind != OpKind::kBroadcast && spec.kind != OpKind::kAllgatherv && differs([](const Fingerprint& f) { return f.payload_bytes; }))
+    fail(absl::StrCat("the eager payload size (internal error): ",
+                      Table(incoming, [](const Fingerprint& f) { return f.payload_bytes; })));
   if (spec.kind == OpKind::kAlltoallv) {
     PairVerdict mine{};
     for (int p = 0; p < n && !mine.bad; ++p) {
@@ -155,10 +226,15 @@ void VerifyAcrossRanks(gloo::Context& context, const OpSpec& spec, std::chrono::
                 incoming[p].expects_from_peer};
       }
     }
-    std::vector<PairVerdict> verdicts_out(n, mine), verdicts_in(n);
-    ExchangeWithAll(context, MakeSlot(kVerdictSlotPrefix, static_cast<uint32_t>(spec.seq)), verdicts_out,
-                    verdicts_in, spec, timeout);
-    for (const PairVerdict& v : verdicts_in) {
+    for (int p = 0; p < n; ++p) {
+      std::memset(outgoing_.data() + static_cast<size_t>(p) * kHeaderBytes, 0, kHeaderBytes);
+      std::memcpy(outgoing_.data() + static_cast<size_t>(p) * kHeaderBytes, &mine, sizeof(mine));
+    }
+    Exchange(context, MakeSlot(kVerdictSlotPrefix, static_cast<uint32_t>(spec.seq)), kHeaderBytes, true, spec,
+             timeout);
+    for (int p = 0; p < n; ++p) {
+      PairVerdict v;
+      std::memcpy(&v, incoming_.data() + static_cast<size_t>(p) * stride_, sizeof(v));
       if (v.bad) {
         throw MismatchError(absl::StrCat(where, ": rank ", v.sender, " sends ", v.sends, " elements to rank ",
                                          v.receiver, " but rank ", v.receiver, " expects ", v.expects,

@@ -1,15 +1,26 @@
-// Cross-rank check of a collective's signature, run before any payload moves.
+// The handshake that starts every collective: a cross-rank check of its signature, which
+// can carry a small collective's whole payload.
 //
-// Every rank sends a 48-byte fingerprint of its OpSpec to every peer and receives theirs
-// (one message latency). Every rank then holds the whole table, so on a disagreement all
-// ranks raise the same MismatchError listing each rank's value, and none has touched data:
-// the communicator stays usable. Raw Gloo instead aborts the process when a message is longer
-// than the posted receive and silently truncates when it is shorter.
+// Every rank sends a 64-byte header (a fingerprint of its OpSpec) to every peer and receives
+// theirs: one message latency. Every rank then holds the whole table, so on a disagreement
+// all ranks raise the same MismatchError listing each rank's value, and none has touched the
+// caller's data: the communicator stays usable. Raw Gloo instead aborts the process when a
+// message is longer than the posted receive and silently truncates when it is shorter.
+//
+// Eager collectives: a rank may append up to EagerCollectiveMaxBytes(size) bytes of payload
+// to its header. Every rank posts receives of header + that maximum from every peer, whatever
+// it was asked to do, so no message can overflow a receive even when ranks disagree; the
+// payloads are used only once the headers agree. A small all-reduce, broadcast, all-gather or
+// reduce-scatter then completes in this one exchange (eager_collectives.h) instead of paying
+// the signature round trip plus Gloo's 2(n-1) (ring) or log n (tree) message latencies.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <vector>
 
+#include "absl/types/span.h"
 #include "comm/op_spec.h"
 
 namespace gloo {
@@ -18,6 +29,37 @@ class Context;
 
 namespace gossipcc {
 
-void VerifyAcrossRanks(gloo::Context& context, const OpSpec& spec, std::chrono::milliseconds timeout);
+class CollectiveHandshake {
+ public:
+  // One per communicator; used by its worker thread only.
+  explicit CollectiveHandshake(int size);
+  ~CollectiveHandshake();
+
+  // Sends this rank's header for `spec`, followed by `payload` (at most
+  // EagerCollectiveMaxBytes(size) bytes; may be empty), to every peer and receives theirs.
+  // Throws MismatchError (the same on every rank) when the headers disagree, or Gloo's
+  // exception when the exchange itself fails.
+  void Run(gloo::Context& context, const OpSpec& spec, absl::Span<const uint8_t> payload,
+           std::chrono::milliseconds timeout);
+
+  // After a successful Run: rank r's payload and its length (this rank's own is a copy, so
+  // it stays valid even if the caller's input aliases its output).
+  const uint8_t* payload(int rank) const;
+  size_t payload_bytes(int rank) const;
+
+  // Gloo buffers of a failed exchange, which Gloo may still reference: the owner keeps them
+  // until the Gloo context is gone.
+  std::vector<std::shared_ptr<void>> TakeRetiredBuffers();
+
+ private:
+  void Exchange(gloo::Context& context, uint64_t slot, size_t send_bytes, bool per_peer_headers, const OpSpec& spec,
+                std::chrono::milliseconds timeout);
+
+  const int size_;
+  const size_t stride_;          // bytes per peer in incoming_: header + the eager maximum
+  std::vector<uint8_t> outgoing_;  // header + payload (alltoallv: one header per peer)
+  std::vector<uint8_t> incoming_;  // size_ x stride_; this rank's slot holds a copy of outgoing_
+  std::vector<std::shared_ptr<void>> retired_;
+};
 
 }  // namespace gossipcc

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 
+#include "comm/direct_allreduce.h"
 #include "comm/reduce.h"
 #include "comm/ring_reduce_scatter.h"
 
@@ -45,6 +46,10 @@ uint8_t* Bytes(const Buffer& b) { return static_cast<uint8_t*>(b.data); }
 
 void GlooAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
   const int n = call.context->size;
+  if (data.bytes() <= kDirectAllreduceMaxBytes) {
+    DirectAllreduce(call, data, op);
+    return;
+  }
   if (IsHalfPrecision(data.dtype)) {
     // Accumulate wide: reduce in float32, round once. Costs a widen and a narrow pass and
     // twice the wire bytes, in exchange for sums that neither overflow nor drift.

@@ -21,6 +21,8 @@ inline constexpr uint8_t kP2PHeaderSlotPrefix = 0x41;
 inline constexpr uint8_t kP2PDataSlotPrefix = 0x42;
 inline constexpr uint8_t kReduceScatterSlotPrefix = 0x43;
 inline constexpr uint8_t kVerdictSlotPrefix = 0x44;
+inline constexpr uint8_t kDirectAllreduceScatterSlotPrefix = 0x45;
+inline constexpr uint8_t kDirectAllreduceGatherSlotPrefix = 0x46;
 
 inline uint64_t MakeSlot(uint8_t prefix, uint32_t tag) {
   return (static_cast<uint64_t>(prefix) << 56) | tag;

@@ -11,7 +11,22 @@ bool CompletionWork::is_completed() {
   return done_;
 }
 
+void CompletionWork::SetInlineRunner(std::function<void()> runner) {
+  absl::MutexLock lock(&mu_);
+  inline_runner_ = std::move(runner);
+}
+
 void CompletionWork::wait(std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0) {
+    // Only an untimed wait may run the operation itself: a timed one must be able to return
+    // while the operation is still running.
+    std::function<void()> runner;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!done_) runner = inline_runner_;
+    }
+    if (runner) runner();
+  }
   absl::MutexLock lock(&mu_);
   auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return done_; };
   if (timeout.count() > 0) {
@@ -48,6 +63,7 @@ void CompletionWork::Complete(std::exception_ptr error) {
     if (done_) return;
     done_ = true;
     error_ = std::move(error);
+    inline_runner_ = nullptr;
     callbacks.swap(callbacks_);
   }
   for (auto& fn : callbacks) fn();

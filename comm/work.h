@@ -49,12 +49,18 @@ class CompletionWork : public Work {
   // Marks the operation finished (error == nullptr: success) and runs the callbacks.
   void Complete(std::exception_ptr error);
 
+  // Lets an untimed wait() run the operation on the waiting thread: `runner` starts it there
+  // if it has not started yet (and its turn has come), else does nothing. This saves the two
+  // thread hand-offs (to the worker and back) that dominate a small collective's latency.
+  void SetInlineRunner(std::function<void()> runner);
+
  private:
   const std::string description_;
   absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   std::exception_ptr error_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void()>> callbacks_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> inline_runner_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gossipcc

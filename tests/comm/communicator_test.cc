@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,18 @@ namespace {
 const std::vector<size_t> kSizes = {0, 1, 7, 1001};
 const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax,
                                     ReduceOp::kProduct};
+
+// kSizes plus the two counts either side of the eager limit (EagerCollectiveMaxBytes), so
+// both the eager path and Gloo's algorithms run; `per_rank` elements make up one rank's payload
+// per counted element (reduce-scatter: size()).
+std::vector<size_t> Sizes(int n, DType dtype, size_t per_rank = 1) {
+  std::vector<size_t> sizes = kSizes;
+  if (n == 1) return sizes;
+  const size_t at_limit = EagerCollectiveMaxBytes(n) / (ElementSize(dtype) * per_rank);
+  sizes.push_back(at_limit);
+  sizes.push_back(at_limit + 1);
+  return sizes;
+}
 
 // Small integers, so every sum is exact in every dtype (|sum| <= 40 fits int8).
 double InputValue(int rank, size_t i, DType dtype, ReduceOp op) {
@@ -63,7 +76,7 @@ TEST_P(CollectivesTest, AllreduceEveryDtypeOpAndSize) {
     for (DType dtype : AllDTypes()) {
       for (ReduceOp op : kOps) {
         if (op == ReduceOp::kAvg && !IsFloatingPoint(dtype)) continue;  // rejected: see errors test
-        for (size_t count : kSizes) {
+        for (size_t count : Sizes(n, dtype)) {
           TypedArray a(dtype, count);
           Fill(a, comm.rank(), op);
           comm.allreduce(a.buffer(), op)->wait();
@@ -82,7 +95,7 @@ TEST_P(CollectivesTest, BroadcastFromEveryRoot) {
   RunRanks(n(), mode(), [](Communicator& comm) {
     for (DType dtype : AllDTypes()) {
       for (int root = 0; root < comm.size(); ++root) {
-        for (size_t count : kSizes) {
+        for (size_t count : Sizes(comm.size(), dtype)) {
           TypedArray a(dtype, count);
           Fill(a, comm.rank(), ReduceOp::kSum);
           comm.broadcast(a.buffer(), root)->wait();
@@ -99,7 +112,7 @@ TEST_P(CollectivesTest, AllgatherAndAllgatherv) {
   RunRanks(n(), mode(), [](Communicator& comm) {
     const int n = comm.size();
     for (DType dtype : AllDTypes()) {
-      for (size_t count : kSizes) {
+      for (size_t count : Sizes(n, dtype)) {
         TypedArray in(dtype, count), out(dtype, count * n);
         Fill(in, comm.rank(), ReduceOp::kSum);
         comm.allgather(in.buffer(), out.buffer())->wait();
@@ -130,7 +143,7 @@ TEST_P(CollectivesTest, ReduceScatter) {
     for (DType dtype : AllDTypes()) {
       for (ReduceOp op : kOps) {
         if (op == ReduceOp::kAvg && !IsFloatingPoint(dtype)) continue;
-        for (size_t chunk : kSizes) {
+        for (size_t chunk : Sizes(n, dtype, n)) {
           TypedArray in(dtype, chunk * n), out(dtype, chunk);
           Fill(in, comm.rank(), op);
           comm.reduce_scatter(in.buffer(), out.buffer(), op)->wait();
@@ -292,6 +305,29 @@ TEST(PointToPointProgressTest, ReceiveFromAnySourceReportsTheSender) {
     TypedArray got(DType::kInt64, 5);
     int source = 0;
     EXPECT_THROW(comm.recv_any_source(got.buffer(), 3, &source), InvalidArgumentError);
+  });
+}
+
+// Floating-point sums depend on the order of the terms; every rank must still hold the same
+// bits, on the eager path (ranks combined in rank order) and on Gloo's ring alike.
+TEST_P(CollectivesTest, AllreduceResultsAreBitwiseEqualOnEveryRank) {
+  RunRanks(n(), mode(), [](Communicator& comm) {
+    const int n = comm.size();
+    for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+      for (size_t count : Sizes(n, dtype)) {
+        TypedArray a(dtype, count);
+        for (size_t i = 0; i < count; ++i) a.set(i, std::sin(0.37 * static_cast<double>(i) + comm.rank()) / 3.0);
+        comm.allreduce(a.buffer(), ReduceOp::kAvg)->wait();
+        TypedArray all(dtype, count * n);
+        comm.allgather(a.buffer(), all.buffer())->wait();
+        const size_t bytes = a.buffer().bytes();
+        const auto* first = static_cast<const uint8_t*>(all.buffer().data);
+        for (int r = 1; r < n; ++r) {
+          ASSERT_EQ(std::memcmp(first, first + r * bytes, bytes), 0)
+              << DTypeName(dtype) << " count " << count << ": rank " << r << " differs from rank 0";
+        }
+      }
+    }
   });
 }
 

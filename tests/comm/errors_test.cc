@@ -91,6 +91,35 @@ TEST_P(ErrorsTest, MismatchedDtypesOpsRootsAndKindsAreNamed) {
   }, Quick());
 }
 
+// Small collectives carry their data in the signature check (EagerCollectiveMaxBytes), large
+// ones do not: ranks that disagree across that line, or on the kind of operation while some
+// send eager payloads, still get a MismatchError on every rank and no overflowed receive.
+TEST_P(ErrorsTest, DisagreementsAcrossTheEagerLimitAreDetected) {
+  RunRanks(4, GetParam(), [](Communicator& comm) {
+    const int me = comm.rank();
+    const size_t eager_max = EagerCollectiveMaxBytes(comm.size()) / sizeof(float);
+    std::vector<float> data(eager_max + 1, 1.0f);
+    const size_t count = me == 1 ? eager_max + 1 : eager_max;  // rank 1 over the line, the others at it
+    EXPECT_THAT(ExpectFailure<MismatchError>(comm.allreduce(CpuBuffer(data.data(), count))),
+                AllOf(HasSubstr("element count"), HasSubstr(absl::StrCat("rank 1: ", eager_max + 1)),
+                      HasSubstr(absl::StrCat("rank 0: ", eager_max))));
+    EXPECT_EQ(data[0], 1.0f);
+    // Rank 0 posts an alltoallv (one header per peer) while the others send eager payloads.
+    std::vector<size_t> counts(4, 1);
+    std::vector<float> a(4), b(4);
+    auto w = me == 0 ? comm.alltoallv(CpuBuffer(a.data(), 4), counts, CpuBuffer(b.data(), 4), counts)
+                     : comm.allreduce(CpuBuffer(data.data(), eager_max));
+    EXPECT_THAT(ExpectFailure<MismatchError>(w), AllOf(HasSubstr("operation"), HasSubstr("rank 0: alltoallv")));
+    // Both paths still work afterwards, and agree.
+    for (size_t n : {eager_max, eager_max + 1}) {
+      std::vector<float> v(n, static_cast<float>(me + 1));
+      comm.allreduce(CpuBuffer(v.data(), n))->wait();
+      EXPECT_EQ(v.front(), 10.0f);
+      EXPECT_EQ(v.back(), 10.0f);
+    }
+  }, Quick());
+}
+
 TEST_P(ErrorsTest, AllgathervAndAlltoallvCountDisagreements) {
   RunRanks(3, GetParam(), [](Communicator& comm) {
     const int me = comm.rank();

@@ -1,0 +1,104 @@
+#include "comm/direct_allreduce.h"
+
+#include <gloo/context.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <cstring>
+#include <vector>
+
+#include "comm/gloo_util.h"
+#include "comm/reduce.h"
+
+namespace gossipcc {
+
+void DirectAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
+  gloo::Context& ctx = *call.context;
+  const int n = ctx.size;
+  const int me = ctx.rank;
+  const bool half = IsHalfPrecision(data.dtype);
+  if (n == 1 || data.count == 0) {
+    if (op == ReduceOp::kAvg && !half) ScaleInPlace(data.data, data.count, data.dtype, 1.0);
+    return;
+  }
+  const size_t element = ElementSize(data.dtype);
+  auto begin = [&](int r) { return data.count * static_cast<size_t>(r) / static_cast<size_t>(n); };
+  auto chunk_count = [&](int r) { return begin(r + 1) - begin(r); };
+  const size_t max_chunk_bytes = (data.count + n - 1) / n * element;
+  auto* base = static_cast<uint8_t*>(data.data);
+  uint8_t* mine = base + begin(me) * element;
+  const size_t my_count = chunk_count(me);
+  const size_t my_bytes = my_count * element;
+
+  // Staging for the peers' copies of this rank's chunk; kept by the (communicator's worker)
+  // thread across calls so steady-state calls neither allocate nor fault pages in.
+  thread_local std::vector<uint8_t> staging;
+  if (staging.size() < max_chunk_bytes * n) staging.resize(max_chunk_bytes * n);
+  auto from = [&](int r) { return staging.data() + static_cast<size_t>(r) * max_chunk_bytes; };
+
+  auto data_ub = ctx.createUnboundBuffer(base, data.bytes());
+  auto staging_ub = ctx.createUnboundBuffer(staging.data(), max_chunk_bytes * n);
+  const uint64_t scatter_slot = MakeSlot(kDirectAllreduceScatterSlotPrefix, call.tag);
+  const uint64_t gather_slot = MakeSlot(kDirectAllreduceGatherSlotPrefix, call.tag);
+
+  // Phase 1: chunk p of this rank's data to rank p; every peer's copy of chunk `me` in.
+  // (Chunks are empty for all ranks alike when count < n, so empty messages are skipped on
+  // both ends consistently.)
+  int recvs = 0, sends = 0;
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    if (my_bytes) {
+      staging_ub->recv(p, scatter_slot, static_cast<size_t>(p) * max_chunk_bytes, my_bytes);
+      ++recvs;
+    }
+    if (chunk_count(p)) {
+      data_ub->send(p, scatter_slot, begin(p) * element, chunk_count(p) * element);
+      ++sends;
+    }
+  }
+  for (int i = 0; i < recvs; ++i) staging_ub->waitRecv(call.timeout);
+
+  // Reduce chunk `me` over ranks 0, 1, ..., n-1 (the same order on every rank's chunk).
+  if (my_count) {
+    if (half) {
+      thread_local std::vector<float> acc, next;
+      if (acc.size() < my_count) acc.resize(my_count), next.resize(my_count);
+      const ReduceFn fn = GetReduceFn(DType::kFloat32, op);
+      WidenToFloat(me == 0 ? mine : from(0), data.dtype, acc.data(), my_count);
+      for (int r = 1; r < n; ++r) {
+        WidenToFloat(r == me ? mine : from(r), data.dtype, next.data(), my_count);
+        fn(acc.data(), acc.data(), next.data(), my_count);
+      }
+      const float scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(n) : 1.0f;
+      NarrowFromFloat(acc.data(), scale, data.dtype, mine, my_count);
+    } else {
+      const ReduceFn fn = GetReduceFn(data.dtype, op);
+      // The result overwrites this rank's own contribution, which the first step (ranks 0
+      // and 1) reads element-wise in place; a later rank's is needed after that: move it aside.
+      if (me >= 2) std::memcpy(from(me), mine, my_bytes);
+      auto source = [&](int r) -> const uint8_t* { return r == me && me < 2 ? mine : from(r); };
+      fn(mine, source(0), source(1), my_count);
+      for (int r = 2; r < n; ++r) fn(mine, mine, source(r), my_count);
+      if (op == ReduceOp::kAvg) ScaleInPlace(mine, my_count, data.dtype, 1.0 / static_cast<double>(n));
+    }
+  }
+  // Phase 2 receives overwrite the chunks phase 1 sent: those sends must be done.
+  for (int i = 0; i < sends; ++i) data_ub->waitSend(call.timeout);
+
+  // Phase 2: the reduced chunk `me` to every peer; every peer's reduced chunk in, in place.
+  recvs = sends = 0;
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    if (chunk_count(p)) {
+      data_ub->recv(p, gather_slot, begin(p) * element, chunk_count(p) * element);
+      ++recvs;
+    }
+    if (my_bytes) {
+      data_ub->send(p, gather_slot, begin(me) * element, my_bytes);
+      ++sends;
+    }
+  }
+  for (int i = 0; i < recvs; ++i) data_ub->waitRecv(call.timeout);
+  for (int i = 0; i < sends; ++i) data_ub->waitSend(call.timeout);
+}
+
+}  // namespace gossipcc
