@@ -250,7 +250,7 @@ class Communicator::Impl {
               if (is_eager) {
                 eager.finish(*handshake_);
               } else {
-                cpu(GlooCall{context_, static_cast<uint32_t>(spec.seq), options_.timeout});
+                cpu(GlooCall{context_, static_cast<uint32_t>(spec.seq), options_.timeout, &scratch_});
               }
             },
             eager.payload, is_eager));
@@ -644,6 +644,7 @@ class Communicator::Impl {
   std::shared_ptr<gloo::Context> context_;
   // Worker thread only; its staging memory outlives context_ (see Shutdown).
   std::unique_ptr<CollectiveHandshake> handshake_;
+  CollectiveScratch scratch_;  // for the one collective running at a time
   std::unique_ptr<P2PExchange> p2p_;
   std::unique_ptr<NcclTransport> nccl_;
   absl::Mutex nccl_mu_;  // NCCL calls on one communicator must not interleave across threads

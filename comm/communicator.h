@@ -74,6 +74,15 @@ struct CommunicatorOptions {
 // size 1.
 size_t EagerCollectiveMaxBytes(int size);
 
+// CPU all-reduces above the eager limit and up to this many bytes run as a direct
+// reduce-scatter + all-gather (2 exchanges; comm/direct_allreduce.h), larger ones on Gloo's
+// ring, whose pipelining overlaps reduction with transfer and needs no staging memory (direct
+// needs (n-1)/n of the buffer). Measured on 4 local ranks (docs/benchmarks.md): direct is 0.4-0.9x
+// of Gloo's time from 256 KB to 1 MB but 1.1-1.3x at 4 and 16 MB, where the ring gives 0.7-1.0x.
+inline constexpr size_t kDirectAllreduceMaxBytes = size_t{2} << 20;
+
+
+
 inline constexpr size_t kMinP2PSegmentBytes = size_t{1} << 10;
 inline constexpr size_t kMaxP2PSegmentBytes = size_t{1} << 30;
 

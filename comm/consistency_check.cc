@@ -93,52 +93,56 @@ CollectiveHandshake::CollectiveHandshake(int size)
     : size_(size),
       stride_(kHeaderBytes + EagerCollectiveMaxBytes(size)),
       outgoing_(std::max(kHeaderBytes * static_cast<size_t>(size), stride_)),
-      incoming_(stride_ * static_cast<size_t>(size)) {}
+      incoming_(stride_ * static_cast<size_t>(size)),
+      verdicts_in_(kHeaderBytes * static_cast<size_t>(size)),
+      verdict_out_(kHeaderBytes) {}
 
 CollectiveHandshake::~CollectiveHandshake() = default;
 
-const uint8_t* CollectiveHandshake::payload(int rank) const {
-  return incoming_.data() + static_cast<size_t>(rank) * stride_ + kHeaderBytes;
-}
+const uint8_t* CollectiveHandshake::payload(int rank) const { return Slot(rank) + kHeaderBytes; }
 
 size_t CollectiveHandshake::payload_bytes(int rank) const {
   Fingerprint f;
-  std::memcpy(&f, incoming_.data() + static_cast<size_t>(rank) * stride_, sizeof(f));
+  std::memcpy(&f, Slot(rank), sizeof(f));
   return f.payload_bytes;
 }
 
-std::vector<std::shared_ptr<void>> CollectiveHandshake::TakeRetiredBuffers() { return std::move(retired_); }
-
-// Sends outgoing_ to every peer (one shared message of `send_bytes`, or with per_peer_headers
-// header p to peer p) and receives each peer's message into its slot of incoming_.
-void CollectiveHandshake::Exchange(gloo::Context& context, uint64_t slot, size_t send_bytes, bool per_peer_headers,
-                                   const OpSpec& spec, std::chrono::milliseconds timeout) {
-  const int n = size_;
-  const int me = context.rank;
-  const size_t own_offset = per_peer_headers ? static_cast<size_t>(me) * kHeaderBytes : 0;
-  std::memcpy(incoming_.data() + static_cast<size_t>(me) * stride_, outgoing_.data() + own_offset, send_bytes);
-  std::unique_ptr<gloo::transport::UnboundBuffer> in, out;
-  try {
-    in = context.createUnboundBuffer(incoming_.data(), incoming_.size());
-    out = context.createUnboundBuffer(outgoing_.data(), outgoing_.size());
-    for (int p = 0; p < n; ++p) {
-      if (p == me) continue;
-      in->recv(p, slot, static_cast<size_t>(p) * stride_, stride_);
-      out->send(p, slot, per_peer_headers ? static_cast<size_t>(p) * kHeaderBytes : 0, send_bytes);
-    }
-    for (int p = 0; p < n - 1; ++p) {
-      in->waitRecv(timeout);
-      out->waitSend(timeout);
-    }
-  } catch (const std::exception& e) {
-    // Gloo's pairs may still hold these buffers: keep them (and the staging memory, owned by
-    // this object) alive until the context is destroyed.
-    if (in) retired_.push_back(std::shared_ptr<void>(std::move(in)));
-    if (out) retired_.push_back(std::shared_ptr<void>(std::move(out)));
-    RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", me, " of ", n, ": exchanging signatures"), e);
-  }
+std::vector<std::shared_ptr<void>> CollectiveHandshake::TakeRetiredBuffers() {
+  if (in_) retired_.push_back(std::move(in_));
+  if (out_) retired_.push_back(std::move(out_));
+  return std::move(retired_);
 }
 
+// alltoallv's second round: every rank's verdict (`bytes` <= kHeaderBytes) to every peer;
+// the table lands in verdicts_in_.
+void CollectiveHandshake::ExchangeVerdicts(gloo::Context& context, const OpSpec& spec, const void* mine,
+                                           size_t bytes, std::chrono::milliseconds timeout) {
+  const int n = size_;
+  const int me = context.rank;
+  std::fill(verdict_out_.begin(), verdict_out_.end(), 0);
+  std::memcpy(verdict_out_.data(), mine, bytes);
+  std::memcpy(verdicts_in_.data() + static_cast<size_t>(me) * kHeaderBytes, verdict_out_.data(), kHeaderBytes);
+  std::unique_ptr<gloo::transport::UnboundBuffer> in_ub, out_ub;
+  try {
+    in_ub = context.createUnboundBuffer(verdicts_in_.data(), verdicts_in_.size());
+    out_ub = context.createUnboundBuffer(verdict_out_.data(), verdict_out_.size());
+    const uint64_t slot = MakeSlot(kVerdictSlotPrefix, static_cast<uint32_t>(spec.seq));
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      in_ub->recv(p, slot, static_cast<size_t>(p) * kHeaderBytes, kHeaderBytes);
+      out_ub->send(p, slot, 0, kHeaderBytes);
+    }
+    for (int p = 0; p < n - 1; ++p) {
+      in_ub->waitRecv(timeout);
+      out_ub->waitSend(timeout);
+    }
+  } catch (const std::exception& e) {
+    // Gloo's pairs may still hold these buffers (their memory is this object's).
+    if (in_ub) retired_.push_back(std::shared_ptr<void>(std::move(in_ub)));
+    if (out_ub) retired_.push_back(std::shared_ptr<void>(std::move(out_ub)));
+    RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", me, " of ", n, ": exchanging verdicts"), e);
+  }
+}
 
 void CollectiveHandshake::Run(gloo::Context& context, const OpSpec& spec, absl::Span<const uint8_t> payload,
                               std::chrono::milliseconds timeout) {
@@ -150,11 +154,12 @@ void CollectiveHandshake::Run(gloo::Context& context, const OpSpec& spec, absl::
   }
   if (n == 1) {
     Fingerprint own = Make(spec, 0, payload.size());
-    std::memcpy(incoming_.data(), &own, sizeof(own));
-    if (!payload.empty()) std::memcpy(incoming_.data() + kHeaderBytes, payload.data(), payload.size());
+    std::memcpy(Slot(0), &own, sizeof(own));
+    if (!payload.empty()) std::memcpy(Slot(0) + kHeaderBytes, payload.data(), payload.size());
     return;
   }
   const bool per_peer = spec.kind == OpKind::kAlltoallv;
+  size_t send_bytes = kHeaderBytes;
   if (per_peer) {
     for (int p = 0; p < n; ++p) {
       Fingerprint f = Make(spec, p, 0);
@@ -164,11 +169,29 @@ void CollectiveHandshake::Run(gloo::Context& context, const OpSpec& spec, absl::
     Fingerprint f = Make(spec, 0, payload.size());
     std::memcpy(outgoing_.data(), &f, sizeof(f));
     if (!payload.empty()) std::memcpy(outgoing_.data() + kHeaderBytes, payload.data(), payload.size());
+    send_bytes += payload.size();
   }
-  Exchange(context, MakeSlot(kFingerprintSlotPrefix, static_cast<uint32_t>(spec.seq)),
-           per_peer ? kHeaderBytes : kHeaderBytes + payload.size(), per_peer, spec, timeout);
+  std::memcpy(Slot(me), outgoing_.data() + (per_peer ? static_cast<size_t>(me) * kHeaderBytes : 0), send_bytes);
+  try {
+    if (!in_) in_ = context.createUnboundBuffer(incoming_.data(), incoming_.size());
+    if (!out_) out_ = context.createUnboundBuffer(outgoing_.data(), outgoing_.size());
+    // Every receive has room for header + the eager maximum, whatever this rank was asked to
+    // do, so no peer's message can overflow it.
+    const uint64_t slot = MakeSlot(kFingerprintSlotPrefix, static_cast<uint32_t>(spec.seq));
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      in_->recv(p, slot, static_cast<size_t>(p) * stride_, stride_);
+      out_->send(p, slot, per_peer ? static_cast<size_t>(p) * kHeaderBytes : 0, send_bytes);
+    }
+    for (int p = 0; p < n - 1; ++p) {
+      in_->waitRecv(timeout);
+      out_->waitSend(timeout);
+    }
+  } catch (const std::exception& e) {
+    RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", me, " of ", n, ": exchanging signatures"), e);
+  }
   std::vector<Fingerprint> incoming(n);
-  for (int p = 0; p < n; ++p) std::memcpy(&incoming[p], incoming_.data() + static_cast<size_t>(p) * stride_, sizeof(Fingerprint));
+  for (int p = 0; p < n; ++p) std::memcpy(&incoming[p], Slot(p), sizeof(Fingerprint));
 
   const std::string where = absl::StrCat(spec.Describe(), " on rank ", me, " of ", n);
   auto differs = [&](auto field) {
@@ -226,15 +249,10 @@ void CollectiveHandshake::Run(gloo::Context& context, const OpSpec& spec, absl::
                 incoming[p].expects_from_peer};
       }
     }
-    for (int p = 0; p < n; ++p) {
-      std::memset(outgoing_.data() + static_cast<size_t>(p) * kHeaderBytes, 0, kHeaderBytes);
-      std::memcpy(outgoing_.data() + static_cast<size_t>(p) * kHeaderBytes, &mine, sizeof(mine));
-    }
-    Exchange(context, MakeSlot(kVerdictSlotPrefix, static_cast<uint32_t>(spec.seq)), kHeaderBytes, true, spec,
-             timeout);
+    ExchangeVerdicts(context, spec, &mine, sizeof(mine), timeout);
     for (int p = 0; p < n; ++p) {
       PairVerdict v;
-      std::memcpy(&v, incoming_.data() + static_cast<size_t>(p) * stride_, sizeof(v));
+      std::memcpy(&v, verdicts_in_.data() + static_cast<size_t>(p) * kHeaderBytes, sizeof(v));
       if (v.bad) {
         throw MismatchError(absl::StrCat(where, ": rank ", v.sender, " sends ", v.sends, " elements to rank ",
                                          v.receiver, " but rank ", v.receiver, " expects ", v.expects,

@@ -25,13 +25,16 @@
 
 namespace gloo {
 class Context;
+namespace transport {
+class UnboundBuffer;
+}  // namespace transport
 }  // namespace gloo
 
 namespace gossipcc {
 
 class CollectiveHandshake {
  public:
-  // One per communicator; used by its worker thread only.
+  // One per communicator; used by one thread at a time (collectives run one at a time).
   explicit CollectiveHandshake(int size);
   ~CollectiveHandshake();
 
@@ -47,18 +50,24 @@ class CollectiveHandshake {
   const uint8_t* payload(int rank) const;
   size_t payload_bytes(int rank) const;
 
-  // Gloo buffers of a failed exchange, which Gloo may still reference: the owner keeps them
-  // until the Gloo context is gone.
+  // Every Gloo buffer this object registered (after a failed exchange Gloo may still
+  // reference them): the owner destroys them only once the Gloo context is gone. Call once, at
+  // shutdown; Run must not be called afterwards.
   std::vector<std::shared_ptr<void>> TakeRetiredBuffers();
 
  private:
-  void Exchange(gloo::Context& context, uint64_t slot, size_t send_bytes, bool per_peer_headers, const OpSpec& spec,
-                std::chrono::milliseconds timeout);
+  void ExchangeVerdicts(gloo::Context& context, const OpSpec& spec, const void* mine, size_t bytes,
+                        std::chrono::milliseconds timeout);
+  uint8_t* Slot(int rank) { return incoming_.data() + static_cast<size_t>(rank) * stride_; }
+  const uint8_t* Slot(int rank) const { return incoming_.data() + static_cast<size_t>(rank) * stride_; }
 
   const int size_;
-  const size_t stride_;          // bytes per peer in incoming_: header + the eager maximum
+  const size_t stride_;  // bytes per peer in incoming_: header + the eager maximum
   std::vector<uint8_t> outgoing_;  // header + payload (alltoallv: one header per peer)
-  std::vector<uint8_t> incoming_;  // size_ x stride_; this rank's slot holds a copy of outgoing_
+  std::vector<uint8_t> incoming_;  // size_ x stride_; this rank's slot holds a copy of what it sent
+  // Registered once, reused by every Run.
+  std::shared_ptr<gloo::transport::UnboundBuffer> in_, out_;
+  std::vector<uint8_t> verdicts_in_, verdict_out_;  // alltoallv's second round
   std::vector<std::shared_ptr<void>> retired_;
 };
 

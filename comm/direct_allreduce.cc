@@ -29,9 +29,11 @@ void DirectAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
   const size_t my_count = chunk_count(me);
   const size_t my_bytes = my_count * element;
 
-  // Staging for the peers' copies of this rank's chunk; kept by the (communicator's worker)
-  // thread across calls so steady-state calls neither allocate nor fault pages in.
-  thread_local std::vector<uint8_t> staging;
+  // Staging for the peers' copies of this rank's chunk; kept by the communicator across calls
+  // so steady-state calls neither allocate nor fault pages in.
+  CollectiveScratch local;
+  CollectiveScratch& scratch = call.scratch ? *call.scratch : local;
+  std::vector<uint8_t>& staging = scratch.bytes;
   if (staging.size() < max_chunk_bytes * n) staging.resize(max_chunk_bytes * n);
   auto from = [&](int r) { return staging.data() + static_cast<size_t>(r) * max_chunk_bytes; };
 
@@ -40,6 +42,17 @@ void DirectAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
   const uint64_t scatter_slot = MakeSlot(kDirectAllreduceScatterSlotPrefix, call.tag);
   const uint64_t gather_slot = MakeSlot(kDirectAllreduceGatherSlotPrefix, call.tag);
 
+  // Phase 2's receives go up first, so that each peer finds them announced when it has its
+  // reduced chunk and sends at once (Gloo sends only to an announced receive). They may: a
+  // peer sends chunk p only after receiving chunk p of ours in phase 1, so phase 1's send of
+  // that region is over by the time anything lands in it.
+  int gather_recvs = 0;
+  for (int p = 0; p < n; ++p) {
+    if (p != me && chunk_count(p)) {
+      data_ub->recv(p, gather_slot, begin(p) * element, chunk_count(p) * element);
+      ++gather_recvs;
+    }
+  }
   // Phase 1: chunk p of this rank's data to rank p; every peer's copy of chunk `me` in.
   // (Chunks are empty for all ranks alike when count < n, so empty messages are skipped on
   // both ends consistently.)
@@ -60,7 +73,8 @@ void DirectAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
   // Reduce chunk `me` over ranks 0, 1, ..., n-1 (the same order on every rank's chunk).
   if (my_count) {
     if (half) {
-      thread_local std::vector<float> acc, next;
+      std::vector<float>& acc = scratch.acc;
+      std::vector<float>& next = scratch.next;
       if (acc.size() < my_count) acc.resize(my_count), next.resize(my_count);
       const ReduceFn fn = GetReduceFn(DType::kFloat32, op);
       WidenToFloat(me == 0 ? mine : from(0), data.dtype, acc.data(), my_count);
@@ -81,24 +95,17 @@ void DirectAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
       if (op == ReduceOp::kAvg) ScaleInPlace(mine, my_count, data.dtype, 1.0 / static_cast<double>(n));
     }
   }
-  // Phase 2 receives overwrite the chunks phase 1 sent: those sends must be done.
   for (int i = 0; i < sends; ++i) data_ub->waitSend(call.timeout);
 
-  // Phase 2: the reduced chunk `me` to every peer; every peer's reduced chunk in, in place.
-  recvs = sends = 0;
+  // Phase 2: the reduced chunk `me` to every peer (its receives were posted up front).
+  sends = 0;
   for (int p = 0; p < n; ++p) {
-    if (p == me) continue;
-    if (chunk_count(p)) {
-      data_ub->recv(p, gather_slot, begin(p) * element, chunk_count(p) * element);
-      ++recvs;
-    }
-    if (my_bytes) {
+    if (p != me && my_bytes) {
       data_ub->send(p, gather_slot, begin(me) * element, my_bytes);
       ++sends;
     }
   }
-  for (int i = 0; i < recvs; ++i) data_ub->waitRecv(call.timeout);
+  for (int i = 0; i < gather_recvs; ++i) data_ub->waitRecv(call.timeout);
   for (int i = 0; i < sends; ++i) data_ub->waitSend(call.timeout);
 }
-
 }  // namespace gossipcc

@@ -10,14 +10,11 @@
 // reduced in float32 (rounded once, by the chunk's owner), so every rank gets identical bits.
 #pragma once
 
+#include "comm/communicator.h"  // kDirectAllreduceMaxBytes
 #include "comm/gloo_collectives.h"
 #include "comm/types.h"
 
 namespace gossipcc {
-
-// Largest buffer (bytes) the communicator all-reduces this way; larger ones take Gloo's ring,
-// whose pipelining needs no staging memory (this needs (n-1)/n of the buffer).
-inline constexpr size_t kDirectAllreduceMaxBytes = size_t{16} << 20;
 
 // Every rank calls it with the same count, dtype and op (checked beforehand by the handshake).
 void DirectAllreduce(const GlooCall& call, Buffer data, ReduceOp op);

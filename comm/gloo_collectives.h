@@ -16,10 +16,17 @@ class Context;
 
 namespace gossipcc {
 
+// Memory a collective may keep between calls (one collective runs at a time per communicator).
+struct CollectiveScratch {
+  std::vector<uint8_t> bytes;
+  std::vector<float> acc, next;
+};
+
 struct GlooCall {
   std::shared_ptr<gloo::Context> context;
   uint32_t tag;
   std::chrono::milliseconds timeout;
+  CollectiveScratch* scratch = nullptr;  // null: allocate per call
 };
 
 void GlooAllreduce(const GlooCall& call, Buffer data, ReduceOp op);

@@ -308,6 +308,26 @@ TEST(PointToPointProgressTest, ReceiveFromAnySourceReportsTheSender) {
   });
 }
 
+// Above kDirectAllreduceMaxBytes all-reduce takes Gloo's ring: every dtype once there.
+TEST_P(CollectivesTest, AllreduceOnGlooRingEveryDtype) {
+  if (n() != 3 && n() != 8) GTEST_SKIP() << "ring sizes run on 3 and 8 ranks only (the path does not depend on n)";
+  RunRanks(n(), mode(), [](Communicator& comm) {
+    for (DType dtype : AllDTypes()) {
+      const ReduceOp op = IsFloatingPoint(dtype) ? ReduceOp::kAvg : ReduceOp::kSum;
+      const size_t count = kDirectAllreduceMaxBytes / ElementSize(dtype) + 3;
+      TypedArray a(dtype, count);
+      Fill(a, comm.rank(), op);
+      comm.allreduce(a.buffer(), op)->wait();
+      for (size_t i = 0; i < count; i += 997) {
+        const double want = Reference(comm.size(), i, dtype, op);
+        ASSERT_NEAR(a.get(i), want, Tolerance(dtype, want)) << DTypeName(dtype) << " index " << i;
+      }
+      const double last = Reference(comm.size(), count - 1, dtype, op);
+      ASSERT_NEAR(a.get(count - 1), last, Tolerance(dtype, last)) << DTypeName(dtype);
+    }
+  });
+}
+
 // Floating-point sums depend on the order of the terms; every rank must still hold the same
 // bits, on the eager path (ranks combined in rank order) and on Gloo's ring alike.
 TEST_P(CollectivesTest, AllreduceResultsAreBitwiseEqualOnEveryRank) {
