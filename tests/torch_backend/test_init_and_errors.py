@@ -57,7 +57,9 @@ def test_torchrun(tmp_path):
         t = torch.ones(3) * (dist.get_rank() + 1)
         dist.all_reduce(t)
         assert dist.get_backend() == "gossipcc", dist.get_backend()
-        print("rank", dist.get_rank(), "of", dist.get_world_size(), "sum", t.tolist(), flush=True)
+        # One write per line: the ranks share torchrun's stdout pipe (writes under PIPE_BUF
+        # bytes are atomic; print() writes its pieces separately and they interleaved).
+        os.write(1, f"rank {dist.get_rank()} of {dist.get_world_size()} sum {t.tolist()}\\n".encode())
         dist.destroy_process_group()
     """))
     # gossipcc.torchrun is torchrun with a fix for torch 1.13 on Python 3.11 (Debian bookworm).
