@@ -66,8 +66,8 @@ struct CommunicatorOptions {
 };
 
 // Small CPU collectives go "eager": a rank whose payload is at most this many bytes (a
-// function of the group size only: 512 KiB / (size - 1), so 512 KiB on 2 ranks, 170 KiB on 4,
-// 73 KiB on 8) sends it to every peer inside the signature check that starts every collective,
+// function of the group size only: 128 KiB / (size - 1), so 128 KiB on 2 ranks, 42 KiB on 4,
+// 18 KiB on 8) sends it to every peer inside the signature check that starts every collective,
 // and all-reduce, broadcast, all-gather(v), reduce-scatter and barrier then complete in that
 // one message latency; larger ones run Gloo's algorithms after the check. Eager reductions
 // combine the ranks in rank order, so every rank gets a bitwise identical result. Always 0 for
@@ -77,11 +77,11 @@ size_t EagerCollectiveMaxBytes(int size);
 // CPU all-reduces above the eager limit and up to this many bytes run as a direct
 // reduce-scatter + all-gather (2 exchanges; comm/direct_allreduce.h), larger ones on Gloo's
 // ring, whose pipelining overlaps reduction with transfer and needs no staging memory (direct
-// needs (n-1)/n of the buffer). Measured on 4 local ranks (docs/benchmarks.md): direct is 0.4-0.9x
-// of Gloo's time from 256 KB to 1 MB but 1.1-1.3x at 4 and 16 MB, where the ring gives 0.7-1.0x.
-inline constexpr size_t kDirectAllreduceMaxBytes = size_t{2} << 20;
-
-
+// needs (n-1)/n of the buffer) and receives from one peer at a time: on a rate-limited link
+// three streams arriving at once at one port made 1 MB buckets slower than the ring
+// (docs/benchmarks.md explains both thresholds). Up to here direct measured 0.4-0.65x of
+// Gloo's time on 4 local ranks.
+inline constexpr size_t kDirectAllreduceMaxBytes = size_t{512} << 10;
 
 inline constexpr size_t kMinP2PSegmentBytes = size_t{1} << 10;
 inline constexpr size_t kMaxP2PSegmentBytes = size_t{1} << 30;
