@@ -96,10 +96,16 @@ TEST(OpLaneTest, DefersPlainCollectivesBehindCollectiveTasks) {
 
 TEST(OpLaneTest, StopFailsQueuedTasksAndRefusesNewOnes) {
   OpLane lane("test");
-  std::promise<void> release;
+  std::promise<void> release, started;
   std::shared_future<void> gate = release.get_future().share();
-  auto running = lane.Submit("running", [gate] { gate.wait(); }, true);
+  auto running = lane.Submit("running", [gate, &started] {
+    started.set_value();
+    gate.wait();
+  }, true);
   auto queued = lane.Submit("queued", [] { FAIL() << "a queued task ran after Stop"; }, true);
+  // Stop only once "running" has started (a slow start, e.g. under ASan, must not turn it
+  // into a queued task that Stop drops).
+  started.get_future().wait();
   std::thread stopper([&] { lane.Stop("the process group was shut down"); });
   std::this_thread::sleep_for(20ms);
   release.set_value();
