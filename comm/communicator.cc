@@ -277,16 +277,20 @@ class Communicator::Impl {
   // Runs queued collective `seq` on the calling thread if it is next in line and nothing is
   // running (collectives must run one at a time, in order); otherwise leaves it to the worker.
   void TryRunInline(uint64_t seq) {
-    std::function<void()> task;
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_ || running_ || queue_.empty() || queue_.front().seq != seq) return;
-      task = std::move(queue_.front().run);
-      queue_.pop_front();
-      running_ = true;
-    }
-    task();
     absl::MutexLock lock(&mu_);
+    if (stopping_ || running_ || queue_.empty() || queue_.front().seq != seq) return;
+    RunFront();
+  }
+
+  // Takes the task at the queue's front and runs it with mu_ released; the queue stays busy
+  // (running_) until it returns. Called with mu_ held; returns with it held.
+  void RunFront() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::function<void()> task = std::move(queue_.front().run);
+    queue_.pop_front();
+    running_ = true;
+    mu_.Unlock();
+    task();
+    mu_.Lock();
     running_ = false;
   }
 
@@ -508,23 +512,15 @@ class Communicator::Impl {
   }
 
   void WorkerLoop() {
+    absl::MutexLock lock(&mu_);
     for (;;) {
-      std::function<void()> task;
-      {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](Impl* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-              return self->stopping_ || (!self->running_ && !self->queue_.empty());
-            },
-            this));
-        if (queue_.empty() || running_) return;  // stopping
-        task = std::move(queue_.front().run);
-        queue_.pop_front();
-        running_ = true;
-      }
-      task();
-      absl::MutexLock lock(&mu_);
-      running_ = false;
+      mu_.Await(absl::Condition(
+          +[](Impl* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return self->stopping_ || (!self->running_ && !self->queue_.empty());
+          },
+          this));
+      if (queue_.empty() || running_) return;  // stopping
+      RunFront();
     }
   }
 
