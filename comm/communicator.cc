@@ -216,9 +216,12 @@ class Communicator::Impl {
     std::function<void(const CollectiveHandshake&)> finish;
   };
 
-  // Whether a CPU collective whose per-rank payload is `bytes` goes eager.
-  bool EagerFits(const Device& device, size_t bytes) const {
-    return size_ > 1 && !device.is_cuda() && bytes <= EagerCollectiveMaxBytes(size_);
+  // The eager plan of a CPU collective whose largest per-rank payload is `bytes` (the same on
+  // every rank), or no plan (not eager) when it does not fit.
+  EagerPlan Eager(const Device& device, size_t bytes, absl::Span<const uint8_t> payload,
+                  std::function<void(const CollectiveHandshake&)> finish) const {
+    if (size_ == 1 || device.is_cuda() || bytes > EagerCollectiveMaxBytes(size_)) return {};
+    return {payload, std::move(finish)};
   }
 
   // Queues a collective: the worker checks the signature across ranks, then runs `cpu` (CPU
@@ -243,17 +246,16 @@ class Communicator::Impl {
         if (gate->impl) gate->impl->TryRunInline(seq);
       });
       queue_.push_back({spec.seq, [this, spec, work, cpu = std::move(cpu), eager = std::move(eager)] {
-        const bool is_eager = eager.finish != nullptr;
         work->Complete(Run(
             spec,
             [&] {
-              if (is_eager) {
+              if (eager.finish) {
                 eager.finish(*handshake_);
               } else {
                 cpu(GlooCall{context_, static_cast<uint32_t>(spec.seq), options_.timeout, &scratch_});
               }
             },
-            eager.payload, is_eager));
+            eager));
       }});
       return work;
     }
@@ -296,8 +298,7 @@ class Communicator::Impl {
 
   // Runs one queued collective; returns its error. Transport failures poison the
   // communicator; mismatches do not (no data moved).
-  std::exception_ptr Run(const OpSpec& spec, const std::function<void()>& body,
-                         absl::Span<const uint8_t> eager_payload = {}, bool eager = false) {
+  std::exception_ptr Run(const OpSpec& spec, const std::function<void()>& body, const EagerPlan& eager = {}) {
     {
       absl::MutexLock lock(&mu_);
       if (first_failure_) {
@@ -309,7 +310,7 @@ class Communicator::Impl {
     const std::string where = absl::StrCat(spec.Describe(), " on rank ", rank_, " of ", size_);
     try {
       // An eager collective's data travels in the handshake, so it always runs.
-      if (options_.verify_collectives || eager) handshake_->Run(*context_, spec, eager_payload, options_.timeout);
+      if (options_.verify_collectives || eager.finish) handshake_->Run(*context_, spec, eager.payload, options_.timeout);
       body();
       return nullptr;
     } catch (const MismatchError&) {
@@ -743,10 +744,10 @@ std::shared_ptr<Work> Communicator::allreduce(Buffer data, ReduceOp op) {
   }
   OpSpec spec = Spec(OpKind::kAllreduce, data, data.count);
   spec.op = op;
-  Impl::EagerPlan eager;
-  if (impl_->EagerFits(data.device, data.bytes())) {
-    eager = {BytesOf(data), [data, op, n = size()](const CollectiveHandshake& h) { EagerAllreduce(h, n, data, op); }};
-  }
+  Impl::EagerPlan eager = impl_->Eager(data.device, data.bytes(), BytesOf(data),
+                                       [this, data, op](const CollectiveHandshake& h) {
+                                         EagerAllreduce(h, size(), data, op, impl_->scratch_.wide);
+                                       });
   return impl_->Submit(
       spec, [=](const GlooCall& call) { if (data.count) GlooAllreduce(call, data, op); },
       [=](NcclTransport& n, std::string d) { return n.Allreduce(data, op, std::move(d)); }, data.bytes(),
@@ -758,11 +759,9 @@ std::shared_ptr<Work> Communicator::broadcast(Buffer data, int root) {
   impl_->CheckPeer("broadcast", root, "root");
   OpSpec spec = Spec(OpKind::kBroadcast, data, data.count);
   spec.root = root;
-  Impl::EagerPlan eager;
-  if (impl_->EagerFits(data.device, data.bytes())) {
-    eager = {rank() == root ? BytesOf(data) : absl::Span<const uint8_t>(),
-             [data, root, me = rank()](const CollectiveHandshake& h) { EagerBroadcast(h, me, data, root); }};
-  }
+  Impl::EagerPlan eager = impl_->Eager(
+      data.device, data.bytes(), rank() == root ? BytesOf(data) : absl::Span<const uint8_t>(),
+      [data, root, me = rank()](const CollectiveHandshake& h) { EagerBroadcast(h, me, data, root); });
   return impl_->Submit(
       spec, [=](const GlooCall& call) { if (data.count && call.context->size > 1) GlooBroadcast(call, data, root); },
       [=](NcclTransport& n, std::string d) { return n.Broadcast(data, root, std::move(d)); }, data.bytes(),
@@ -778,11 +777,10 @@ std::shared_ptr<Work> Communicator::allgather(Buffer input, Buffer output) {
                                             " elements but size() * input.count = ", size(), " * ", input.count,
                                             " = ", input.count * size(), " are required"));
   }
-  Impl::EagerPlan eager;
-  if (impl_->EagerFits(input.device, input.bytes())) {
-    eager = {BytesOf(input), [output, counts = std::vector<size_t>(size(), input.count),
-                              n = size()](const CollectiveHandshake& h) { EagerAllgatherv(h, n, output, counts); }};
-  }
+  Impl::EagerPlan eager =
+      impl_->Eager(input.device, input.bytes(), BytesOf(input),
+                   [output, counts = std::vector<size_t>(size(), input.count), n = size()](
+                       const CollectiveHandshake& h) { EagerAllgatherv(h, n, output, counts); });
   return impl_->Submit(
       Spec(OpKind::kAllgather, input, input.count),
       [=](const GlooCall& call) { if (input.count) GlooAllgather(call, input, output); },
@@ -806,13 +804,11 @@ std::shared_ptr<Work> Communicator::allgatherv(Buffer input, Buffer output, std:
   }
   OpSpec spec = Spec(OpKind::kAllgatherv, input, total);
   spec.layout_hash = HashCounts(counts);
-  Impl::EagerPlan eager;
   // Decided from the counts vector, which every rank must pass alike (checked), not from this
   // rank's own count, so all ranks choose the same plan.
-  if (impl_->EagerFits(input.device, *std::max_element(counts.begin(), counts.end()) * ElementSize(input.dtype))) {
-    eager = {BytesOf(input),
-             [output, counts, n = size()](const CollectiveHandshake& h) { EagerAllgatherv(h, n, output, counts); }};
-  }
+  Impl::EagerPlan eager = impl_->Eager(
+      input.device, *std::max_element(counts.begin(), counts.end()) * ElementSize(input.dtype), BytesOf(input),
+      [output, counts, n = size()](const CollectiveHandshake& h) { EagerAllgatherv(h, n, output, counts); });
   return impl_->Submit(
       spec, [=](const GlooCall& call) { if (total) GlooAllgatherv(call, input, output, counts); },
       [=](NcclTransport& n, std::string d) { return n.Allgatherv(input, output, counts, std::move(d)); },
@@ -835,12 +831,10 @@ std::shared_ptr<Work> Communicator::reduce_scatter(Buffer input, Buffer output, 
   }
   OpSpec spec = Spec(OpKind::kReduceScatter, input, output.count);
   spec.op = op;
-  Impl::EagerPlan eager;
-  if (impl_->EagerFits(input.device, input.bytes())) {
-    eager = {BytesOf(input), [output, op, n = size(), me = rank()](const CollectiveHandshake& h) {
-               EagerReduceScatter(h, n, me, output, op);
-             }};
-  }
+  Impl::EagerPlan eager = impl_->Eager(input.device, input.bytes(), BytesOf(input),
+                                       [this, output, op](const CollectiveHandshake& h) {
+                                         EagerReduceScatter(h, size(), rank(), output, op, impl_->scratch_.wide);
+                                       });
   return impl_->Submit(
       spec, [=](const GlooCall& call) { if (output.count) RingReduceScatter(call, input, output, op); },
       [=](NcclTransport& n, std::string d) { return n.ReduceScatter(input, output, op, std::move(d)); },
@@ -900,8 +894,7 @@ std::shared_ptr<Work> Communicator::barrier() {
   spec.kind = OpKind::kBarrier;
   // A CPU barrier is the handshake alone: a rank gets past it only once every peer's header
   // (sent on entering the barrier) has arrived.
-  Impl::EagerPlan eager;
-  if (impl_->EagerFits(spec.device, 0)) eager = {{}, [](const CollectiveHandshake&) {}};
+  Impl::EagerPlan eager = impl_->Eager(spec.device, 0, {}, [](const CollectiveHandshake&) {});
   return impl_->Submit(
       spec, [](const GlooCall& call) { GlooBarrier(call); },
       [](NcclTransport& n, std::string d) { return n.Barrier(std::move(d)); }, 0, std::move(eager));

@@ -15,11 +15,7 @@ void DirectAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
   gloo::Context& ctx = *call.context;
   const int n = ctx.size;
   const int me = ctx.rank;
-  const bool half = IsHalfPrecision(data.dtype);
-  if (n == 1 || data.count == 0) {
-    if (op == ReduceOp::kAvg && !half) ScaleInPlace(data.data, data.count, data.dtype, 1.0);
-    return;
-  }
+  if (n == 1 || data.count == 0) return;  // one rank: the average of one value is itself
   const size_t element = ElementSize(data.dtype);
   auto begin = [&](int r) { return data.count * static_cast<size_t>(r) / static_cast<size_t>(n); };
   auto chunk_count = [&](int r) { return begin(r + 1) - begin(r); };
@@ -31,8 +27,7 @@ void DirectAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
 
   // Staging for the peers' copies of this rank's chunk; kept by the communicator across calls
   // so steady-state calls neither allocate nor fault pages in.
-  CollectiveScratch local;
-  CollectiveScratch& scratch = call.scratch ? *call.scratch : local;
+  CollectiveScratch& scratch = *call.scratch;
   std::vector<uint8_t>& staging = scratch.bytes;
   if (staging.size() < max_chunk_bytes * n) staging.resize(max_chunk_bytes * n);
   auto from = [&](int r) { return staging.data() + static_cast<size_t>(r) * max_chunk_bytes; };
@@ -70,30 +65,14 @@ void DirectAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
   }
   for (int i = 0; i < recvs; ++i) staging_ub->waitRecv(call.timeout);
 
-  // Reduce chunk `me` over ranks 0, 1, ..., n-1 (the same order on every rank's chunk).
+  // Reduce chunk `me` over ranks 0, 1, ..., n-1 (the same order on every rank's chunk), in
+  // place. ReduceInRankOrder may write over sources 0 and 1 only: a later rank's own chunk
+  // moves aside first.
   if (my_count) {
-    if (half) {
-      std::vector<float>& acc = scratch.acc;
-      std::vector<float>& next = scratch.next;
-      if (acc.size() < my_count) acc.resize(my_count), next.resize(my_count);
-      const ReduceFn fn = GetReduceFn(DType::kFloat32, op);
-      WidenToFloat(me == 0 ? mine : from(0), data.dtype, acc.data(), my_count);
-      for (int r = 1; r < n; ++r) {
-        WidenToFloat(r == me ? mine : from(r), data.dtype, next.data(), my_count);
-        fn(acc.data(), acc.data(), next.data(), my_count);
-      }
-      const float scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(n) : 1.0f;
-      NarrowFromFloat(acc.data(), scale, data.dtype, mine, my_count);
-    } else {
-      const ReduceFn fn = GetReduceFn(data.dtype, op);
-      // The result overwrites this rank's own contribution, which the first step (ranks 0
-      // and 1) reads element-wise in place; a later rank's is needed after that: move it aside.
-      if (me >= 2) std::memcpy(from(me), mine, my_bytes);
-      auto source = [&](int r) -> const uint8_t* { return r == me && me < 2 ? mine : from(r); };
-      fn(mine, source(0), source(1), my_count);
-      for (int r = 2; r < n; ++r) fn(mine, mine, source(r), my_count);
-      if (op == ReduceOp::kAvg) ScaleInPlace(mine, my_count, data.dtype, 1.0 / static_cast<double>(n));
-    }
+    if (me >= 2 && !IsHalfPrecision(data.dtype)) std::memcpy(from(me), mine, my_bytes);
+    std::vector<const void*> sources(n);
+    for (int r = 0; r < n; ++r) sources[r] = r == me && (me < 2 || IsHalfPrecision(data.dtype)) ? mine : from(r);
+    ReduceInRankOrder(sources, Buffer{mine, my_count, data.dtype, data.device}, op, scratch.wide);
   }
   for (int i = 0; i < sends; ++i) data_ub->waitSend(call.timeout);
 

@@ -18,35 +18,19 @@ void RequirePayload(const CollectiveHandshake& handshake, int rank, size_t bytes
   }
 }
 
-// out <- reduce over r of (payload(r) + offset), count elements of out.dtype, in rank order.
-void ReduceInRankOrder(const CollectiveHandshake& handshake, int size, size_t offset_bytes, Buffer out, ReduceOp op) {
-  const size_t count = out.count;
-  if (count == 0) return;
-  auto source = [&](int r) { return handshake.payload(r) + offset_bytes; };
-  if (IsHalfPrecision(out.dtype)) {
-    // Accumulate wide, round once (as the ring path does).
-    const ReduceFn fn = GetReduceFn(DType::kFloat32, op);
-    std::vector<float> acc(count), next(count);
-    WidenToFloat(source(0), out.dtype, acc.data(), count);
-    for (int r = 1; r < size; ++r) {
-      WidenToFloat(source(r), out.dtype, next.data(), count);
-      fn(acc.data(), acc.data(), next.data(), count);
-    }
-    const float scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(size) : 1.0f;
-    NarrowFromFloat(acc.data(), scale, out.dtype, out.data, count);
-    return;
-  }
-  const ReduceFn fn = GetReduceFn(out.dtype, op);
-  std::memcpy(out.data, source(0), out.bytes());
-  for (int r = 1; r < size; ++r) fn(out.data, out.data, source(r), count);
-  if (op == ReduceOp::kAvg) ScaleInPlace(out.data, count, out.dtype, 1.0 / static_cast<double>(size));
+// out <- reduce over r of (payload(r) + offset), out.count elements, in rank order.
+void ReduceEagerPayloads(const CollectiveHandshake& handshake, int size, size_t offset_bytes, Buffer out, ReduceOp op,
+                         WideScratch& scratch) {
+  std::vector<const void*> sources(size);
+  for (int r = 0; r < size; ++r) sources[r] = handshake.payload(r) + offset_bytes;
+  ReduceInRankOrder(sources, out, op, scratch);
 }
 
 }  // namespace
 
-void EagerAllreduce(const CollectiveHandshake& handshake, int size, Buffer data, ReduceOp op) {
+void EagerAllreduce(const CollectiveHandshake& handshake, int size, Buffer data, ReduceOp op, WideScratch& scratch) {
   for (int r = 0; r < size; ++r) RequirePayload(handshake, r, data.bytes());
-  ReduceInRankOrder(handshake, size, 0, data, op);
+  ReduceEagerPayloads(handshake, size, 0, data, op, scratch);
 }
 
 void EagerBroadcast(const CollectiveHandshake& handshake, int rank, Buffer data, int root) {
@@ -65,9 +49,10 @@ void EagerAllgatherv(const CollectiveHandshake& handshake, int size, Buffer outp
   }
 }
 
-void EagerReduceScatter(const CollectiveHandshake& handshake, int size, int rank, Buffer output, ReduceOp op) {
+void EagerReduceScatter(const CollectiveHandshake& handshake, int size, int rank, Buffer output, ReduceOp op,
+                        WideScratch& scratch) {
   for (int r = 0; r < size; ++r) RequirePayload(handshake, r, output.bytes() * size);
-  ReduceInRankOrder(handshake, size, output.bytes() * rank, output, op);
+  ReduceEagerPayloads(handshake, size, output.bytes() * rank, output, op, scratch);
 }
 
 }  // namespace gossipcc

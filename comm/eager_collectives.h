@@ -7,17 +7,19 @@
 #include <vector>
 
 #include "comm/consistency_check.h"
+#include "comm/reduce.h"
 #include "comm/types.h"
 
 namespace gossipcc {
 
 // Payload: the rank's `data`. data <- reduce over ranks (float16/bfloat16 accumulate in float32).
-void EagerAllreduce(const CollectiveHandshake& handshake, int size, Buffer data, ReduceOp op);
+void EagerAllreduce(const CollectiveHandshake& handshake, int size, Buffer data, ReduceOp op, WideScratch& scratch);
 // Payload: `data` on the root, nothing elsewhere. data <- the root's data.
 void EagerBroadcast(const CollectiveHandshake& handshake, int rank, Buffer data, int root);
 // Payload: `input`. output <- every rank's payload in rank order (counts[r] elements from rank r).
 void EagerAllgatherv(const CollectiveHandshake& handshake, int size, Buffer output, const std::vector<size_t>& counts);
 // Payload: the whole `input` (size x output.count). output <- reduce over ranks of chunk `rank`.
-void EagerReduceScatter(const CollectiveHandshake& handshake, int size, int rank, Buffer output, ReduceOp op);
+void EagerReduceScatter(const CollectiveHandshake& handshake, int size, int rank, Buffer output, ReduceOp op,
+                        WideScratch& scratch);
 
 }  // namespace gossipcc

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "comm/reduce.h"
 #include "comm/types.h"
 
 namespace gloo {
@@ -19,14 +20,14 @@ namespace gossipcc {
 // Memory a collective may keep between calls (one collective runs at a time per communicator).
 struct CollectiveScratch {
   std::vector<uint8_t> bytes;
-  std::vector<float> acc, next;
+  WideScratch wide;
 };
 
 struct GlooCall {
   std::shared_ptr<gloo::Context> context;
   uint32_t tag;
   std::chrono::milliseconds timeout;
-  CollectiveScratch* scratch = nullptr;  // null: allocate per call
+  CollectiveScratch* scratch;  // the communicator's; never null
 };
 
 void GlooAllreduce(const GlooCall& call, Buffer data, ReduceOp op);

@@ -202,4 +202,30 @@ void NarrowFromFloat(const float* src, float scale, DType dtype, void* dst, size
   }
 }
 
+void ReduceInRankOrder(const std::vector<const void*>& sources, Buffer out, ReduceOp op, WideScratch& scratch) {
+  const size_t count = out.count;
+  const int n = static_cast<int>(sources.size());
+  if (count == 0 || n == 0) return;
+  if (IsHalfPrecision(out.dtype)) {
+    if (scratch.acc.size() < count) scratch.acc.resize(count), scratch.next.resize(count);
+    const ReduceFn fn = GetReduceFn(DType::kFloat32, op);
+    WidenToFloat(sources[0], out.dtype, scratch.acc.data(), count);
+    for (int r = 1; r < n; ++r) {
+      WidenToFloat(sources[r], out.dtype, scratch.next.data(), count);
+      fn(scratch.acc.data(), scratch.acc.data(), scratch.next.data(), count);
+    }
+    const float scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(n) : 1.0f;
+    NarrowFromFloat(scratch.acc.data(), scale, out.dtype, out.data, count);
+    return;
+  }
+  const ReduceFn fn = GetReduceFn(out.dtype, op);
+  if (n == 1) {
+    if (out.data != sources[0]) std::memmove(out.data, sources[0], out.bytes());
+  } else {
+    fn(out.data, sources[0], sources[1], count);  // element-wise, so out may alias either
+    for (int r = 2; r < n; ++r) fn(out.data, out.data, sources[r], count);
+  }
+  if (op == ReduceOp::kAvg) ScaleInPlace(out.data, count, out.dtype, 1.0 / static_cast<double>(n));
+}
+
 }  // namespace gossipcc

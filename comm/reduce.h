@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "comm/types.h"
 
@@ -33,5 +34,16 @@ uint16_t FloatToBFloat16(float value);  // round to nearest even; NaN preserved
 void WidenToFloat(const void* src, DType dtype, float* dst, size_t count);
 // Round `count` float32 elements (times `scale`) to float16/bfloat16.
 void NarrowFromFloat(const float* src, float scale, DType dtype, void* dst, size_t count);
+
+// Working memory ReduceInRankOrder keeps between calls (float16/bfloat16 accumulators).
+struct WideScratch {
+  std::vector<float> acc, next;
+};
+
+// out <- op over r = 0, 1, ..., n-1 of sources[r] (out.count elements of out.dtype each),
+// combined in that order, so every rank that reduces the same sources gets the same bits.
+// kAvg divides by n. float16/bfloat16 accumulate in float32 and round once. `out` may alias
+// sources[0] or sources[1] (any source for half dtypes), not a later one.
+void ReduceInRankOrder(const std::vector<const void*>& sources, Buffer out, ReduceOp op, WideScratch& scratch);
 
 }  // namespace gossipcc

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "comm/errors.h"
 #include "gtest/gtest.h"
@@ -49,6 +50,28 @@ TEST(ReduceKernelTest, IntegerSumsWrapLikeTorch) {
 TEST(ReduceKernelTest, RejectsAvgOnIntegersAndDirectHalfKernels) {
   EXPECT_THROW(GetReduceFn(DType::kInt32, ReduceOp::kAvg), InvalidArgumentError);
   EXPECT_THROW(GetReduceFn(DType::kFloat16, ReduceOp::kSum), InvalidArgumentError);
+}
+
+// Rank-order reduction: the order is fixed (so results are the same bits wherever it runs),
+// `out` may alias the first two sources, and half dtypes accumulate in float32.
+TEST(ReduceInRankOrderTest, FixedOrderAliasingAndWideAccumulation) {
+  WideScratch scratch;
+  // 1e8 + 1 - 1e8 in float32: left to right gives 0 (1 is absorbed), another order gives 1.
+  std::vector<float> a = {1e8f}, b = {1.0f}, c = {-1e8f};
+  ReduceInRankOrder({a.data(), b.data(), c.data()}, Buffer{a.data(), 1, DType::kFloat32}, ReduceOp::kSum, scratch);
+  EXPECT_EQ(a[0], 0.0f);
+  std::vector<double> x = {1, 2}, y = {3, 4}, z = {5, 6};
+  ReduceInRankOrder({x.data(), y.data(), z.data()}, Buffer{y.data(), 2, DType::kFloat64}, ReduceOp::kAvg, scratch);
+  EXPECT_EQ(y[0], 3.0);
+  EXPECT_EQ(y[1], 4.0);
+  std::vector<int32_t> one = {7}, out = {0};
+  ReduceInRankOrder({one.data()}, Buffer{out.data(), 1, DType::kInt32}, ReduceOp::kSum, scratch);
+  EXPECT_EQ(out[0], 7);
+  // float16: 60000 + 60000 - 60000 overflows float16 (max 65504) but not the float32 accumulator.
+  std::vector<uint16_t> h1 = {FloatToHalf(60000)}, h2 = {FloatToHalf(60000)}, h3 = {FloatToHalf(-60000)};
+  ReduceInRankOrder({h1.data(), h2.data(), h3.data()}, Buffer{h3.data(), 1, DType::kFloat16}, ReduceOp::kSum,
+                    scratch);
+  EXPECT_EQ(HalfToFloat(h3[0]), 60000.0f);
 }
 
 }  // namespace
