@@ -101,48 +101,60 @@ CollectiveHandshake::CollectiveHandshake(int size)
 
 CollectiveHandshake::~CollectiveHandshake() = default;
 
-const uint8_t* CollectiveHandshake::payload(int rank) const { return Slot(rank) + kHeaderBytes; }
+const uint8_t* CollectiveHandshake::Header(int rank) const {
+  return rank == own_rank_ ? outgoing_.data() + own_offset_ : incoming_.data() + static_cast<size_t>(rank) * stride_;
+}
+
+const uint8_t* CollectiveHandshake::payload(int rank) const { return Header(rank) + kHeaderBytes; }
 
 size_t CollectiveHandshake::payload_bytes(int rank) const {
   Fingerprint f;
-  std::memcpy(&f, Slot(rank), sizeof(f));
+  std::memcpy(&f, Header(rank), sizeof(f));
   return f.payload_bytes;
 }
 
 std::vector<std::shared_ptr<void>> CollectiveHandshake::TakeRetiredBuffers() {
-  if (in_) retired_.push_back(std::move(in_));
-  if (out_) retired_.push_back(std::move(out_));
-  return std::move(retired_);
+  std::vector<std::shared_ptr<void>> retired;
+  for (auto* ub : {&in_, &out_, &verdicts_in_ub_, &verdict_out_ub_}) {
+    if (*ub) retired.push_back(std::move(*ub));
+  }
+  return retired;
+}
+
+// Sends `send_bytes` at send_offset(p) of `out` to every peer p and receives up to
+// `recv_bytes` from it at p * recv_bytes of `in`; returns once all have completed.
+template <typename SendOffset>
+static void ExchangeWithAll(gloo::Context& context, gloo::transport::UnboundBuffer& in, size_t recv_bytes,
+                     gloo::transport::UnboundBuffer& out, SendOffset send_offset, size_t send_bytes, uint64_t slot,
+                     std::chrono::milliseconds timeout) {
+  const int n = context.size;
+  for (int p = 0; p < n; ++p) {
+    if (p == context.rank) continue;
+    in.recv(p, slot, static_cast<size_t>(p) * recv_bytes, recv_bytes);
+    out.send(p, slot, send_offset(p), send_bytes);
+  }
+  for (int p = 0; p < n - 1; ++p) {
+    in.waitRecv(timeout);
+    out.waitSend(timeout);
+  }
 }
 
 // alltoallv's second round: every rank's verdict (`bytes` <= kHeaderBytes) to every peer;
 // the table lands in verdicts_in_.
 void CollectiveHandshake::ExchangeVerdicts(gloo::Context& context, const OpSpec& spec, const void* mine,
                                            size_t bytes, std::chrono::milliseconds timeout) {
-  const int n = size_;
-  const int me = context.rank;
   std::fill(verdict_out_.begin(), verdict_out_.end(), 0);
   std::memcpy(verdict_out_.data(), mine, bytes);
-  std::memcpy(verdicts_in_.data() + static_cast<size_t>(me) * kHeaderBytes, verdict_out_.data(), kHeaderBytes);
-  std::unique_ptr<gloo::transport::UnboundBuffer> in_ub, out_ub;
+  std::memcpy(verdicts_in_.data() + static_cast<size_t>(context.rank) * kHeaderBytes, verdict_out_.data(),
+              kHeaderBytes);
   try {
-    in_ub = context.createUnboundBuffer(verdicts_in_.data(), verdicts_in_.size());
-    out_ub = context.createUnboundBuffer(verdict_out_.data(), verdict_out_.size());
-    const uint64_t slot = MakeSlot(kVerdictSlotPrefix, static_cast<uint32_t>(spec.seq));
-    for (int p = 0; p < n; ++p) {
-      if (p == me) continue;
-      in_ub->recv(p, slot, static_cast<size_t>(p) * kHeaderBytes, kHeaderBytes);
-      out_ub->send(p, slot, 0, kHeaderBytes);
-    }
-    for (int p = 0; p < n - 1; ++p) {
-      in_ub->waitRecv(timeout);
-      out_ub->waitSend(timeout);
-    }
+    if (!verdicts_in_ub_) verdicts_in_ub_ = context.createUnboundBuffer(verdicts_in_.data(), verdicts_in_.size());
+    if (!verdict_out_ub_) verdict_out_ub_ = context.createUnboundBuffer(verdict_out_.data(), verdict_out_.size());
+    ExchangeWithAll(context, *verdicts_in_ub_, kHeaderBytes, *verdict_out_ub_, [](int) { return size_t{0}; },
+                    kHeaderBytes, MakeSlot(kVerdictSlotPrefix, static_cast<uint32_t>(spec.seq)), timeout);
   } catch (const std::exception& e) {
-    // Gloo's pairs may still hold these buffers (their memory is this object's).
-    if (in_ub) retired_.push_back(std::shared_ptr<void>(std::move(in_ub)));
-    if (out_ub) retired_.push_back(std::shared_ptr<void>(std::move(out_ub)));
-    RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", me, " of ", n, ": exchanging verdicts"), e);
+    RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", context.rank, " of ", size_, ": exchanging verdicts"),
+                     e);
   }
 }
 
@@ -154,13 +166,10 @@ void CollectiveHandshake::Run(gloo::Context& context, const OpSpec& spec, absl::
     throw InvalidArgumentError(absl::StrCat(spec.Describe(), " on rank ", me, ": eager payload of ", payload.size(),
                                             " bytes exceeds the limit of ", EagerCollectiveMaxBytes(n)));
   }
-  if (n == 1) {
-    Fingerprint own = Make(spec, 0, payload.size());
-    std::memcpy(Slot(0), &own, sizeof(own));
-    if (!payload.empty()) std::memcpy(Slot(0) + kHeaderBytes, payload.data(), payload.size());
-    return;
-  }
+  // This rank's own header (and payload) stays in outgoing_, where Header(me) finds it.
   const bool per_peer = spec.kind == OpKind::kAlltoallv;
+  own_rank_ = me;
+  own_offset_ = per_peer ? static_cast<size_t>(me) * kHeaderBytes : 0;
   size_t send_bytes = kHeaderBytes;
   if (per_peer) {
     for (int p = 0; p < n; ++p) {
@@ -173,27 +182,21 @@ void CollectiveHandshake::Run(gloo::Context& context, const OpSpec& spec, absl::
     if (!payload.empty()) std::memcpy(outgoing_.data() + kHeaderBytes, payload.data(), payload.size());
     send_bytes += payload.size();
   }
-  std::memcpy(Slot(me), outgoing_.data() + (per_peer ? static_cast<size_t>(me) * kHeaderBytes : 0), send_bytes);
+  if (n == 1) return;
   try {
     if (!in_) in_ = context.createUnboundBuffer(incoming_.data(), incoming_.size());
     if (!out_) out_ = context.createUnboundBuffer(outgoing_.data(), outgoing_.size());
-    // Every receive has room for header + the eager maximum, whatever this rank was asked to
-    // do, so no peer's message can overflow it.
-    const uint64_t slot = MakeSlot(kFingerprintSlotPrefix, static_cast<uint32_t>(spec.seq));
-    for (int p = 0; p < n; ++p) {
-      if (p == me) continue;
-      in_->recv(p, slot, static_cast<size_t>(p) * stride_, stride_);
-      out_->send(p, slot, per_peer ? static_cast<size_t>(p) * kHeaderBytes : 0, send_bytes);
-    }
-    for (int p = 0; p < n - 1; ++p) {
-      in_->waitRecv(timeout);
-      out_->waitSend(timeout);
-    }
+    // Every receive has room for header + the eager maximum (stride_), whatever this rank
+    // was asked to do, so no peer's message can overflow it.
+    ExchangeWithAll(
+        context, *in_, stride_, *out_,
+        [&](int p) { return per_peer ? static_cast<size_t>(p) * kHeaderBytes : size_t{0}; }, send_bytes,
+        MakeSlot(kFingerprintSlotPrefix, static_cast<uint32_t>(spec.seq)), timeout);
   } catch (const std::exception& e) {
     RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", me, " of ", n, ": exchanging signatures"), e);
   }
   std::vector<Fingerprint> incoming(n);
-  for (int p = 0; p < n; ++p) std::memcpy(&incoming[p], Slot(p), sizeof(Fingerprint));
+  for (int p = 0; p < n; ++p) std::memcpy(&incoming[p], Header(p), sizeof(Fingerprint));
 
   const std::string where = absl::StrCat(spec.Describe(), " on rank ", me, " of ", n);
   auto differs = [&](auto field) {
@@ -235,11 +238,6 @@ void CollectiveHandshake::Run(gloo::Context& context, const OpSpec& spec, absl::
   }
   if (spec.kind == OpKind::kAllgatherv && differs([](const Fingerprint& f) { return f.layout_hash; }))
     fail("the per-rank counts vector (every rank must pass the same counts)");
-  // Ranks that agree on everything above choose the same eager plan; this guards the rule
-  // where payloads must be equal (broadcast: only the root's; allgatherv: counts[r] elements).
-  if (spec.kind != OpKind::kBroadcast && spec.kind != OpKind::kAllgatherv && differs([](const Fingerprint& f) { return f.payload_bytes; }))
-    fail(absl::StrCat("the eager payload size (internal error): ",
-                      Table(incoming, [](const Fingerprint& f) { return f.payload_bytes; })));
   if (spec.kind == OpKind::kAlltoallv) {
     PairVerdict mine{};
     for (int p = 0; p < n && !mine.bad; ++p) {

@@ -45,30 +45,30 @@ class CollectiveHandshake {
   void Run(gloo::Context& context, const OpSpec& spec, absl::Span<const uint8_t> payload,
            std::chrono::milliseconds timeout);
 
-  // After a successful Run: rank r's payload and its length (this rank's own is a copy, so
-  // it stays valid even if the caller's input aliases its output).
+  // After a successful Run: rank r's payload and its length (this rank's own is the copy
+  // that was sent, so it stays valid even if the caller's input aliases its output).
   const uint8_t* payload(int rank) const;
   size_t payload_bytes(int rank) const;
 
   // Every Gloo buffer this object registered (after a failed exchange Gloo may still
-  // reference them): the owner destroys them only once the Gloo context is gone. Call once, at
-  // shutdown; Run must not be called afterwards.
+  // reference them; their memory is this object's): the owner destroys them only once the
+  // Gloo context is gone. Call once, at shutdown; Run must not be called afterwards.
   std::vector<std::shared_ptr<void>> TakeRetiredBuffers();
 
  private:
   void ExchangeVerdicts(gloo::Context& context, const OpSpec& spec, const void* mine, size_t bytes,
                         std::chrono::milliseconds timeout);
-  uint8_t* Slot(int rank) { return incoming_.data() + static_cast<size_t>(rank) * stride_; }
-  const uint8_t* Slot(int rank) const { return incoming_.data() + static_cast<size_t>(rank) * stride_; }
+  const uint8_t* Header(int rank) const;  // rank's header, then its payload
 
   const int size_;
   const size_t stride_;  // bytes per peer in incoming_: header + the eager maximum
   std::vector<uint8_t> outgoing_;  // header + payload (alltoallv: one header per peer)
-  std::vector<uint8_t> incoming_;  // size_ x stride_; this rank's slot holds a copy of what it sent
-  // Registered once, reused by every Run.
-  std::shared_ptr<gloo::transport::UnboundBuffer> in_, out_;
+  std::vector<uint8_t> incoming_;  // size_ x stride_; this rank's own slot is unused
+  int own_rank_ = 0;
+  size_t own_offset_ = 0;  // this rank's header in outgoing_
   std::vector<uint8_t> verdicts_in_, verdict_out_;  // alltoallv's second round
-  std::vector<std::shared_ptr<void>> retired_;
+  // Registered once, reused by every Run.
+  std::shared_ptr<gloo::transport::UnboundBuffer> in_, out_, verdicts_in_ub_, verdict_out_ub_;
 };
 
 }  // namespace gossipcc
