@@ -365,6 +365,19 @@ TEST_P(CollectivesTest, ManyOutstandingOperationsCompleteInOrder) {
   });
 }
 
+// A wait() on a collective that is not next in line leaves it to the worker (collectives run
+// in issue order); waiting on them in any order, different on each rank, completes all.
+TEST_P(CollectivesTest, WaitingInAnyOrderCompletesEveryCollective) {
+  RunRanks(n(), mode(), [](Communicator& comm) {
+    const int n = comm.size();
+    std::vector<std::vector<int64_t>> data(6, std::vector<int64_t>(5, comm.rank() + 1));
+    std::vector<std::shared_ptr<Work>> works;
+    for (auto& d : data) works.push_back(comm.allreduce(CpuBuffer(d.data(), d.size())));
+    for (size_t k = 0; k < works.size(); ++k) works[(k * 5 + comm.rank()) % works.size()]->wait();
+    for (auto& d : data) EXPECT_EQ(d[4], n * (n + 1) / 2);
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesTest,
                          ::testing::Combine(::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
                                             ::testing::Range(1, 9)),

@@ -276,6 +276,27 @@ TEST_P(ErrorsTest, WaitWithShortTimeoutAndCallsAfterShutdown) {
   }, Quick());
 }
 
+// Only an untimed wait() runs a collective on the waiting thread: a timed one returns at its
+// own timeout while the collective (here waiting for a late peer) keeps going, and completes.
+TEST_P(ErrorsTest, TimedWaitOnAPendingCollectiveReturnsAtItsTimeout) {
+  RunRanks(2, GetParam(), [](Communicator& comm) {
+    std::vector<float> f(4, static_cast<float>(comm.rank() + 1));
+    if (comm.rank() == 0) {
+      auto w = comm.allreduce(CpuBuffer(f.data(), 4));
+      const auto start = Clock::now();
+      EXPECT_THAT(ExpectThrow<TimeoutError>([&] { w->wait(std::chrono::milliseconds(50)); }),
+                  HasSubstr("wait timed out after 50 ms"));
+      // Well before the collective's own 2 s timeout: the timed wait did not run it inline.
+      EXPECT_LT(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count(), 1000);
+      w->wait();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      comm.allreduce(CpuBuffer(f.data(), 4))->wait();
+    }
+    EXPECT_EQ(f[3], 3.0f);
+  }, Quick());
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, ErrorsTest, ::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
                          [](const ::testing::TestParamInfo<LaunchMode>& info) { return LaunchModeName(info.param); });
 

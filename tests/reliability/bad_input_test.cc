@@ -176,6 +176,36 @@ TEST_P(BadInputTest, WorkOutlivesItsCommunicator) {
 // shutdown() from one thread while another waits on a receive that will never match: the wait
 // ends with an error and shutdown returns, both within the timeout; later calls raise
 // AbortedError naming the shutdown.
+// A thread blocked in an untimed wait() runs its collective itself (inline); shutdown() from
+// another thread must still return, and the waiter must get an error, not hang.
+TEST_P(BadInputTest, ShutdownWhileAnotherThreadRunsACollectiveInline) {
+  RunRanks(2, GetParam(), [](Communicator& comm) {
+    std::vector<float> f(4, 1.0f);
+    comm.barrier()->wait();
+    if (comm.rank() == 1) {  // never joins the all-reduce
+      std::this_thread::sleep_for(Ms(300));
+      comm.shutdown();
+      return;
+    }
+    std::atomic<bool> waited_with_error{false};
+    std::thread waiter([&] {
+      try {
+        comm.allreduce(CpuBuffer(f.data(), 4))->wait();
+      } catch (const CommError&) {
+        waited_with_error = true;
+      }
+    });
+    std::this_thread::sleep_for(Ms(100));
+    const auto start = Clock::now();
+    comm.shutdown();
+    waiter.join();
+    // Bounded by the running collective's own timeout (1.5 s here), like a worker-run one.
+    EXPECT_LT(std::chrono::duration_cast<Ms>(Clock::now() - start).count(), 4000);
+    EXPECT_TRUE(waited_with_error.load());
+    EXPECT_EQ(f[0], 1.0f) << "a failed all-reduce left the buffer alone";
+  }, Quick(1500));
+}
+
 TEST_P(BadInputTest, ShutdownWhileAnotherThreadWaits) {
   RunRanks(2, GetParam(), [](Communicator& comm) {
     std::vector<float> f(4);
