@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -173,9 +174,43 @@ TEST_P(BadInputTest, WorkOutlivesItsCommunicator) {
   });
 }
 
+// Waits on `start()`'s Work on another thread, shuts `comm` down from this one after 100 ms,
+// and expects both to end within the timeout, the wait with an error.
+void ExpectShutdownEndsAWaiter(Communicator& comm, const std::function<std::shared_ptr<Work>()>& start) {
+  std::atomic<bool> waited_with_error{false};
+  std::thread waiter([&] {
+    try {
+      start()->wait();
+    } catch (const CommError&) {
+      waited_with_error = true;
+    }
+  });
+  std::this_thread::sleep_for(Ms(100));
+  const auto begin = Clock::now();
+  comm.shutdown();
+  waiter.join();
+  // Bounded by the running operation's own timeout (1.5 s in these tests).
+  EXPECT_LT(std::chrono::duration_cast<Ms>(Clock::now() - begin).count(), 4000);
+  EXPECT_TRUE(waited_with_error.load());
+}
+
 // shutdown() from one thread while another waits on a receive that will never match: the wait
 // ends with an error and shutdown returns, both within the timeout; later calls raise
 // AbortedError naming the shutdown.
+TEST_P(BadInputTest, ShutdownWhileAnotherThreadWaits) {
+  RunRanks(2, GetParam(), [](Communicator& comm) {
+    std::vector<float> f(4);
+    comm.barrier()->wait();
+    ExpectShutdownEndsAWaiter(comm, [&] { return comm.recv(CpuBuffer(f.data(), 4), 1 - comm.rank(), 7); });
+    try {
+      comm.allreduce(CpuBuffer(f.data(), 4));
+      ADD_FAILURE() << "allreduce after shutdown was accepted";
+    } catch (const AbortedError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("shut down"));
+    }
+  }, Quick(1500));
+}
+
 // A thread blocked in an untimed wait() runs its collective itself (inline); shutdown() from
 // another thread must still return, and the waiter must get an error, not hang.
 TEST_P(BadInputTest, ShutdownWhileAnotherThreadRunsACollectiveInline) {
@@ -187,49 +222,8 @@ TEST_P(BadInputTest, ShutdownWhileAnotherThreadRunsACollectiveInline) {
       comm.shutdown();
       return;
     }
-    std::atomic<bool> waited_with_error{false};
-    std::thread waiter([&] {
-      try {
-        comm.allreduce(CpuBuffer(f.data(), 4))->wait();
-      } catch (const CommError&) {
-        waited_with_error = true;
-      }
-    });
-    std::this_thread::sleep_for(Ms(100));
-    const auto start = Clock::now();
-    comm.shutdown();
-    waiter.join();
-    // Bounded by the running collective's own timeout (1.5 s here), like a worker-run one.
-    EXPECT_LT(std::chrono::duration_cast<Ms>(Clock::now() - start).count(), 4000);
-    EXPECT_TRUE(waited_with_error.load());
+    ExpectShutdownEndsAWaiter(comm, [&] { return comm.allreduce(CpuBuffer(f.data(), 4)); });
     EXPECT_EQ(f[0], 1.0f) << "a failed all-reduce left the buffer alone";
-  }, Quick(1500));
-}
-
-TEST_P(BadInputTest, ShutdownWhileAnotherThreadWaits) {
-  RunRanks(2, GetParam(), [](Communicator& comm) {
-    std::vector<float> f(4);
-    comm.barrier()->wait();
-    std::atomic<bool> waited_with_error{false};
-    std::thread waiter([&] {
-      try {
-        comm.recv(CpuBuffer(f.data(), 4), 1 - comm.rank(), 7)->wait();
-      } catch (const CommError&) {
-        waited_with_error = true;
-      }
-    });
-    std::this_thread::sleep_for(Ms(100));
-    const auto start = Clock::now();
-    comm.shutdown();
-    waiter.join();
-    EXPECT_LT(std::chrono::duration_cast<Ms>(Clock::now() - start).count(), 4000);
-    EXPECT_TRUE(waited_with_error.load());
-    try {
-      comm.allreduce(CpuBuffer(f.data(), 4));
-      ADD_FAILURE() << "allreduce after shutdown was accepted";
-    } catch (const AbortedError& e) {
-      EXPECT_THAT(e.what(), HasSubstr("shut down"));
-    }
   }, Quick(1500));
 }
 
