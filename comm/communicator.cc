@@ -26,7 +26,6 @@
 #include "comm/op_spec.h"
 #include "comm/p2p_exchange.h"
 #include "comm/reduce.h"
-#include "comm/ring_reduce_scatter.h"
 
 namespace gossipcc {
 namespace {
@@ -836,7 +835,7 @@ std::shared_ptr<Work> Communicator::reduce_scatter(Buffer input, Buffer output, 
                                          EagerReduceScatter(h, size(), rank(), output, op, impl_->scratch_.wide);
                                        });
   return impl_->Submit(
-      spec, [=](const GlooCall& call) { if (output.count) RingReduceScatter(call, input, output, op); },
+      spec, [=](const GlooCall& call) { GlooReduceScatter(call, input, output, op); },
       [=](NcclTransport& n, std::string d) { return n.ReduceScatter(input, output, op, std::move(d)); },
       input.bytes(), std::move(eager));
 }

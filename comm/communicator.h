@@ -80,8 +80,12 @@ size_t EagerCollectiveMaxBytes(int size);
 // needs (n-1)/n of the buffer) and receives from one peer at a time: on a rate-limited link
 // three streams arriving at once at one port made 1 MB buckets slower than the ring
 // (docs/benchmarks.md explains both thresholds). Up to here direct measured 0.4-0.65x of
-// Gloo's time on 4 local ranks.
+// Gloo's time on 4 local ranks. float16/bfloat16 go direct at every size (in slices), so they
+// accumulate in float32 without sending float32 on the wire.
 inline constexpr size_t kDirectAllreduceMaxBytes = size_t{512} << 10;
+// The direct algorithm handles larger buffers in slices of this many bytes (reduce-scatter:
+// of all blocks together), which bounds its staging memory to one slice.
+inline constexpr size_t kDirectSliceBytes = size_t{4} << 20;
 
 inline constexpr size_t kMinP2PSegmentBytes = size_t{1} << 10;
 inline constexpr size_t kMaxP2PSegmentBytes = size_t{1} << 30;

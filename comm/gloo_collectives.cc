@@ -45,23 +45,25 @@ uint8_t* Bytes(const Buffer& b) { return static_cast<uint8_t*>(b.data); }
 }  // namespace
 
 void GlooAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
-  const int n = call.context->size;
-  if (data.bytes() <= kDirectAllreduceMaxBytes) {
+  // Half precision always goes direct: it accumulates wide with the wire in half width,
+  // where a ring would have to send float32 partial sums (direct_allreduce.h).
+  if (data.bytes() <= kDirectAllreduceMaxBytes || IsHalfPrecision(data.dtype)) {
     DirectAllreduce(call, data, op);
     return;
   }
-  if (IsHalfPrecision(data.dtype)) {
-    // Accumulate wide: reduce in float32, round once. Costs a widen and a narrow pass and
-    // twice the wire bytes, in exchange for sums that neither overflow nor drift.
-    std::vector<float> wide(data.count);
-    WidenToFloat(data.data, data.dtype, wide.data(), data.count);
-    AllreduceRaw(call, wide.data(), data.count, DType::kFloat32, GetReduceFn(DType::kFloat32, op));
-    const float scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(n) : 1.0f;
-    NarrowFromFloat(wide.data(), scale, data.dtype, data.data, data.count);
-    return;
-  }
   AllreduceRaw(call, data.data, data.count, data.dtype, GetReduceFn(data.dtype, op));
-  if (op == ReduceOp::kAvg) ScaleInPlace(data.data, data.count, data.dtype, 1.0 / static_cast<double>(n));
+  if (op == ReduceOp::kAvg) {
+    ScaleInPlace(data.data, data.count, data.dtype, 1.0 / static_cast<double>(call.context->size));
+  }
+}
+
+void GlooReduceScatter(const GlooCall& call, Buffer input, Buffer output, ReduceOp op) {
+  if (output.count == 0) return;
+  if (IsHalfPrecision(input.dtype)) {
+    DirectReduceScatter(call, input, output, op);
+  } else {
+    RingReduceScatter(call, input, output, op);
+  }
 }
 
 void GlooBroadcast(const GlooCall& call, Buffer data, int root) {

@@ -31,6 +31,8 @@ struct GlooCall {
 };
 
 void GlooAllreduce(const GlooCall& call, Buffer data, ReduceOp op);
+// input: size * output.count elements; output: this rank's reduced block.
+void GlooReduceScatter(const GlooCall& call, Buffer input, Buffer output, ReduceOp op);
 void GlooBroadcast(const GlooCall& call, Buffer data, int root);
 void GlooAllgather(const GlooCall& call, Buffer input, Buffer output);
 void GlooAllgatherv(const GlooCall& call, Buffer input, Buffer output, const std::vector<size_t>& counts);

@@ -1,7 +1,7 @@
 // Element-wise reduction kernels for CPU buffers, and float16/bfloat16 conversions.
 //
 // float16 and bfloat16 are never reduced in their own precision: collectives widen them
-// to float32, reduce, and round once at the end (see Communicator::allreduce).
+// to float32, reduce, and round once at the end (ReduceInRankOrder, comm/direct_allreduce.h).
 #pragma once
 
 #include <cstddef>

@@ -12,7 +12,7 @@
 namespace gossipcc {
 namespace {
 
-// The ring on elements of `dtype` (never half: those are widened first). Result lands in `out`.
+// The ring on elements of `dtype` (never half). Result lands in `out`.
 void Ring(const GlooCall& call, const void* input, void* out, size_t chunk, DType dtype, ReduceOp op) {
   gloo::Context& ctx = *call.context;
   const int n = ctx.size;
@@ -63,18 +63,10 @@ void Ring(const GlooCall& call, const void* input, void* out, size_t chunk, DTyp
 }  // namespace
 
 void RingReduceScatter(const GlooCall& call, Buffer input, Buffer output, ReduceOp op) {
-  const int n = call.context->size;
-  const size_t chunk = output.count;
-  if (IsHalfPrecision(input.dtype)) {
-    std::vector<float> wide(input.count), out(chunk);
-    WidenToFloat(input.data, input.dtype, wide.data(), input.count);
-    Ring(call, wide.data(), out.data(), chunk, DType::kFloat32, op);
-    const float scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(n) : 1.0f;
-    NarrowFromFloat(out.data(), scale, output.dtype, output.data, chunk);
-    return;
+  Ring(call, input.data, output.data, output.count, input.dtype, op);
+  if (op == ReduceOp::kAvg) {
+    ScaleInPlace(output.data, output.count, output.dtype, 1.0 / static_cast<double>(call.context->size));
   }
-  Ring(call, input.data, output.data, chunk, input.dtype, op);
-  if (op == ReduceOp::kAvg) ScaleInPlace(output.data, chunk, output.dtype, 1.0 / static_cast<double>(n));
 }
 
 }  // namespace gossipcc

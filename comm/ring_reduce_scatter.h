@@ -7,7 +7,8 @@
 
 namespace gossipcc {
 
-// input: size * output.count elements; output: this rank's reduced chunk.
+// input: size * output.count elements; output: this rank's reduced chunk. Not for
+// float16/bfloat16 (DirectReduceScatter reduces those wide without widening the wire).
 void RingReduceScatter(const GlooCall& call, Buffer input, Buffer output, ReduceOp op);
 
 }  // namespace gossipcc

@@ -1,10 +1,13 @@
 // Allreduce bus bandwidth of gossipcc's Communicator vs calling gloo::allreduce directly,
-// 4 local ranks, 4 KB .. 256 MB of float32, measured in the same run on the same buffers.
+// 4 local ranks, 4 KB .. 256 MB of float32 (or float16/bfloat16), measured in the same run on
+// the same buffers.
 //
-//   bazel run //comm/bench:allreduce_vs_gloo -- [--ranks=4] [--max_bytes=268435456]
+//   bazel run //comm/bench:allreduce_vs_gloo -- [--ranks=4] [--max_bytes=268435456] [--dtype=float32]
 //
 // Three columns: raw Gloo; Communicator with cross-rank signature checks (the default);
-// Communicator with verify_collectives=false. Ratio = gossipcc time / raw Gloo time.
+// Communicator with verify_collectives=false. Ratio = gossipcc time / raw Gloo time. For
+// float16/bfloat16 raw Gloo sums in the dtype itself (rounding at every hop, as Gloo's own
+// float16 sum does), while gossipcc accumulates in float32 and rounds once.
 #include <gloo/allreduce.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
@@ -19,13 +22,33 @@
 
 #include "comm/bench/local_ranks.h"
 #include "comm/communicator.h"
+#include "comm/reduce.h"
 
 namespace gossipcc {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int RunRank(int n, size_t max_bytes, int rank, std::shared_ptr<Store> store) {
+// Raw Gloo's reduction for `dtype`: c = a + b element-wise, in the dtype's own precision.
+void RawSum(DType dtype, void* c, const void* a, const void* b, size_t k) {
+  if (dtype == DType::kFloat32) {
+    auto* o = static_cast<float*>(c);
+    auto* x = static_cast<const float*>(a);
+    auto* y = static_cast<const float*>(b);
+    for (size_t i = 0; i < k; ++i) o[i] = x[i] + y[i];
+    return;
+  }
+  auto* o = static_cast<uint16_t*>(c);
+  auto* x = static_cast<const uint16_t*>(a);
+  auto* y = static_cast<const uint16_t*>(b);
+  if (dtype == DType::kFloat16) {
+    for (size_t i = 0; i < k; ++i) o[i] = FloatToHalf(HalfToFloat(x[i]) + HalfToFloat(y[i]));
+  } else {
+    for (size_t i = 0; i < k; ++i) o[i] = FloatToBFloat16(BFloat16ToFloat(x[i]) + BFloat16ToFloat(y[i]));
+  }
+}
+
+int RunRank(int n, size_t max_bytes, DType dtype, int rank, std::shared_ptr<Store> store) {
   CommunicatorOptions checked;
   CommunicatorOptions unchecked;
   unchecked.verify_collectives = false;
@@ -51,28 +74,31 @@ int RunRank(int n, size_t max_bytes, int rank, std::shared_ptr<Store> store) {
   uint32_t raw_tag = 0;
 
   if (rank == 0) {
-    printf("allreduce (sum, float32), %d ranks, local processes over loopback; median of k runs\n", n);
+    printf("allreduce (sum, %s), %d ranks, local processes over loopback; median of k runs\n", DTypeName(dtype), n);
     printf("%10s %4s %12s %12s %12s %12s %9s %9s\n", "bytes", "k", "gloo (us)", "gossipcc(us)", "unchecked",
            "busbw GB/s", "ratio", "ratio-uc");
   }
   for (size_t bytes = 4 << 10; bytes <= max_bytes; bytes *= 4) {
-    const size_t count = bytes / sizeof(float);
-    std::vector<float> data(count, 1.0f);
+    const size_t element = ElementSize(dtype);
+    const size_t count = bytes / element;
+    // 1.0 in every dtype (the sums stay exact: n <= 256).
+    std::vector<uint8_t> data(bytes);
+    for (size_t i = 0; i < count; ++i) {
+      if (dtype == DType::kFloat32) reinterpret_cast<float*>(data.data())[i] = 1.0f;
+      else reinterpret_cast<uint16_t*>(data.data())[i] = dtype == DType::kFloat16 ? 0x3C00 : 0x3F80;
+    }
+    const Buffer buffer{data.data(), count, dtype, Device::CPU()};
     const int iters = bytes >= (64u << 20) ? 5 : bytes >= (4u << 20) ? 9 : 41;
     auto run_raw = [&] {
       gloo::AllreduceOptions opts(raw);
-      opts.setOutput(data.data(), count);
-      opts.setReduceFunction([](void* c, const void* a, const void* b, size_t k) {
-        auto* o = static_cast<float*>(c);
-        auto* x = static_cast<const float*>(a);
-        auto* y = static_cast<const float*>(b);
-        for (size_t i = 0; i < k; ++i) o[i] = x[i] + y[i];
-      });
+      if (element == 4) opts.setOutput(reinterpret_cast<float*>(data.data()), count);
+      else opts.setOutput(reinterpret_cast<uint16_t*>(data.data()), count);
+      opts.setReduceFunction([dtype](void* c, const void* a, const void* b, size_t k) { RawSum(dtype, c, a, b, k); });
       opts.setTag(raw_tag++);
       gloo::allreduce(opts);
     };
-    auto run_checked = [&] { comm->allreduce(CpuBuffer(data.data(), count))->wait(); };
-    auto run_unchecked = [&] { fast->allreduce(CpuBuffer(data.data(), count))->wait(); };
+    auto run_checked = [&] { comm->allreduce(buffer)->wait(); };
+    auto run_unchecked = [&] { fast->allreduce(buffer)->wait(); };
     // Interleave the three so drift in machine load hits them alike.
     std::vector<double> t_raw, t_checked, t_unchecked;
     run_raw();
@@ -112,16 +138,24 @@ int RunRank(int n, size_t max_bytes, int rank, std::shared_ptr<Store> store) {
 int main(int argc, char** argv) {
   int ranks = 4;
   size_t max_bytes = 256u << 20;
+  gossipcc::DType dtype = gossipcc::DType::kFloat32;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a.rfind("--ranks=", 0) == 0) ranks = std::atoi(a.c_str() + 8);
-    else if (a.rfind("--max_bytes=", 0) == 0) max_bytes = std::strtoull(a.c_str() + 12, nullptr, 10);
-    else {
-      fprintf(stderr, "unknown flag %s (flags: --ranks=N --max_bytes=B)\n", argv[i]);
+    if (a.rfind("--ranks=", 0) == 0) {
+      ranks = std::atoi(a.c_str() + 8);
+    } else if (a.rfind("--max_bytes=", 0) == 0) {
+      max_bytes = std::strtoull(a.c_str() + 12, nullptr, 10);
+    } else if (a == "--dtype=float32" || a == "--dtype=float16" || a == "--dtype=bfloat16") {
+      dtype = a == "--dtype=float32"   ? gossipcc::DType::kFloat32
+              : a == "--dtype=float16" ? gossipcc::DType::kFloat16
+                                       : gossipcc::DType::kBFloat16;
+    } else {
+      fprintf(stderr, "unknown flag %s (flags: --ranks=N --max_bytes=B --dtype=float32|float16|bfloat16)\n",
+              argv[i]);
       return 2;
     }
   }
   return gossipcc::bench::RunLocalRanks(ranks, [&](int rank, std::shared_ptr<gossipcc::Store> store) {
-    return gossipcc::RunRank(ranks, max_bytes, rank, store);
+    return gossipcc::RunRank(ranks, max_bytes, dtype, rank, store);
   });
 }

@@ -308,7 +308,8 @@ TEST(PointToPointProgressTest, ReceiveFromAnySourceReportsTheSender) {
   });
 }
 
-// Above kDirectAllreduceMaxBytes all-reduce takes Gloo's ring: every dtype once there.
+// Above kDirectAllreduceMaxBytes all-reduce takes Gloo's ring (float16/bfloat16: the direct
+// algorithm, one slice): every dtype once there.
 TEST_P(CollectivesTest, AllreduceOnGlooRingEveryDtype) {
   if (n() != 3 && n() != 8) GTEST_SKIP() << "ring sizes run on 3 and 8 ranks only (the path does not depend on n)";
   RunRanks(n(), mode(), [](Communicator& comm) {
@@ -410,6 +411,45 @@ TEST_P(LargeTest, ReduceScatterAndAllgather16MBOnFourRanks) {
     comm.allgather(CpuBuffer(out.data(), chunk), CpuBuffer(gathered.data(), gathered.size()))->wait();
     for (size_t i = 0; i < gathered.size(); ++i) {
       if (gathered[i] != 4.0 * static_cast<double>(i % 977) + 6.0) FAIL() << "index " << i << ": " << gathered[i];
+    }
+  });
+}
+
+// float16/bfloat16 above kDirectSliceBytes: the direct algorithm in several slices, the last
+// one short. Rank 0 contributes a value where the dtype's spacing is 2, the others 0..2, so
+// adding in the dtype's own precision would round at every step (2048 + 1 + 1 + 1 stays 2048
+// in float16) while accumulating in float32 and rounding once gives the correctly rounded
+// sum: every element must equal it exactly, on every rank.
+TEST_P(LargeTest, HalfPrecisionAllreduceAndReduceScatterAccumulateWideInSlices) {
+  RunRanks(4, GetParam(), [](Communicator& comm) {
+    const int n = comm.size();
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      const double big = dtype == DType::kFloat16 ? 2048 : 256;
+      auto value = [&](int r, size_t i) { return r == 0 ? big : static_cast<double>((i + r) % 3); };
+      auto rounded_sum = [&](size_t i) {
+        double sum = 0;
+        for (int r = 0; r < n; ++r) sum += value(r, i);
+        TypedArray once(dtype, 1);
+        once.set(0, sum);
+        return once.get(0);
+      };
+      const size_t count = 2 * kDirectSliceBytes / ElementSize(dtype) + 12345;
+      TypedArray a(dtype, count);
+      for (size_t i = 0; i < count; ++i) a.set(i, value(comm.rank(), i));
+      comm.allreduce(a.buffer(), ReduceOp::kSum)->wait();
+      for (size_t i = 0; i < count; ++i) {
+        if (a.get(i) != rounded_sum(i)) FAIL() << DTypeName(dtype) << " allreduce index " << i << ": " << a.get(i);
+      }
+      const size_t block = kDirectSliceBytes / ElementSize(dtype) / n * 2 + 101;
+      TypedArray in(dtype, block * n), out(dtype, block);
+      for (size_t i = 0; i < block * n; ++i) in.set(i, value(comm.rank(), i));
+      comm.reduce_scatter(in.buffer(), out.buffer(), ReduceOp::kSum)->wait();
+      for (size_t i = 0; i < block; ++i) {
+        const size_t global = comm.rank() * block + i;
+        if (out.get(i) != rounded_sum(global)) {
+          FAIL() << DTypeName(dtype) << " reduce_scatter index " << global << ": " << out.get(i);
+        }
+      }
     }
   });
 }
