@@ -616,7 +616,9 @@ TEST_P(GossipTest, PushSumBytesSent) {
         ps.Step(comm, {CpuBuffer(x.data(), 600), CpuBuffer(x.data() + 600, 400)});
         EXPECT_EQ(comm.traffic().p2p_bytes_sent - before, out * (1000 * sizeof(float) + 8 + 8))
             << "peers " << peers << " step " << k;
-        if (n > 1 && peers == 1) EXPECT_EQ(out, 1u);
+        if (n > 1 && peers == 1) {
+          EXPECT_EQ(out, 1u);
+        }
       }
     }
   });
