@@ -1,6 +1,7 @@
 // PowerSGD's CPU math through Eigen: Maps over the caller's buffers (no copies of float32
 // gradients), float16/bfloat16/float64 widened to a float32 scratch once.
 #include <Eigen/Dense>
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -18,13 +19,22 @@ using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::Ro
 using MapM = Eigen::Map<RowMatrix>;
 using ConstMapM = Eigen::Map<const RowMatrix>;
 
+// x * 0 is 0 for finite x and NaN for Inf or NaN, so the sum is NaN exactly when some
+// element is not finite. A vectorised reduction, about the cost of reading the buffer once
+// (an element-wise std::isfinite loop cost PowerSGD as much as two passes over M).
 template <typename T>
 bool Finite(const T* p, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(p[i])) return false;
-  }
-  return true;
+  if (n == 0) return true;
+  using Array = Eigen::Array<T, Eigen::Dynamic, 1>;
+  return !std::isnan((Eigen::Map<const Array>(p, static_cast<Eigen::Index>(n)) * T(0)).sum());
 }
+
+// The thin products below stream M in column blocks of this many floats: a block of every
+// row of Q^T (r x kColumnBlock) stays in L1/L2 while M's rows go by once.
+constexpr int64_t kColumnBlock = 2048;
+// Up to this rank the products stream M once; above it Eigen's GEMM, whose packing of M is
+// then amortised over enough columns.
+constexpr int kStreamMaxRank = 16;
 
 class CpuBackend : public MathBackend {
  public:
@@ -75,12 +85,45 @@ class CpuBackend : public MathBackend {
     return M;
   }
 
+  // P(i, k) = M.row(i) . Q^T.row(k): every row of M is read from memory once and used for
+  // all r columns while it is in cache. (Eigen's GEMM copies M into a packed layout first,
+  // which for r = 1..4 costs more than the arithmetic.)
   void MultiplyMQ(const float* M, const float* Q, float* P, int64_t n, int64_t m, int r) override {
-    MapM(P, n, r).noalias() = ConstMapM(M, n, m) * ConstMapM(Q, m, r);
+    if (r > kStreamMaxRank) {
+      MapM(P, n, r).noalias() = ConstMapM(M, n, m) * ConstMapM(Q, m, r);
+      return;
+    }
+    ConstMapM mm(M, n, m);
+    MapM p(P, n, r);
+    qt_ = ConstMapM(Q, m, r).transpose();
+    p.setZero();
+    for (int64_t c = 0; c < m; c += kColumnBlock) {
+      const int64_t w = std::min(kColumnBlock, m - c);
+      for (int64_t i = 0; i < n; ++i) {
+        const auto row = mm.row(i).segment(c, w);
+        for (int k = 0; k < r; ++k) p(i, k) += row.dot(qt_.row(k).segment(c, w));
+      }
+    }
   }
 
+  // Q^T.row(k) += P(i, k) M.row(i) over the rows of M, again one pass over M; Q^T is then
+  // transposed into Q (m x r, small).
   void MultiplyMtP(const float* M, const float* P, float* Q, int64_t n, int64_t m, int r) override {
-    MapM(Q, m, r).noalias() = ConstMapM(M, n, m).transpose() * ConstMapM(P, n, r);
+    if (r > kStreamMaxRank) {
+      MapM(Q, m, r).noalias() = ConstMapM(M, n, m).transpose() * ConstMapM(P, n, r);
+      return;
+    }
+    ConstMapM mm(M, n, m);
+    ConstMapM p(P, n, r);
+    qt_.setZero(r, m);
+    for (int64_t c = 0; c < m; c += kColumnBlock) {
+      const int64_t w = std::min(kColumnBlock, m - c);
+      for (int64_t i = 0; i < n; ++i) {
+        const auto row = mm.row(i).segment(c, w);
+        for (int k = 0; k < r; ++k) qt_.row(k).segment(c, w) += p(i, k) * row;
+      }
+    }
+    MapM(Q, m, r) = qt_.transpose();
   }
 
   void Orthogonalize(float* P, int64_t n, int r, float eps) override {
@@ -129,6 +172,9 @@ class CpuBackend : public MathBackend {
   }
 
   void Synchronize() override {}
+
+ private:
+  RowMatrix qt_;  // Q^T (r x m) for the streamed products; kept to avoid an allocation per call
 };
 
 }  // namespace

@@ -84,6 +84,7 @@ struct Case {
   bool error_feedback = true;
   DType dtype = DType::kFloat32;
   int steps = 4;
+  std::vector<TensorSpec> shapes = kShapes;
 };
 
 // Runs `c.steps` steps (the first exact: start_iter = 1) and checks every step against the
@@ -98,16 +99,16 @@ void CheckAgainstReference(Communicator& comm, const Case& c) {
   PowerSGD psgd(o);
   std::map<std::string, std::vector<Mat>> errors;  // reference error memory of every rank
   for (int step = 0; step < c.steps; ++step) {
-    Grads g(kShapes, c.dtype, me, step);
+    Grads g(c.shapes, c.dtype, me, step);
     std::map<std::string, PowerSGDTensorState> before;
-    for (const TensorSpec& s : kShapes) psgd.GetTensorState(s.key, &before[s.key]);
+    for (const TensorSpec& s : c.shapes) psgd.GetTensorState(s.key, &before[s.key]);
     const uint64_t sent_before = comm.traffic().collective_payload_bytes;
     const PowerSGDStats stats = psgd.AllReduce(comm, g.tensors);
     const uint64_t sent = comm.traffic().collective_payload_bytes - sent_before;
     // Bytes handed to the comm layer: the formula from the shapes (exact tensors in their dtype,
     // 4 * r * (n + m) per power iteration for compressed ones) plus the 40-byte check.
     uint64_t formula = 40;
-    for (const TensorSpec& s : kShapes) {
+    for (const TensorSpec& s : c.shapes) {
       int r = 0;
       const int64_t n = s.shape[0], numel = Numel(s.shape);
       formula += step >= 1 && Compressible(s, o, &r) ? 4 * r * (n + numel / n) * c.iterations : numel * ElementSize(c.dtype);
@@ -115,8 +116,8 @@ void CheckAgainstReference(Communicator& comm, const Case& c) {
     EXPECT_EQ(sent, formula) << "step " << step;
     EXPECT_EQ(stats.bytes_after + stats.check_bytes, sent) << "step " << step;
     int expected_compressed = 0;
-    for (size_t t = 0; t < kShapes.size(); ++t) {
-      const TensorSpec& s = kShapes[t];
+    for (size_t t = 0; t < c.shapes.size(); ++t) {
+      const TensorSpec& s = c.shapes[t];
       const TypedArray& out = *g.arrays[t];
       const std::string where = absl::StrCat("step ", step, " tensor ", s.key, " rank ", me, " of ", W);
       int r = 0;
@@ -172,7 +173,7 @@ void CheckAgainstReference(Communicator& comm, const Case& c) {
       EXPECT_EQ(after.steps, step + 1) << where;
     }
     EXPECT_EQ(stats.compressed_tensors, static_cast<uint64_t>(expected_compressed)) << "step " << step;
-    for (size_t t = 0; t < kShapes.size(); ++t) ExpectIdenticalAcrossRanks(comm, *g.arrays[t], kShapes[t].key);
+    for (size_t t = 0; t < c.shapes.size(); ++t) ExpectIdenticalAcrossRanks(comm, *g.arrays[t], c.shapes[t].key);
   }
 }
 
@@ -301,6 +302,22 @@ TEST_P(PowerSGDVariantsTest, HalfAndDoubleInputsComputeInFloat32) {
       c.steps = 3;
       CheckAgainstReference(comm, c);
     }
+  });
+}
+
+// Matrices wider than the CPU backend's column block (2048) and taller than wide, at a rank
+// that streams M (4) and one above kStreamMaxRank (20, Eigen's GEMM): the products must agree
+// with the reference however they are blocked.
+TEST_P(PowerSGDVariantsTest, WideTallAndHighRankMatrices) {
+  RunRanks(std::get<1>(GetParam()), std::get<0>(GetParam()), [](Communicator& comm) {
+    Case streamed{4};
+    streamed.steps = 3;
+    streamed.shapes = {{"wide", {5, 4100}}, {"tall", {4500, 5}}, {"square", {70, 70}}};
+    CheckAgainstReference(comm, streamed);
+    Case gemm{20};
+    gemm.steps = 3;
+    gemm.shapes = {{"high_rank", {40, 60}}};
+    CheckAgainstReference(comm, gemm);
   });
 }
 
