@@ -151,12 +151,15 @@ class CpuBackend : public MathBackend {
     // used for both the error (M - out) and the result.
     MapM mm(M, n, m);
     ConstMapM p(P, n, r);
-    const RowMatrix qt = ConstMapM(Q, m, r).transpose();  // r x m, small
-    Eigen::Matrix<float, 1, Eigen::Dynamic> row(m);
+    qt_ = ConstMapM(Q, m, r).transpose();  // r x m, small
+    row_.resize(m);
     for (int64_t i = 0; i < n; ++i) {
-      row.noalias() = p.row(i) * qt;
-      if (error != nullptr) MapM(error, n, m).row(i) = mm.row(i) - row;
-      mm.row(i) = row;
+      // row = sum_k P(i, k) Q^T.row(k) as r vectorised passes in L1 (a 1 x r by r x m
+      // product per row would go through Eigen's GEMV dispatch n times).
+      row_ = p(i, 0) * qt_.row(0);
+      for (int k = 1; k < r; ++k) row_ += p(i, k) * qt_.row(k);
+      if (error != nullptr) MapM(error, n, m).row(i) = mm.row(i) - row_;
+      mm.row(i) = row_;
     }
     const size_t count = static_cast<size_t>(n * m);
     switch (grad.dtype) {
@@ -174,7 +177,10 @@ class CpuBackend : public MathBackend {
   void Synchronize() override {}
 
  private:
-  RowMatrix qt_;  // Q^T (r x m) for the streamed products; kept to avoid an allocation per call
+  // Kept between calls to avoid allocations: Q^T (r x m) for the streamed products and
+  // Finish, and Finish's output row.
+  RowMatrix qt_;
+  Eigen::Matrix<float, 1, Eigen::Dynamic> row_;
 };
 
 }  // namespace
