@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "comm/errors.h"
+#include "comm/reduce.h"
 #include "compression/power_sgd_math.h"
 
 namespace gossipcc {
@@ -80,6 +81,8 @@ constexpr int kPSlot = 100, kQSlot = 101;  // Pack() slots besides the dtypes
 
 // Fields of the cross-rank check, one int64 each.
 enum CheckField { kFingerprint, kOptions, kTensors, kElements, kNonFinite, kNumCheckFields };
+
+size_t RoundUpTo8(size_t bytes) { return (bytes + 7) / 8 * 8; }
 
 }  // namespace
 
@@ -237,6 +240,24 @@ void PowerSGD::Exact(Communicator& comm, absl::Span<const GradientTensor> tensor
   }
 }
 
+void PowerSGD::ReduceGatheredExact(absl::Span<const GradientTensor> tensors, const std::vector<size_t>& which,
+                                   DType dtype, size_t bytes, const uint8_t* table, size_t stride,
+                                   size_t offset, int ranks, PowerSGDStats& stats) {
+  const size_t count = bytes / ElementSize(dtype);
+  uint8_t* pack = static_cast<uint8_t*>(Pack(*cpu_, static_cast<int>(dtype), bytes));
+  std::vector<const void*> sources(ranks);
+  for (int r = 0; r < ranks; ++r) sources[r] = table + static_cast<size_t>(r) * stride + offset;
+  WideScratch wide;
+  ReduceInRankOrder(sources, Buffer{pack, count, dtype, Device::CPU()}, ReduceOp::kAvg, wide);
+  for (size_t i : which) {
+    const Buffer& b = tensors[i].data;
+    if (b.count) std::memcpy(b.data, pack, b.bytes());
+    pack += b.bytes();
+  }
+  stats.elements_after += count;
+  stats.bytes_after += bytes;
+}
+
 PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientTensor> tensors) {
   const std::string where = absl::StrCat("PowerSGD allreduce on rank ", comm.rank(), " of ", comm.size());
   auto invalid = [&](const std::string& why) { throw InvalidArgumentError(absl::StrCat(where, ": ", why)); };
@@ -318,16 +339,60 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
   }
 
   // ---- cross-rank check: one allgather of 5 int64 per rank, before any payload moves ----
+  // When the exact part is small (biases and norms, in one dtype on the CPU, the whole message
+  // within the eager limit) its data rides in the same allgather and every rank reduces the
+  // copies itself, in rank order: the all-reduce it would otherwise take costs a whole
+  // exchange for as many bytes (an eager all-reduce also sends the payload to every peer).
   const int W = comm.size();
-  std::vector<int64_t> mine(kNumCheckFields), table(kNumCheckFields * W);
+  constexpr size_t kCheckBytes = kNumCheckFields * sizeof(int64_t);
+  size_t fused_bytes = 0;  // exact bytes carried by the check; 0: the exact part is reduced apart
+  DType fused_dtype = DType::kFloat32;
+  {
+    bool one_dtype = true;
+    size_t bytes = 0;
+    for (size_t i : exact) {
+      const Buffer& b = tensors[i].data;
+      if (b.count == 0) continue;
+      if (bytes == 0) fused_dtype = b.dtype;
+      one_dtype &= b.dtype == fused_dtype;
+      bytes += b.bytes();
+    }
+    if (W > 1 && one_dtype && bytes > 0 && !device.is_cuda() &&
+        kCheckBytes + RoundUpTo8(bytes) <= EagerCollectiveMaxBytes(W)) {
+      fused_bytes = bytes;
+    }
+  }
+  // Each rank's slot: the check fields, then its exact data, padded so every slot (and so
+  // every rank's copy of the data) stays 8-byte aligned.
+  const size_t slot_words = (kCheckBytes + RoundUpTo8(fused_bytes)) / sizeof(int64_t);
+  std::vector<int64_t> mine(slot_words, 0), table(slot_words * W);
   mine[kFingerprint] = static_cast<int64_t>(fp.h);
   mine[kOptions] = static_cast<int64_t>(OptionsHash(options_));
   mine[kTensors] = static_cast<int64_t>(tensors.size());
   mine[kElements] = static_cast<int64_t>(total_elements);
   mine[kNonFinite] = static_cast<int64_t>(nonfinite);
-  comm.allgather(CpuBuffer(mine.data(), mine.size()), CpuBuffer(table.data(), table.size()))->wait();
-  stats.check_bytes = mine.size() * sizeof(int64_t);
-  auto field = [&](int rank, CheckField f) { return table[rank * kNumCheckFields + f]; };
+  if (fused_bytes > 0) {
+    uint8_t* out = reinterpret_cast<uint8_t*>(mine.data()) + kCheckBytes;
+    for (size_t i : exact) {
+      const Buffer& b = tensors[i].data;
+      if (b.count) std::memcpy(out, b.data, b.bytes());
+      out += b.bytes();
+    }
+  }
+  try {
+    comm.allgather(CpuBuffer(mine.data(), mine.size()), CpuBuffer(table.data(), table.size()))->wait();
+  } catch (const MismatchError&) {
+    // Ranks sent slots of different sizes (their tensor lists differ): the communicator
+    // exchanged nothing and raised this on every rank alike, so every rank is here and runs
+    // the bare check, which names what differs (or, if nothing does, goes on unfused).
+    mine.resize(kNumCheckFields);
+    table.assign(kNumCheckFields * W, 0);
+    comm.allgather(CpuBuffer(mine.data(), mine.size()), CpuBuffer(table.data(), table.size()))->wait();
+    fused_bytes = 0;
+  }
+  const size_t stride_words = table.size() / W;
+  stats.check_bytes = (stride_words * sizeof(int64_t)) - fused_bytes;
+  auto field = [&](int rank, CheckField f) { return table[rank * stride_words + f]; };
   bool options_differ = false, tensors_differ = false;
   int64_t ranks_nonfinite = 0;
   for (int q = 0; q < W; ++q) {
@@ -384,7 +449,12 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
   }
 
   // ---- exact part ----
-  Exact(comm, tensors, exact, stats);
+  if (fused_bytes > 0) {
+    ReduceGatheredExact(tensors, exact, fused_dtype, fused_bytes, reinterpret_cast<const uint8_t*>(table.data()),
+                        stride_words * sizeof(int64_t), kCheckBytes, W, stats);
+  } else {
+    Exact(comm, tensors, exact, stats);
+  }
 
   // ---- compressed part ----
   if (!plans.empty()) {

@@ -58,9 +58,11 @@ struct PowerSGDStats {
   uint64_t elements_before = 0;  // elements of the tensors
   uint64_t elements_after = 0;   // elements handed to the data all-reduces (exact + P + Q)
   uint64_t bytes_before = 0;     // bytes of the tensors, in their dtypes
-  uint64_t bytes_after = 0;      // bytes handed to the data all-reduces (P and Q are float32)
-  uint64_t check_bytes = 0;      // the cross-rank consistency check (an allgather, 40 bytes a call)
-  uint64_t allreduce_calls = 0;  // data all-reduces issued
+  uint64_t bytes_after = 0;      // bytes of exact data, P and Q handed to the comm layer (P, Q: float32)
+  // The cross-rank consistency check: an allgather of 40 bytes a call, plus padding to 8 bytes
+  // when a small exact part (within the eager limit) travels in it instead of in an all-reduce.
+  uint64_t check_bytes = 0;
+  uint64_t allreduce_calls = 0;  // data all-reduces issued (the exact part's, unless it rode with the check)
   uint64_t nonfinite_calls = 0;  // calls that met NaN/Inf (pass-through: averaged exactly)
 
   double compression_ratio() const {  // elements before / elements after (PyTorch's measure)
@@ -148,6 +150,11 @@ class PowerSGD {
   internal::MathBackend& BackendFor(Device device);
   void Exact(Communicator& comm, absl::Span<const GradientTensor> tensors, const std::vector<size_t>& which,
              PowerSGDStats& stats);
+  // The exact part when it travelled with the check: `ranks` copies of `bytes` bytes of
+  // `dtype`, rank r's at table + r * stride + offset, averaged in rank order into the tensors.
+  void ReduceGatheredExact(absl::Span<const GradientTensor> tensors, const std::vector<size_t>& which, DType dtype,
+                           size_t bytes, const uint8_t* table, size_t stride, size_t offset, int ranks,
+                           PowerSGDStats& stats);
 
   // Packed buffers, kept between calls (grow-only) so steady-state calls do not allocate:
   // slot = dtype for exact packs, kPSlot / kQSlot for the factors.

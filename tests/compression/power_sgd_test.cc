@@ -106,13 +106,21 @@ void CheckAgainstReference(Communicator& comm, const Case& c) {
     const PowerSGDStats stats = psgd.AllReduce(comm, g.tensors);
     const uint64_t sent = comm.traffic().collective_payload_bytes - sent_before;
     // Bytes handed to the comm layer: the formula from the shapes (exact tensors in their dtype,
-    // 4 * r * (n + m) per power iteration for compressed ones) plus the 40-byte check.
-    uint64_t formula = 40;
+    // 4 * r * (n + m) per power iteration for compressed ones) plus the 40-byte check. A small
+    // exact part travels inside the check, padded to 8 bytes.
+    uint64_t formula = 40, exact_bytes = 0;
     for (const TensorSpec& s : c.shapes) {
       int r = 0;
       const int64_t n = s.shape[0], numel = Numel(s.shape);
-      formula += step >= 1 && Compressible(s, o, &r) ? 4 * r * (n + numel / n) * c.iterations : numel * ElementSize(c.dtype);
+      if (step >= 1 && Compressible(s, o, &r)) {
+        formula += 4 * r * (n + numel / n) * c.iterations;
+      } else {
+        exact_bytes += numel * ElementSize(c.dtype);
+      }
     }
+    const uint64_t padded = (exact_bytes + 7) / 8 * 8;
+    const bool fused = W > 1 && exact_bytes > 0 && 40 + padded <= EagerCollectiveMaxBytes(W);
+    formula += fused ? padded : exact_bytes;
     EXPECT_EQ(sent, formula) << "step " << step;
     EXPECT_EQ(stats.bytes_after + stats.check_bytes, sent) << "step " << step;
     int expected_compressed = 0;
@@ -342,8 +350,9 @@ TEST(PowerSGDBytesTest, BytesHandedToTheCommMatchTheFormula) {
         for (int step = 0; step < 4; ++step) {
           Grads g(kShapes, DType::kFloat32, comm.rank(), step);
           // Formula, from the shapes alone: exact tensors n*m*4 bytes; compressed ones
-          // 4 * r * (n + m) per power iteration; plus the 5 x int64 cross-rank check.
-          uint64_t expect = 5 * 8, compressed = 0, elements = 0;
+          // 4 * r * (n + m) per power iteration; plus the 5 x int64 cross-rank check, which
+          // carries the exact part (padded to 8 bytes) when the whole fits the eager limit.
+          uint64_t expect = 5 * 8, compressed = 0, elements = 0, exact_bytes = 0;
           for (const TensorSpec& s : kShapes) {
             const int64_t numel = Numel(s.shape);
             elements += numel;
@@ -353,9 +362,12 @@ TEST(PowerSGDBytesTest, BytesHandedToTheCommMatchTheFormula) {
               expect += 4 * r * (n + m) * iterations;
               ++compressed;
             } else {
-              expect += 4 * numel;
+              exact_bytes += 4 * numel;
             }
           }
+          const uint64_t padded = (exact_bytes + 7) / 8 * 8;
+          const bool fused = 40 + padded <= EagerCollectiveMaxBytes(comm.size());
+          expect += fused ? padded : exact_bytes;
           const uint64_t before = comm.traffic().collective_payload_bytes;
           const PowerSGDStats stats = psgd.AllReduce(comm, g.tensors);
           const uint64_t sent = comm.traffic().collective_payload_bytes - before;
@@ -364,8 +376,10 @@ TEST(PowerSGDBytesTest, BytesHandedToTheCommMatchTheFormula) {
           EXPECT_EQ(stats.compressed_tensors, compressed);
           EXPECT_EQ(stats.elements_before, elements);
           EXPECT_EQ(stats.bytes_before, elements * 4);
-          // One packed exact all-reduce, plus one P and one Q all-reduce per power iteration.
-          EXPECT_EQ(stats.allreduce_calls, 1u + (compressed ? 2u * iterations : 0u));
+          // One packed exact all-reduce (none when the exact part rode with the check), plus
+          // one P and one Q all-reduce per power iteration.
+          EXPECT_TRUE(fused) << "the exact part of these shapes fits the eager limit";
+          EXPECT_EQ(stats.allreduce_calls, (fused ? 0u : 1u) + (compressed ? 2u * iterations : 0u));
           if (step >= 2) {
             EXPECT_EQ(compressed, 4u);  // tall, wide, square and conv
             EXPECT_DOUBLE_EQ(stats.compression_ratio(),
@@ -523,9 +537,10 @@ TEST(PowerSGDFlatTest, FlatBuffersAreCompressedAsPaddedSquares) {
       const uint64_t before = comm.traffic().collective_payload_bytes;
       const PowerSGDStats stats = psgd.AllReduceFlat(comm, flat);
       // 20x20 at rank 2 is compressed twice (2 * 40 * 4 bytes each); 3x3 is not worth it, so
-      // the 5 elements go unpadded into the exact pack.
+      // the 5 elements go unpadded into the exact part, which rides with the 40-byte check
+      // (padded to 8 bytes: 20 -> 24).
       EXPECT_EQ(stats.compressed_tensors, 2u);
-      EXPECT_EQ(comm.traffic().collective_payload_bytes - before, 40u + 2 * (2 * 40 * 4) + 5 * 4);
+      EXPECT_EQ(comm.traffic().collective_payload_bytes - before, 40u + 2 * (2 * 40 * 4) + 24);
       compression::PowerSGDTensorState st;
       ASSERT_TRUE(psgd.GetTensorState("bucket0", &st));
       EXPECT_EQ(st.shape, (std::vector<int64_t>{20, 20}));
