@@ -339,13 +339,25 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
   }
 
   // ---- cross-rank check: one allgather of 5 int64 per rank, before any payload moves ----
-  // When the exact part is small (biases and norms, in one dtype on the CPU, the whole message
-  // within the eager limit) its data rides in the same allgather and every rank reduces the
-  // copies itself, in rank order: the all-reduce it would otherwise take costs a whole
-  // exchange for as many bytes (an eager all-reduce also sends the payload to every peer).
+  // On the CPU, when the message stays within the eager limit, data rides in the same
+  // allgather and every rank reduces the gathered copies itself, in rank order (an eager
+  // all-reduce sends its payload to every peer too, so this costs no bytes, only saves
+  // exchanges):
+  //  - the exact part (biases, norms: one dtype), instead of its own all-reduce;
+  //  - P = M Q of the first power iteration, computed now from the gradient and the error
+  //    memory without writing either (nothing may change before the check passes), instead of
+  //    the P all-reduce. A call then takes 2 exchanges (check + exact + P, then Q), not 4.
   const int W = comm.size();
   constexpr size_t kCheckBytes = kNumCheckFields * sizeof(int64_t);
+  size_t p_total = 0, q_total = 0;
+  for (Plan& p : plans) {
+    p.p_offset = p_total;
+    p.q_offset = q_total;
+    p_total += p.n * p.r;
+    q_total += p.m * p.r;
+  }
   size_t fused_bytes = 0;  // exact bytes carried by the check; 0: the exact part is reduced apart
+  bool fused_p = false;    // the first P is carried by the check
   DType fused_dtype = DType::kFloat32;
   {
     bool one_dtype = true;
@@ -357,14 +369,33 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
       one_dtype &= b.dtype == fused_dtype;
       bytes += b.bytes();
     }
-    if (W > 1 && one_dtype && bytes > 0 && !device.is_cuda() &&
-        kCheckBytes + RoundUpTo8(bytes) <= EagerCollectiveMaxBytes(W)) {
-      fused_bytes = bytes;
+    bool states_on_cpu = true;
+    for (const Plan& p : plans) {
+      auto it = states_.find(tensors[p.index].key);
+      states_on_cpu &= it == states_.end() || it->second->backend == nullptr || it->second->backend == cpu_.get();
+    }
+    if (W > 1 && one_dtype && !device.is_cuda()) {
+      const size_t limit = EagerCollectiveMaxBytes(W);
+      const size_t with_exact = kCheckBytes + RoundUpTo8(bytes);
+      if (with_exact <= limit) fused_bytes = bytes;
+      fused_p = !plans.empty() && states_on_cpu && with_exact + p_total * sizeof(float) <= limit;
     }
   }
+  // Keys without a warm-started Q start from InitialQ: drawn once per call, here when the first
+  // P is computed before the check, and reused when the state is set up.
+  std::vector<std::vector<float>> initial_q(plans.size());
+  auto initial_q_for = [&](size_t j) -> const std::vector<float>& {
+    const Plan& p = plans[j];
+    if (initial_q[j].empty()) {
+      auto it = states_.find(tensors[p.index].key);
+      initial_q[j] = InitialQ(options_, tensors[p.index].key, p.m, p.r, it == states_.end() ? 0 : it->second->steps);
+    }
+    return initial_q[j];
+  };
   // Each rank's slot: the check fields, then its exact data, padded so every slot (and so
   // every rank's copy of the data) stays 8-byte aligned.
-  const size_t slot_words = (kCheckBytes + RoundUpTo8(fused_bytes)) / sizeof(int64_t);
+  const size_t p_offset_bytes = kCheckBytes + RoundUpTo8(fused_bytes);
+  const size_t slot_words = (p_offset_bytes + (fused_p ? p_total * sizeof(float) : 0) + 7) / sizeof(int64_t);
   std::vector<int64_t> mine(slot_words, 0), table(slot_words * W);
   mine[kFingerprint] = static_cast<int64_t>(fp.h);
   mine[kOptions] = static_cast<int64_t>(OptionsHash(options_));
@@ -379,6 +410,26 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
       out += b.bytes();
     }
   }
+  if (fused_p) {
+    float* first_p = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(mine.data()) + p_offset_bytes);
+    for (size_t j = 0; j < plans.size(); ++j) {
+      Plan& p = plans[j];
+      const GradientTensor& t = tensors[p.index];
+      auto it = states_.find(t.key);
+      const State* s = it == states_.end() ? nullptr : it->second.get();
+      const size_t mr = static_cast<size_t>(p.m * p.r);
+      const float* q = s && s->q && s->q_count == mr && options_.warm_start ? s->q_ptr() : initial_q_for(j).data();
+      const float* error = options_.use_error_feedback && s && s->error ? s->error_ptr() : nullptr;
+      if (t.data.dtype == DType::kFloat32) {
+        cpu_->MultiplyMQPlusError(static_cast<const float*>(t.data.data), error, q, first_p + p.p_offset, p.n, p.m, p.r);
+      } else {
+        // M goes to a scratch anyway for these dtypes; the gradient stays untouched.
+        p.scratch = cpu_->Alloc(static_cast<size_t>(p.n * p.m) * sizeof(float), /*zero=*/false);
+        p.M = cpu_->LoadMatrix(t.data, error, static_cast<float*>(p.scratch.get()));
+        cpu_->MultiplyMQ(p.M, q, first_p + p.p_offset, p.n, p.m, p.r);
+      }
+    }
+  }
   try {
     comm.allgather(CpuBuffer(mine.data(), mine.size()), CpuBuffer(table.data(), table.size()))->wait();
   } catch (const MismatchError&) {
@@ -389,9 +440,10 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
     table.assign(kNumCheckFields * W, 0);
     comm.allgather(CpuBuffer(mine.data(), mine.size()), CpuBuffer(table.data(), table.size()))->wait();
     fused_bytes = 0;
+    fused_p = false;
   }
   const size_t stride_words = table.size() / W;
-  stats.check_bytes = (stride_words * sizeof(int64_t)) - fused_bytes;
+  stats.check_bytes = stride_words * sizeof(int64_t) - fused_bytes - (fused_p ? p_total * sizeof(float) : 0);
   auto field = [&](int rank, CheckField f) { return table[rank * stride_words + f]; };
   bool options_differ = false, tensors_differ = false;
   int64_t ranks_nonfinite = 0;
@@ -458,26 +510,20 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
 
   // ---- compressed part ----
   if (!plans.empty()) {
-    size_t p_total = 0, q_total = 0;
-    for (Plan& p : plans) {
-      p.p_offset = p_total;
-      p.q_offset = q_total;
-      p_total += p.n * p.r;
-      q_total += p.m * p.r;
-      p.state = states_[tensors[p.index].key].get();
-    }
+    for (Plan& p : plans) p.state = states_[tensors[p.index].key].get();
     stats.compressed_tensors = plans.size();
     float* P = static_cast<float*>(Pack(backend, kPSlot, p_total * sizeof(float)));
     float* Q = static_cast<float*>(Pack(backend, kQSlot, q_total * sizeof(float)));
     const float eps = static_cast<float>(options_.orthogonalization_epsilon);
 
-    for (Plan& p : plans) {
+    for (size_t j = 0; j < plans.size(); ++j) {
+      Plan& p = plans[j];
       const GradientTensor& t = tensors[p.index];
       State& s = *p.state;
       s.MoveTo(backend);
       const size_t nm = static_cast<size_t>(p.n * p.m), mr = static_cast<size_t>(p.m * p.r);
       if (!s.q || s.q_count != mr || !options_.warm_start) {
-        std::vector<float> host = InitialQ(options_, t.key, p.m, p.r, s.steps);
+        const std::vector<float>& host = initial_q_for(j);
         if (!s.q || s.q_count != mr) s.q = backend.Alloc(mr * sizeof(float));
         s.q_count = mr;
         backend.Upload(host.data(), s.q.get(), mr * sizeof(float));
@@ -486,25 +532,38 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
         s.error = backend.Alloc(nm * sizeof(float));
         s.error_count = nm;
       }
+      if (p.M != nullptr) continue;  // loaded into its scratch before the check
       if (t.data.dtype != DType::kFloat32) p.scratch = backend.Alloc(nm * sizeof(float), /*zero=*/false);
       p.M = backend.LoadMatrix(t.data, options_.use_error_feedback ? s.error_ptr() : nullptr,
                                static_cast<float*>(p.scratch.get()));
     }
 
     for (int it = 0; it < options_.num_iters_per_step; ++it) {
-      for (Plan& p : plans) {
-        const float* q_in = it == 0 ? p.state->q_ptr() : Q + p.q_offset;
-        backend.MultiplyMQ(p.M, q_in, P + p.p_offset, p.n, p.m, p.r);
+      if (it == 0 && fused_p) {
+        // Every rank's first P came with the check: sum them in rank order, as the
+        // all-reduce would have.
+        std::vector<const void*> sources(W);
+        for (int r = 0; r < W; ++r) {
+          sources[r] = reinterpret_cast<const uint8_t*>(table.data()) + r * stride_words * sizeof(int64_t) + p_offset_bytes;
+        }
+        WideScratch unused;  // float32 needs no widening
+        ReduceInRankOrder(sources, Buffer{P, p_total, DType::kFloat32, Device::CPU()}, ReduceOp::kSum, unused);
+      } else {
+        for (Plan& p : plans) {
+          const float* q_in = it == 0 ? p.state->q_ptr() : Q + p.q_offset;
+          backend.MultiplyMQ(p.M, q_in, P + p.p_offset, p.n, p.m, p.r);
+        }
+        backend.Synchronize();
+        comm.allreduce(Buffer{P, p_total, DType::kFloat32, backend.device()}, ReduceOp::kSum)->wait();
+        stats.allreduce_calls += 1;
       }
-      backend.Synchronize();
-      comm.allreduce(Buffer{P, p_total, DType::kFloat32, backend.device()}, ReduceOp::kSum)->wait();
       for (Plan& p : plans) {
         backend.Orthogonalize(P + p.p_offset, p.n, p.r, eps);
         backend.MultiplyMtP(p.M, P + p.p_offset, Q + p.q_offset, p.n, p.m, p.r);
       }
       backend.Synchronize();
       comm.allreduce(Buffer{Q, q_total, DType::kFloat32, backend.device()}, ReduceOp::kAvg)->wait();
-      stats.allreduce_calls += 2;
+      stats.allreduce_calls += 1;
       stats.elements_after += p_total + q_total;
       stats.bytes_after += (p_total + q_total) * sizeof(float);
     }

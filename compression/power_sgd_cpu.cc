@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "comm/errors.h"
 #include "comm/reduce.h"
@@ -13,6 +15,11 @@
 namespace gossipcc {
 namespace compression {
 namespace internal {
+
+void MathBackend::MultiplyMQPlusError(const float*, const float*, const float*, float*, int64_t, int64_t, int) {
+  throw std::logic_error("PowerSGD: MultiplyMQPlusError is CPU-only; called on " + device().ToString());
+}
+
 namespace {
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -89,19 +96,35 @@ class CpuBackend : public MathBackend {
   // all r columns while it is in cache. (Eigen's GEMM copies M into a packed layout first,
   // which for r = 1..4 costs more than the arithmetic.)
   void MultiplyMQ(const float* M, const float* Q, float* P, int64_t n, int64_t m, int r) override {
+    MultiplyMQPlusError(M, nullptr, Q, P, n, m, r);
+  }
+
+  // The same with M = G + E formed a column block at a time in L1, never stored.
+  void MultiplyMQPlusError(const float* G, const float* E, const float* Q, float* P, int64_t n, int64_t m,
+                           int r) override {
     if (r > kStreamMaxRank) {
-      MapM(P, n, r).noalias() = ConstMapM(M, n, m) * ConstMapM(Q, m, r);
+      if (E == nullptr) {
+        MapM(P, n, r).noalias() = ConstMapM(G, n, m) * ConstMapM(Q, m, r);
+      } else {
+        MapM(P, n, r).noalias() = (ConstMapM(G, n, m) + ConstMapM(E, n, m)) * ConstMapM(Q, m, r);
+      }
       return;
     }
-    ConstMapM mm(M, n, m);
+    ConstMapM g(G, n, m);
     MapM p(P, n, r);
     qt_ = ConstMapM(Q, m, r).transpose();
     p.setZero();
+    block_.resize(std::min(kColumnBlock, m));
     for (int64_t c = 0; c < m; c += kColumnBlock) {
       const int64_t w = std::min(kColumnBlock, m - c);
       for (int64_t i = 0; i < n; ++i) {
-        const auto row = mm.row(i).segment(c, w);
-        for (int k = 0; k < r; ++k) p(i, k) += row.dot(qt_.row(k).segment(c, w));
+        if (E == nullptr) {
+          const auto row = g.row(i).segment(c, w);
+          for (int k = 0; k < r; ++k) p(i, k) += row.dot(qt_.row(k).segment(c, w));
+        } else {
+          block_.head(w) = g.row(i).segment(c, w) + ConstMapM(E, n, m).row(i).segment(c, w);
+          for (int k = 0; k < r; ++k) p(i, k) += block_.head(w).dot(qt_.row(k).segment(c, w));
+        }
       }
     }
   }
@@ -180,7 +203,7 @@ class CpuBackend : public MathBackend {
   // Kept between calls to avoid allocations: Q^T (r x m) for the streamed products and
   // Finish, and Finish's output row.
   RowMatrix qt_;
-  Eigen::Matrix<float, 1, Eigen::Dynamic> row_;
+  Eigen::Matrix<float, 1, Eigen::Dynamic> row_, block_;
 };
 
 }  // namespace

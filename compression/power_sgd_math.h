@@ -37,6 +37,11 @@ class MathBackend {
   virtual float* LoadMatrix(const Buffer& grad, const float* error, float* scratch) = 0;
   // P = M Q.
   virtual void MultiplyMQ(const float* M, const float* Q, float* P, int64_t n, int64_t m, int r) = 0;
+  // P = (G + E) Q without writing G or E (E may be null: P = G Q). CPU only: PowerSGD calls
+  // it to compute the first P before its cross-rank check, which only the CPU path does; the
+  // default throws.
+  virtual void MultiplyMQPlusError(const float* G, const float* E, const float* Q, float* P, int64_t n, int64_t m,
+                                   int r);
   // Q = M^T P.
   virtual void MultiplyMtP(const float* M, const float* P, float* Q, int64_t n, int64_t m, int r) = 0;
   // Orthonormalises the r columns of P (n x r) in place: Gram-Schmidt with
