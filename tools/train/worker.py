@@ -128,7 +128,6 @@ def main(argv=None):
     methods.POWERSGD_START_ITER = args.powersgd_start_iter
     method = methods.REGISTRY[args.method]
     method.configure(gossipcc)
-    os.environ["GOSSIPCC_WORKER_BACKEND"] = method.backend
     dist.init_process_group(method.backend, init_method=args.init_method,
                             timeout=datetime.timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -187,16 +186,17 @@ def main(argv=None):
         record(end)
     dist.barrier()
     dist.destroy_process_group()
+    return method.backend
 
 
 if __name__ == "__main__":
-    main()
+    backend = main()
     # Seen once in the test suite with PyTorch's powerSGD_hook on gloo (the baseline): main()
     # returned, the group was destroyed, and the process then hung in interpreter shutdown
     # with a gloo thread alive. Everything is written and flushed by now, so a gloo-backend
     # rank leaves without running interpreter teardown; gossipcc ranks exit normally, so
     # their clean shutdown stays exercised.
-    if os.environ.get("GOSSIPCC_WORKER_BACKEND") == "gloo":
+    if backend == "gloo":
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
