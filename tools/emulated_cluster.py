@@ -40,6 +40,7 @@ namespaces), rank_tx_bytes() (inside a rank: its NIC's tx counter).
 """
 import argparse
 import os
+import random
 import re
 import secrets
 import shutil
@@ -427,6 +428,24 @@ class RunResult:
 
 
 def free_port():
+    """A port for rank 0's store to listen on. Not bind(0)'s pick: that comes from the kernel's
+    ephemeral range, where any outgoing connection (another method's, another test's) may take
+    it before rank 0 binds it (seen in CI: "Address already in use"). A random free port just
+    below that range is never handed out as a connection's source port."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    low = max(1024, ephemeral_low - 12000)
+    for _ in range(200):
+        port = random.randint(low, ephemeral_low - 1)
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
