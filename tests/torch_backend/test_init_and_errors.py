@@ -2,7 +2,6 @@
 option, and bad input: each error names what was wrong and no rank hangs."""
 import datetime
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -11,13 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from emulated_cluster import free_port  # a port no outgoing connection takes meanwhile
 from launcher import init_method, run_ranks
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_import_registers_once():
