@@ -241,21 +241,20 @@ void PowerSGD::Exact(Communicator& comm, absl::Span<const GradientTensor> tensor
 }
 
 void PowerSGD::ReduceGatheredExact(absl::Span<const GradientTensor> tensors, const std::vector<size_t>& which,
-                                   DType dtype, size_t bytes, const uint8_t* table, size_t stride,
-                                   size_t offset, int ranks, PowerSGDStats& stats) {
-  const size_t count = bytes / ElementSize(dtype);
-  uint8_t* pack = static_cast<uint8_t*>(Pack(*cpu_, static_cast<int>(dtype), bytes));
+                                   const uint8_t* table, size_t stride, size_t offset, int ranks,
+                                   PowerSGDStats& stats) {
+  // Each tensor straight from the gathered copies into its own memory (no pack to copy out of).
   std::vector<const void*> sources(ranks);
-  for (int r = 0; r < ranks; ++r) sources[r] = table + static_cast<size_t>(r) * stride + offset;
   WideScratch wide;
-  ReduceInRankOrder(sources, Buffer{pack, count, dtype, Device::CPU()}, ReduceOp::kAvg, wide);
   for (size_t i : which) {
     const Buffer& b = tensors[i].data;
-    if (b.count) std::memcpy(b.data, pack, b.bytes());
-    pack += b.bytes();
+    if (b.count == 0) continue;
+    for (int r = 0; r < ranks; ++r) sources[r] = table + static_cast<size_t>(r) * stride + offset;
+    ReduceInRankOrder(sources, b, ReduceOp::kAvg, wide);
+    offset += b.bytes();
+    stats.elements_after += b.count;
+    stats.bytes_after += b.bytes();
   }
-  stats.elements_after += count;
-  stats.bytes_after += bytes;
 }
 
 PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientTensor> tensors) {
@@ -358,27 +357,30 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
   }
   size_t fused_bytes = 0;  // exact bytes carried by the check; 0: the exact part is reduced apart
   bool fused_p = false;    // the first P is carried by the check
-  DType fused_dtype = DType::kFloat32;
   {
     bool one_dtype = true;
     size_t bytes = 0;
+    DType exact_dtype = DType::kFloat32;
     for (size_t i : exact) {
       const Buffer& b = tensors[i].data;
       if (b.count == 0) continue;
-      if (bytes == 0) fused_dtype = b.dtype;
-      one_dtype &= b.dtype == fused_dtype;
+      if (bytes == 0) exact_dtype = b.dtype;
+      one_dtype &= b.dtype == exact_dtype;
       bytes += b.bytes();
-    }
-    bool states_on_cpu = true;
-    for (const Plan& p : plans) {
-      auto it = states_.find(tensors[p.index].key);
-      states_on_cpu &= it == states_.end() || it->second->backend == nullptr || it->second->backend == cpu_.get();
     }
     if (W > 1 && one_dtype && !device.is_cuda()) {
       const size_t limit = EagerCollectiveMaxBytes(W);
       const size_t with_exact = kCheckBytes + RoundUpTo8(bytes);
       if (with_exact <= limit) fused_bytes = bytes;
-      fused_p = !plans.empty() && states_on_cpu && with_exact + p_total * sizeof(float) <= limit;
+      fused_p = !plans.empty() && with_exact + p_total * sizeof(float) <= limit;
+    }
+  }
+  if (fused_p) {
+    // The first P reads Q and the error memory on the CPU; a key whose state an earlier call
+    // left on a GPU moves now rather than in the set-up below (same values, other memory).
+    for (const Plan& p : plans) {
+      auto it = states_.find(tensors[p.index].key);
+      if (it != states_.end()) it->second->MoveTo(*cpu_);
     }
   }
   // Keys without a warm-started Q start from InitialQ: drawn once per call, here when the first
@@ -502,8 +504,8 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
 
   // ---- exact part ----
   if (fused_bytes > 0) {
-    ReduceGatheredExact(tensors, exact, fused_dtype, fused_bytes, reinterpret_cast<const uint8_t*>(table.data()),
-                        stride_words * sizeof(int64_t), kCheckBytes, W, stats);
+    ReduceGatheredExact(tensors, exact, reinterpret_cast<const uint8_t*>(table.data()), stride_words * sizeof(int64_t),
+                        kCheckBytes, W, stats);
   } else {
     Exact(comm, tensors, exact, stats);
   }

@@ -56,7 +56,7 @@ struct PowerSGDStats {
   uint64_t tensors = 0;
   uint64_t compressed_tensors = 0;
   uint64_t elements_before = 0;  // elements of the tensors
-  uint64_t elements_after = 0;   // elements handed to the data all-reduces (exact + P + Q)
+  uint64_t elements_after = 0;   // elements handed to the comm layer (exact + P + Q)
   uint64_t bytes_before = 0;     // bytes of the tensors, in their dtypes
   uint64_t bytes_after = 0;      // bytes of exact data, P and Q handed to the comm layer (P, Q: float32)
   // The cross-rank consistency check: an allgather of 40 bytes a call, plus padding to 8 bytes
@@ -150,11 +150,10 @@ class PowerSGD {
   internal::MathBackend& BackendFor(Device device);
   void Exact(Communicator& comm, absl::Span<const GradientTensor> tensors, const std::vector<size_t>& which,
              PowerSGDStats& stats);
-  // The exact part when it travelled with the check: `ranks` copies of `bytes` bytes of
-  // `dtype`, rank r's at table + r * stride + offset, averaged in rank order into the tensors.
-  void ReduceGatheredExact(absl::Span<const GradientTensor> tensors, const std::vector<size_t>& which, DType dtype,
-                           size_t bytes, const uint8_t* table, size_t stride, size_t offset, int ranks,
-                           PowerSGDStats& stats);
+  // The exact part when it travelled with the check: rank r's copies of the `which` tensors,
+  // packed in that order at table + r * stride + offset, averaged in rank order into them.
+  void ReduceGatheredExact(absl::Span<const GradientTensor> tensors, const std::vector<size_t>& which,
+                           const uint8_t* table, size_t stride, size_t offset, int ranks, PowerSGDStats& stats);
 
   // Packed buffers, kept between calls (grow-only) so steady-state calls do not allocate:
   // slot = dtype for exact packs, kPSlot / kQSlot for the factors.

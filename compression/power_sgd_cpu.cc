@@ -111,19 +111,23 @@ class CpuBackend : public MathBackend {
       return;
     }
     ConstMapM g(G, n, m);
+    ConstMapM e(E != nullptr ? E : G, n, m);  // read only when E is given
     MapM p(P, n, r);
     qt_ = ConstMapM(Q, m, r).transpose();
     p.setZero();
     block_.resize(std::min(kColumnBlock, m));
+    // P(i, :) += the segment [c, c + w) of M's row i times the same rows of Q.
+    auto add_row = [&](int64_t i, int64_t c, const auto& row) {
+      for (int k = 0; k < r; ++k) p(i, k) += row.dot(qt_.row(k).segment(c, row.size()));
+    };
     for (int64_t c = 0; c < m; c += kColumnBlock) {
       const int64_t w = std::min(kColumnBlock, m - c);
       for (int64_t i = 0; i < n; ++i) {
         if (E == nullptr) {
-          const auto row = g.row(i).segment(c, w);
-          for (int k = 0; k < r; ++k) p(i, k) += row.dot(qt_.row(k).segment(c, w));
+          add_row(i, c, g.row(i).segment(c, w));
         } else {
-          block_.head(w) = g.row(i).segment(c, w) + ConstMapM(E, n, m).row(i).segment(c, w);
-          for (int k = 0; k < r; ++k) p(i, k) += block_.head(w).dot(qt_.row(k).segment(c, w));
+          block_.head(w) = g.row(i).segment(c, w) + e.row(i).segment(c, w);
+          add_row(i, c, block_.head(w));
         }
       }
     }

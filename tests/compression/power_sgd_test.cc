@@ -336,6 +336,48 @@ INSTANTIATE_TEST_SUITE_P(SomeRanks, PowerSGDVariantsTest,
                            return absl::StrCat(LaunchModeName(std::get<0>(info.param)), "_", std::get<1>(info.param), "ranks");
                          });
 
+// The exact part rides in the cross-rank check only when it is one dtype and fits the eager
+// limit; otherwise it takes its own all-reduce(s): one per dtype, and then the first P takes
+// its all-reduce too. Both ways must average exactly.
+TEST(PowerSGDExactPartTest, TooLargeOrMixedDtypesTakesItsOwnAllreduce) {
+  RunRanks(4, LaunchMode::kThreads, [](Communicator& comm) {
+    PowerSGDOptions o;
+    o.matrix_approximation_rank = 2;
+    o.start_powerSGD_iter = 0;
+    const size_t big = EagerCollectiveMaxBytes(comm.size()) / sizeof(float) + 1;  // alone over the limit
+    struct Case {
+      std::vector<std::pair<std::string, DType>> exact;
+      size_t count;
+      uint64_t allreduces;  // exact part's + P + Q
+    };
+    for (const Case& c : {Case{{{"big", DType::kFloat32}}, big, 1 + 2},
+                          Case{{{"b32", DType::kFloat32}, {"b64", DType::kFloat64}}, 7, 2 + 2}}) {
+      PowerSGD psgd(o);
+      std::vector<std::unique_ptr<TypedArray>> arrays;
+      std::vector<GradientTensor> list;
+      for (const auto& [key, dtype] : c.exact) {
+        arrays.push_back(std::make_unique<TypedArray>(dtype, c.count));
+        for (size_t i = 0; i < c.count; ++i) arrays.back()->set(i, GradValue(kSeed, comm.rank(), 0, key, i));
+        list.push_back({key, arrays.back()->buffer(), {static_cast<int64_t>(c.count)}});
+      }
+      Grads w({{"w", {24, 24}}}, DType::kFloat32, comm.rank(), 0);
+      list.push_back(w.tensors[0]);
+      const PowerSGDStats stats = psgd.AllReduce(comm, list);
+      EXPECT_EQ(stats.compressed_tensors, 1u);
+      EXPECT_EQ(stats.allreduce_calls, c.allreduces) << c.exact[0].first;
+      EXPECT_EQ(stats.check_bytes, 40u) << "nothing rode with the check";
+      for (size_t t = 0; t < c.exact.size(); ++t) {
+        const auto& [key, dtype] = c.exact[t];
+        for (size_t i = 0; i < c.count; ++i) {
+          double ref = 0;
+          for (int j = 0; j < comm.size(); ++j) ref += StoredValue(dtype, kSeed, j, 0, key, i);
+          ASSERT_NEAR(arrays[t]->get(i), ref / comm.size(), 1e-6) << key << " element " << i;
+        }
+      }
+    }
+  });
+}
+
 // ---- the compressed path runs, and sends what the formula says ----
 
 TEST(PowerSGDBytesTest, BytesHandedToTheCommMatchTheFormula) {
