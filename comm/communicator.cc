@@ -615,11 +615,13 @@ class Communicator::Impl {
     std::vector<std::shared_ptr<void>> retired_p2p_buffers, retired_handshake_buffers;
     if (p2p_) retired_p2p_buffers = p2p_->TakeRetiredBuffers();
     if (handshake_) retired_handshake_buffers = handshake_->TakeRetiredBuffers();
+    std::vector<std::shared_ptr<void>> retired_collective_buffers = std::move(scratch_.retired);
     p2p_.reset();
     nccl_.reset();
     context_.reset();
     retired_p2p_buffers.clear();
     retired_handshake_buffers.clear();
+    retired_collective_buffers.clear();
   }
 
   TrafficCounters traffic() const {

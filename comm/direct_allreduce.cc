@@ -21,12 +21,12 @@ using gloo::transport::UnboundBuffer;
 // pages in; slot `me` holds this rank's own block when the reduction may not read it in place.
 class Staging {
  public:
-  Staging(const GlooCall& call, size_t stride) : stride_(stride) {
+  Staging(const GlooCall& call, PostedBuffers& buffers, size_t stride) : stride_(stride) {
     std::vector<uint8_t>& bytes = call.scratch->bytes;
     const size_t total = stride * static_cast<size_t>(call.context->size);
     if (bytes.size() < total) bytes.resize(total);
     base_ = bytes.data();
-    ub_ = call.context->createUnboundBuffer(base_, total);
+    ub_ = &buffers.Create(base_, total);
   }
   uint8_t* slot(int r) const { return base_ + static_cast<size_t>(r) * stride_; }
   size_t offset(int r) const { return static_cast<size_t>(r) * stride_; }
@@ -35,7 +35,7 @@ class Staging {
  private:
   size_t stride_;
   uint8_t* base_;
-  std::unique_ptr<UnboundBuffer> ub_;
+  UnboundBuffer* ub_;
 };
 
 // Operations posted on one unbound buffer whose completions have not been waited for yet.
@@ -103,8 +103,9 @@ void DirectAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
   const size_t element = ElementSize(data.dtype);
   const size_t slice_count = std::max(kDirectSliceBytes / element, static_cast<size_t>(n));
   auto* base = static_cast<uint8_t*>(data.data);
-  Staging staging(call, (std::min(slice_count, data.count) + n - 1) / n * element);
-  auto data_ub = ctx.createUnboundBuffer(base, data.bytes());
+  PostedBuffers buffers(ctx, call.scratch->retired);
+  Staging staging(call, buffers, (std::min(slice_count, data.count) + n - 1) / n * element);
+  UnboundBuffer* data_ub = &buffers.Create(base, data.bytes());
   const uint64_t gather_slot = MakeSlot(kDirectAllreduceGatherSlotPrefix, call.tag);
   std::vector<const void*> sources;
   Pending pending;
@@ -159,8 +160,9 @@ void DirectReduceScatter(const GlooCall& call, Buffer input, Buffer output, Redu
   }
   // A slice is the same element range [a, a + count) of every rank's block.
   const size_t slice_count = std::max<size_t>(kDirectSliceBytes / element / static_cast<size_t>(n), 1);
-  Staging staging(call, std::min(slice_count, block) * element);
-  auto input_ub = ctx.createUnboundBuffer(const_cast<uint8_t*>(in), input.bytes());
+  PostedBuffers buffers(ctx, call.scratch->retired);
+  Staging staging(call, buffers, std::min(slice_count, block) * element);
+  UnboundBuffer* input_ub = &buffers.Create(const_cast<uint8_t*>(in), input.bytes());
   std::vector<const void*> sources;
   Pending pending;
   for (size_t a = 0; a < block; a += slice_count) {

@@ -21,6 +21,11 @@ namespace gossipcc {
 struct CollectiveScratch {
   std::vector<uint8_t> bytes;
   WideScratch wide;
+  // Gloo buffers (and memory they point at) of a collective that failed part-way. Gloo's
+  // device thread may still complete or fail operations posted on them, so they are freed
+  // only after the Gloo context (and its pairs) is gone. A failure poisons the
+  // communicator, so `bytes` is never resized after one.
+  std::vector<std::shared_ptr<void>> retired;
 };
 
 struct GlooCall {

@@ -1,9 +1,13 @@
 #include "comm/gloo_util.h"
 
 #include <gloo/common/error.h>
+#include <gloo/context.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <exception>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -30,6 +34,29 @@ class StoreToGloo : public gloo::rendezvous::Store {
 };
 
 }  // namespace
+
+PostedBuffers::PostedBuffers(gloo::Context& context, std::vector<std::shared_ptr<void>>& retired)
+    : context_(context), retired_(retired), exceptions_at_start_(std::uncaught_exceptions()) {}
+
+PostedBuffers::~PostedBuffers() {
+  if (std::uncaught_exceptions() > exceptions_at_start_) {
+    for (auto& owned : owned_) retired_.push_back(std::move(owned));
+  }
+}
+
+gloo::transport::UnboundBuffer& PostedBuffers::Create(void* data, size_t bytes) {
+  std::shared_ptr<gloo::transport::UnboundBuffer> ub = context_.createUnboundBuffer(data, bytes);
+  gloo::transport::UnboundBuffer& ref = *ub;
+  owned_.push_back(std::move(ub));
+  return ref;
+}
+
+uint8_t* PostedBuffers::Allocate(size_t bytes) {
+  auto memory = std::make_shared<std::vector<uint8_t>>(bytes);
+  uint8_t* data = memory->data();
+  owned_.push_back(std::move(memory));
+  return data;
+}
 
 void RethrowGlooError(const std::string& context, const std::exception& e) {
   const std::string what = e.what();

@@ -5,11 +5,15 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/store.h"
 
 namespace gloo {
 class Context;
+namespace transport {
+class UnboundBuffer;
+}  // namespace transport
 }  // namespace gloo
 
 namespace gossipcc {
@@ -30,6 +34,29 @@ inline uint64_t MakeSlot(uint8_t prefix, uint32_t tag) {
 
 // Rethrows a Gloo exception as TimeoutError or PeerError, prefixed with `context`.
 [[noreturn]] void RethrowGlooError(const std::string& context, const std::exception& e);
+
+// Owns the Gloo buffers (and scratch memory) one collective call posts operations on. On
+// normal return every operation was waited for and they are freed; when the call unwinds
+// with an exception, operations may still be registered with a pair (Gloo's device thread
+// signals a failing pair's buffers under each buffer's own lock only), so they move to
+// `retired` instead, which the owner frees after destroying the Gloo context.
+class PostedBuffers {
+ public:
+  PostedBuffers(gloo::Context& context, std::vector<std::shared_ptr<void>>& retired);
+  ~PostedBuffers();
+  PostedBuffers(const PostedBuffers&) = delete;
+  PostedBuffers& operator=(const PostedBuffers&) = delete;
+
+  gloo::transport::UnboundBuffer& Create(void* data, size_t bytes);
+  // Scratch memory of `bytes` that lives as long as the buffers do.
+  uint8_t* Allocate(size_t bytes);
+
+ private:
+  gloo::Context& context_;
+  std::vector<std::shared_ptr<void>>& retired_;
+  const int exceptions_at_start_;
+  std::vector<std::shared_ptr<void>> owned_;
+};
 
 struct GlooMeshOptions {
   std::string hostname;

@@ -130,7 +130,11 @@ std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string
       }
     }
   } catch (const std::exception& e) {
-    RethrowGlooError(batch->description, e);
+    // Messages posted before the failure are registered with their pairs (Gloo's device
+    // thread may still complete or fail them), so their buffers are retired, not freed.
+    const std::string description = batch->description;
+    retired_.push_back(std::shared_ptr<Batch>(std::move(batch)));
+    RethrowGlooError(description, e);
   }
   for (Message& m : batch->messages) {
     if (m.op.kind == P2POp::Kind::kRecv && m.op.peer != kAnySource) {

@@ -33,13 +33,12 @@ void Ring(const GlooCall& call, const void* input, void* out, size_t chunk, DTyp
   // only after the send from it completed).
   // Step s < n-2 writes acc[s % 2]; the last step writes `out` directly, so n = 2 needs no
   // accumulator and n = 3 needs one.
-  std::vector<uint8_t> recv(bytes), acc0(n > 2 ? bytes : 0), acc1(n > 3 ? bytes : 0);
-  auto input_ub = ctx.createUnboundBuffer(const_cast<uint8_t*>(in), bytes * n);
-  auto recv_ub = ctx.createUnboundBuffer(recv.data(), bytes);
-  auto acc0_ub = ctx.createUnboundBuffer(acc0.data(), bytes);
-  auto acc1_ub = ctx.createUnboundBuffer(acc1.data(), bytes);
-  uint8_t* acc[2] = {acc0.data(), acc1.data()};
-  gloo::transport::UnboundBuffer* acc_ub[2] = {acc0_ub.get(), acc1_ub.get()};
+  PostedBuffers buffers(ctx, call.scratch->retired);
+  uint8_t* recv = buffers.Allocate(bytes);
+  uint8_t* acc[2] = {buffers.Allocate(n > 2 ? bytes : 0), buffers.Allocate(n > 3 ? bytes : 0)};
+  gloo::transport::UnboundBuffer* input_ub = &buffers.Create(const_cast<uint8_t*>(in), bytes * n);
+  gloo::transport::UnboundBuffer* recv_ub = &buffers.Create(recv, bytes);
+  gloo::transport::UnboundBuffer* acc_ub[2] = {&buffers.Create(acc[0], bytes), &buffers.Create(acc[1], bytes)};
 
   for (int step = 0; step < n - 1; ++step) {
     recv_ub->recv(left, slot);
@@ -51,7 +50,7 @@ void Ring(const GlooCall& call, const void* input, void* out, size_t chunk, DTyp
     recv_ub->waitRecv(call.timeout);
     const int chunk_index = mod(r - step - 2);
     void* dst = step == n - 2 ? out : acc[step % 2];
-    reduce(dst, recv.data(), in + static_cast<size_t>(chunk_index) * bytes, chunk);
+    reduce(dst, recv, in + static_cast<size_t>(chunk_index) * bytes, chunk);
     if (step == 0) {
       input_ub->waitSend(call.timeout);
     } else {
