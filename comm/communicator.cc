@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -121,6 +122,10 @@ void StopHeartbeatsAtExit() {
 
 }  // namespace
 
+// The tag of the all-gather that checks the mesh layout at creation, before any collective
+// (whose tags count up from 0).
+constexpr uint32_t kMeshLayoutTag = 0xffffffffu;
+
 class Communicator::Impl {
  public:
   Impl(std::shared_ptr<Store> store, int rank, int size, CommunicatorOptions options)
@@ -136,10 +141,22 @@ class Communicator::Impl {
   }
 
   void Connect() {
-    context_ = ConnectGlooMesh(std::make_shared<PrefixStore>("gloo", store_), rank_, size_,
-                               GlooMeshOptions{options_.hostname, options_.interface, options_.timeout});
+    const GlooMeshOptions mesh{options_.hostname, options_.interface, options_.timeout};
+    context_ = ConnectGlooMesh(std::make_shared<PrefixStore>("gloo", store_), rank_, size_, mesh);
+    if (size_ > 1) CheckMeshLayoutAgrees();
+    std::array<std::shared_ptr<gloo::Context>, 2> payload_contexts;
+    if (options_.p2p_connection_per_direction && size_ > 1) {
+      // On the collectives' device: one listening socket and event loop for all three meshes.
+      payload_contexts[0] =
+          ConnectGlooMesh(std::make_shared<PrefixStore>("gloo_p2p_up", store_), rank_, size_, mesh,
+                          context_->getDevice());
+      payload_contexts[1] =
+          ConnectGlooMesh(std::make_shared<PrefixStore>("gloo_p2p_down", store_), rank_, size_, mesh,
+                          context_->getDevice());
+    }
     handshake_ = std::make_unique<CollectiveHandshake>(size_);
-    p2p_ = std::make_unique<P2PExchange>(context_, options_.timeout, options_.p2p_segment_bytes, [this](std::exception_ptr e) {
+    p2p_ = std::make_unique<P2PExchange>(context_, std::move(payload_contexts), options_.timeout,
+                                         options_.p2p_segment_bytes, [this](std::exception_ptr e) {
       e = Annotate(std::move(e));
       Poison(e);
       return e;
@@ -147,6 +164,30 @@ class Communicator::Impl {
     worker_ = std::thread([this] { WorkerLoop(); });
     StartHeartbeat();
     if (options_.cuda_device >= 0) nccl_ = CreateNccl(options_.cuda_device);
+  }
+
+  // The meshes a rank connects depend on its options: a rank connecting a mesh that a peer
+  // does not would wait out the timeout. One all-gather on the fresh mesh settles it first.
+  void CheckMeshLayoutAgrees() {
+    const uint8_t mine = options_.p2p_connection_per_direction ? 1 : 0;
+    std::vector<uint8_t> all(size_);
+    try {
+      GlooAllgather(GlooCall{context_, kMeshLayoutTag, options_.timeout, &scratch_},
+                    Buffer{const_cast<uint8_t*>(&mine), 1, DType::kUInt8, Device::CPU()},
+                    Buffer{all.data(), all.size(), DType::kUInt8, Device::CPU()});
+    } catch (const std::exception& e) {
+      RethrowGlooError(Where("agreeing on the connection layout"), e);
+    }
+    std::vector<int> others;
+    for (int r = 0; r < size_; ++r) {
+      if (all[r] != mine) others.push_back(r);
+    }
+    if (!others.empty()) {
+      throw InvalidArgumentError(absl::StrCat(
+          Where("Communicator::Create"), ": CommunicatorOptions::p2p_connection_per_direction is ",
+          mine ? "true" : "false", " here but ", mine ? "false" : "true", " on rank(s) ", absl::StrJoin(others, ", "),
+          "; every rank must use the same setting"));
+    }
   }
 
   // ---- argument checks (synchronous, InvalidArgumentError) ----

@@ -57,12 +57,17 @@ struct CommunicatorOptions {
   std::chrono::milliseconds heartbeat_interval{0};
   // Point-to-point payloads larger than this travel as consecutive segments of this many
   // bytes (the last one shorter) instead of one Gloo message; the receiver keeps a few
-  // segments posted at a time. Both directions of an exchange then flow at once: at 1 Gbit/s
-  // a 16 MB message each way takes ~1.1-1.3 message times instead of ~2.1
+  // segments posted at a time, so both directions of an exchange flow at once
   // (docs/benchmarks.md (c)). The receiver follows the sender's setting (it travels in the
   // message header), so ranks may differ. 0: one message per payload. Otherwise in
   // [kMinP2PSegmentBytes, kMaxP2PSegmentBytes].
   size_t p2p_segment_bytes = size_t{256} << 10;
+  // Point-to-point payloads travel on two extra meshes, one per direction (lower to higher
+  // rank, higher to lower), so a receive's announcement never queues behind this rank's own
+  // payload on the same socket (p2p_exchange.h). An exchange of 16 MB each way at 1 Gbit/s
+  // then takes ~1.07 message times (1.1-1.4 without), 1.2 MB at 100 Mbit/s 1.07 (1.86
+  // without). Costs two more full-mesh connects at creation. Every rank must agree.
+  bool p2p_connection_per_direction = true;
 };
 
 // Small CPU collectives go "eager": a rank whose payload is at most this many bytes (a

@@ -70,23 +70,31 @@ void RethrowGlooError(const std::string& context, const std::exception& e) {
   throw PeerError(absl::StrCat(context, ": transport error: ", what));
 }
 
-std::shared_ptr<gloo::Context> ConnectGlooMesh(std::shared_ptr<Store> store, int rank, int size,
-                                               const GlooMeshOptions& options) {
+namespace {
+
+std::shared_ptr<gloo::transport::Device> CreateDevice(int rank, const GlooMeshOptions& options) {
   gloo::transport::tcp::attr attr;
   if (!options.interface.empty()) {
     attr.iface = options.interface;
   } else {
     attr.hostname = options.hostname;
   }
-  std::shared_ptr<gloo::transport::Device> device;
   try {
-    device = gloo::transport::tcp::CreateDevice(attr);
+    return gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
     throw InvalidArgumentError(absl::StrCat("rank ", rank, ": cannot listen on ",
                                             options.interface.empty() ? "host " + options.hostname
                                                                       : "interface " + options.interface,
                                             ": ", e.what()));
   }
+}
+
+}  // namespace
+
+std::shared_ptr<gloo::Context> ConnectGlooMesh(std::shared_ptr<Store> store, int rank, int size,
+                                               const GlooMeshOptions& options,
+                                               std::shared_ptr<gloo::transport::Device> device) {
+  if (!device) device = CreateDevice(rank, options);
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
   context->setTimeout(options.timeout);
   StoreToGloo gloo_store(std::move(store), options.timeout);

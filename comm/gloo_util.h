@@ -12,6 +12,7 @@
 namespace gloo {
 class Context;
 namespace transport {
+class Device;
 class UnboundBuffer;
 }  // namespace transport
 }  // namespace gloo
@@ -64,8 +65,10 @@ struct GlooMeshOptions {
   std::chrono::milliseconds timeout;
 };
 
-// Creates a TCP device and connects every pair of ranks through `store`.
+// Creates a TCP device and connects every pair of ranks through `store`. With `device`
+// given, the new mesh shares it (its listening socket and event loop thread) instead.
 std::shared_ptr<gloo::Context> ConnectGlooMesh(std::shared_ptr<Store> store, int rank, int size,
-                                               const GlooMeshOptions& options);
+                                               const GlooMeshOptions& options,
+                                               std::shared_ptr<gloo::transport::Device> device = nullptr);
 
 }  // namespace gossipcc

@@ -10,11 +10,14 @@
 // A payload larger than the segment size travels as consecutive segments: offset/length
 // operations on one Gloo buffer, all posted at once by the sender; the header carries the
 // segment size, and the receiver posts the same cuts, from the header's sender only, a few at
-// a time (kReceiveWindow). Gloo sends a payload only once its receive is announced, and the
-// announcement queues behind what the receiver itself is writing to that peer: with whole
-// payloads the two directions of an exchange ran one after the other (docs/benchmarks.md
-// (c)). Receives on one (peer, tag) take their payloads in header order (tickets), so their
-// segments never interleave. Counters still count payload bytes.
+// a time (kReceiveWindow). Gloo sends a payload only once its receive is announced, and a
+// pair writes announcements in order with its own payloads on one socket: with whole
+// payloads on the collectives' mesh the two directions of an exchange ran one after the
+// other (docs/benchmarks.md (c)). So payloads travel on a mesh per direction (lower to
+// higher rank, higher to lower): each socket carries payloads one way and announcements the
+// other. Headers stay on the collectives' mesh (a receive from any source waits on one Gloo
+// buffer for every peer's header). Receives on one (peer, tag) take their payloads in
+// header order (tickets), so their segments never interleave. Counters count payload bytes.
 //
 // Batches are posted on the caller's thread; each then progresses on a thread of its own,
 // its receives independently of each other, and completes as soon as its own messages
@@ -24,6 +27,7 @@
 // neither can nonblocking sends/receives issued in any order (as MPI guarantees).
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -53,8 +57,12 @@ class P2PExchange {
   // or one with more detail).
   using FailureHandler = std::function<std::exception_ptr(std::exception_ptr)>;
   // `segment_bytes`: payloads larger than this are sent as segments of this size (0: whole).
-  P2PExchange(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout, size_t segment_bytes,
-              FailureHandler on_failure);
+  // Headers travel on `context`. Payloads from a lower to a higher rank travel on
+  // `payload_contexts[0]`, from higher to lower on `payload_contexts[1]` (both null: on
+  // `context`); see PayloadContext.
+  P2PExchange(std::shared_ptr<gloo::Context> context,
+              std::array<std::shared_ptr<gloo::Context>, 2> payload_contexts, std::chrono::milliseconds timeout,
+              size_t segment_bytes, FailureHandler on_failure);
   ~P2PExchange();
 
   // Ops were validated by the caller (CPU buffers, peers in range and not self).
@@ -82,12 +90,21 @@ class P2PExchange {
     uint64_t serving = 0;           // the ticket whose receive may take its payload
     std::set<uint64_t> finished;    // given back out of order, ahead of `serving`
   };
+  // Where the payload from `from` to `to` travels. Gloo sends a payload only once the
+  // receiver has announced the receive, and a pair writes everything, announcements
+  // included, in order on one socket. With one connection per pair, an announcement queues
+  // behind the receiver's own payload to the same peer, so the two directions of an exchange
+  // take turns. On a connection per direction, each socket carries payloads one way and
+  // announcements the other, and an announcement only waits in the link's queue.
+  gloo::Context& PayloadContext(int from, int to) const;
+
   ReceiveOutcome ReceiveOne(Message& m, Clock::time_point deadline, const std::string& description);
   // False if the batch failed (its buffers are then retired, not freed).
   bool Complete(Batch& batch);
   void RunBatch(std::unique_ptr<Batch> batch);
 
   std::shared_ptr<gloo::Context> context_;
+  std::array<std::shared_ptr<gloo::Context>, 2> payload_contexts_;
   const std::chrono::milliseconds timeout_;
   const size_t segment_bytes_;
   FailureHandler on_failure_;

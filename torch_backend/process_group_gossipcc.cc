@@ -114,10 +114,24 @@ void ApplySegmentBytesFromEnvironment(CommunicatorOptions& c) {
   c.p2p_segment_bytes = static_cast<size_t>(std::stoull(text));
 }
 
+// GOSSIPCC_P2P_CONNECTION_PER_DIRECTION: CommunicatorOptions::p2p_connection_per_direction
+// (1 or 0); every rank must agree.
+void ApplyConnectionPerDirectionFromEnvironment(CommunicatorOptions& c) {
+  const char* v = std::getenv("GOSSIPCC_P2P_CONNECTION_PER_DIRECTION");
+  if (!v || !*v) return;
+  const std::string text(v);
+  if (text != "0" && text != "1") {
+    throw InvalidArgumentError(
+        absl::StrCat("GOSSIPCC_P2P_CONNECTION_PER_DIRECTION must be 0 or 1, got '", text, "'"));
+  }
+  c.p2p_connection_per_direction = text == "1";
+}
+
 CommunicatorOptions MakeCommunicatorOptions(const ProcessGroupOptions& options) {
   CommunicatorOptions c = options.communicator;
   c.timeout = options.timeout;
   ApplySegmentBytesFromEnvironment(c);
+  ApplyConnectionPerDirectionFromEnvironment(c);
   const std::string iface = TransportInterface();
   const std::string host = TransportHostname();
   if (!iface.empty()) c.interface = iface;

@@ -4,6 +4,7 @@
 // element and the traffic counters byte by byte.
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -23,10 +24,11 @@ using ::testing::HasSubstr;
 
 constexpr size_t kSegment = kMinP2PSegmentBytes;  // 1 KiB: many segments from small buffers
 
-CommunicatorOptions Segmented(size_t segment_bytes = kSegment) {
+CommunicatorOptions Segmented(size_t segment_bytes = kSegment, bool connection_per_direction = true) {
   CommunicatorOptions o;
   o.timeout = std::chrono::seconds(20);
   o.p2p_segment_bytes = segment_bytes;
+  o.p2p_connection_per_direction = connection_per_direction;
   return o;
 }
 
@@ -41,12 +43,20 @@ uint8_t Pattern(int from, int to, uint32_t tag, size_t i) {
 const std::vector<size_t> kByteSizes = {0, 1, kSegment - 1, kSegment, kSegment + 1, 4 * kSegment,
                                         10 * kSegment + 17, 64 * kSegment + 3};
 
-class P2PSegmentsTest : public ::testing::TestWithParam<LaunchMode> {};
+// Threads or processes; payloads on a connection per direction or on the collectives' mesh.
+class P2PSegmentsTest : public ::testing::TestWithParam<std::tuple<LaunchMode, bool>> {
+ protected:
+  LaunchMode mode() const { return std::get<0>(GetParam()); }
+  bool per_direction() const { return std::get<1>(GetParam()); }
+  CommunicatorOptions Options(size_t segment_bytes = kSegment) const {
+    return Segmented(segment_bytes, per_direction());
+  }
+};
 
 // Every rank sends to both ring neighbours and receives from both in one batch (a gossip
 // round), for every size; the counters count exactly the payload bytes.
 TEST_P(P2PSegmentsTest, RingExchangeAtEverySizeAroundTheSegment) {
-  RunRanks(3, GetParam(), [](Communicator& comm) {
+  RunRanks(3, mode(), [](Communicator& comm) {
     const int n = comm.size(), me = comm.rank();
     const int right = (me + 1) % n, left = (me - 1 + n) % n;
     uint64_t expected_bytes = 0;
@@ -76,13 +86,13 @@ TEST_P(P2PSegmentsTest, RingExchangeAtEverySizeAroundTheSegment) {
     comm.recv(in.buffer(), left, 5)->wait();
     s->wait();
     for (size_t i = 0; i < 257; ++i) ASSERT_EQ(in.get(i), left * 1000.0 + i + 0.25);
-  }, Segmented());
+  }, Options());
 }
 
-// The default (1 MiB) cuts a 4 MB + tail message into 5 segments; several messages on one
+// The default (256 KiB) cuts a 4 MB + tail message into 17 segments; several messages on one
 // tag from one sender arrive whole and in order.
 TEST_P(P2PSegmentsTest, DefaultSegmentSizeAndBackToBackMessagesOnOneTag) {
-  RunRanks(2, GetParam(), [](Communicator& comm) {
+  RunRanks(2, mode(), [](Communicator& comm) {
     const int me = comm.rank(), peer = 1 - me;
     const size_t bytes = (4u << 20) + 12345;
     std::vector<std::vector<uint8_t>> out(3, std::vector<uint8_t>(bytes)), in(3, std::vector<uint8_t>(bytes));
@@ -99,13 +109,13 @@ TEST_P(P2PSegmentsTest, DefaultSegmentSizeAndBackToBackMessagesOnOneTag) {
     }
     EXPECT_EQ(comm.traffic().p2p_bytes_sent, 3 * bytes);
     EXPECT_EQ(comm.traffic().p2p_bytes_received, 3 * bytes);
-  });
+  }, Options(CommunicatorOptions().p2p_segment_bytes));
 }
 
 // Rank 0 receives one segmented message from each other rank without naming the sender:
 // every byte of each payload comes from the sender the receive reports.
 TEST_P(P2PSegmentsTest, ReceiveFromAnySourceTakesEverySegmentFromTheHeadersSender) {
-  RunRanks(4, GetParam(), [](Communicator& comm) {
+  RunRanks(4, mode(), [](Communicator& comm) {
     const int n = comm.size(), me = comm.rank();
     const size_t bytes = 20 * kSegment + 5;
     if (me == 0) {
@@ -130,14 +140,14 @@ TEST_P(P2PSegmentsTest, ReceiveFromAnySourceTakesEverySegmentFromTheHeadersSende
       for (size_t i = 0; i < bytes; ++i) out[i] = Pattern(me, 0, 4, i);
       comm.send(Buffer{out.data(), bytes, DType::kUInt8, Device::CPU()}, 0, 4)->wait();
     }
-  }, Segmented());
+  }, Options());
 }
 
 // A segmented message longer or shorter than the receive buffer fails the receive with a
 // MismatchError, leaves the buffer untouched, counts nothing, and the next message on the
 // same tag still arrives intact (the stream stays in step).
 TEST_P(P2PSegmentsTest, MismatchedSegmentedMessageFailsAndLeavesTheStreamInStep) {
-  RunRanks(2, GetParam(), [](Communicator& comm) {
+  RunRanks(2, mode(), [](Communicator& comm) {
     const size_t count = 3000;  // 12000 bytes of float32: 12 segments
     std::vector<float> big(count + 500, 7.0f), exact(count);
     for (size_t i = 0; i < count; ++i) exact[i] = static_cast<float>(i);
@@ -162,13 +172,13 @@ TEST_P(P2PSegmentsTest, MismatchedSegmentedMessageFailsAndLeavesTheStreamInStep)
       EXPECT_EQ(comm.traffic().p2p_bytes_received, count * sizeof(float));
     }
     comm.barrier()->wait();
-  }, Segmented());
+  }, Options());
 }
 
 // Receives outstanding at once on the same peer and tag get whole messages in posting order:
 // their segments never interleave.
 TEST_P(P2PSegmentsTest, ConcurrentReceivesOnOnePeerAndTagGetWholeMessagesInOrder) {
-  RunRanks(2, GetParam(), [](Communicator& comm) {
+  RunRanks(2, mode(), [](Communicator& comm) {
     const size_t bytes = 30 * kSegment + 9;
     std::vector<std::vector<uint8_t>> msgs(2, std::vector<uint8_t>(bytes));
     for (uint32_t k = 0; k < 2; ++k) {
@@ -192,15 +202,15 @@ TEST_P(P2PSegmentsTest, ConcurrentReceivesOnOnePeerAndTagGetWholeMessagesInOrder
       }
     }
     comm.barrier()->wait();
-  }, Segmented());
+  }, Options());
 }
 
 // The receiver follows the sender's segmentation (carried in the header), so ranks with
 // different settings, segmentation off included, exchange correctly.
 TEST_P(P2PSegmentsTest, RanksWithDifferentSegmentSizesInteroperate) {
-  RunRanksWithStore(3, GetParam(), [](int rank, std::shared_ptr<Store> store) {
+  RunRanksWithStore(3, mode(), [per_direction = per_direction()](int rank, std::shared_ptr<Store> store) {
     const size_t settings[] = {0, kSegment, 3 * kSegment + 1};
-    auto comm = Communicator::Create(store, rank, 3, Segmented(settings[rank]));
+    auto comm = Communicator::Create(store, rank, 3, Segmented(settings[rank], per_direction));
     const int n = 3, right = (rank + 1) % n, left = (rank + n - 1) % n;
     const size_t bytes = 9 * kSegment + 100;
     std::vector<uint8_t> out(bytes), in(bytes);
@@ -228,8 +238,31 @@ TEST(P2PSegmentOptionTest, OutOfRangeSegmentSizesAreRejected) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, P2PSegmentsTest, ::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
-                         [](const auto& info) { return LaunchModeName(info.param); });
+// Ranks that disagree on p2p_connection_per_direction would connect different meshes: every
+// rank fails at creation, naming the setting and the ranks that differ, within the timeout.
+TEST(P2PConnectionOptionTest, RanksThatDisagreeFailAtCreation) {
+  RunRanksWithStore(3, LaunchMode::kThreads, [](int rank, std::shared_ptr<Store> store) {
+    const bool per_direction = rank != 2;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      Communicator::Create(store, rank, 3, Segmented(kSegment, per_direction));
+      ADD_FAILURE() << "rank " << rank << ": created a communicator with a disagreeing peer";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_THAT(std::string(e.what()),
+                  AllOf(HasSubstr(absl::StrCat("rank ", rank, " of 3")), HasSubstr("p2p_connection_per_direction"),
+                        HasSubstr(rank == 2 ? "false here but true on rank(s) 0, 1" : "true here but false on rank(s) 2")));
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, P2PSegmentsTest,
+                         ::testing::Combine(::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return LaunchModeName(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_ConnectionPerDirection" : "_SharedConnection");
+                         });
 
 }  // namespace
 }  // namespace testing
