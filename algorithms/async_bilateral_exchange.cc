@@ -16,44 +16,38 @@ using gossip_internal::TotalCount;
 
 namespace {
 
-constexpr size_t kHeader = 8;
 constexpr int64_t kDone = -1;
 
-struct Message {
-  std::vector<uint64_t> storage;
-  Buffer view;
-};
+// The request (or "done") message: one int64.
+Buffer RequestView(int64_t* value) { return Buffer{value, 1, DType::kInt64, Device::CPU()}; }
 
-Message MakeMessage(const std::vector<Buffer>& buffers, DType dtype) {
-  const size_t payload = TotalCount(buffers) * ElementSize(dtype);
-  Message m;
-  m.storage.assign((kHeader + payload + 7) / 8, 0);
-  m.view = Buffer{m.storage.data(), (kHeader + payload) / ElementSize(dtype), dtype, Device::CPU()};
-  return m;
-}
-
-void Pack(Message& m, const std::vector<Buffer>& buffers, int64_t header) {
-  std::memcpy(m.storage.data(), &header, kHeader);
-  char* out = reinterpret_cast<char*>(m.storage.data()) + kHeader;
+// x as one message: the buffer itself when there is one, else packed into `storage`.
+Buffer PackedPayload(const std::vector<Buffer>& buffers, DType dtype, std::vector<uint64_t>* storage) {
+  if (buffers.size() == 1) return buffers[0];
+  const size_t count = TotalCount(buffers);
+  storage->resize((count * ElementSize(dtype) + 7) / 8);
+  char* out = reinterpret_cast<char*>(storage->data());
   for (const Buffer& b : buffers) {
     if (b.count > 0) std::memcpy(out, b.data, b.bytes());
     out += b.bytes();
   }
+  return Buffer{storage->data(), count, dtype, Device::CPU()};
 }
 
-int64_t Header(const Message& m) {
-  int64_t h;
-  std::memcpy(&h, m.storage.data(), kHeader);
-  return h;
+// Where a peer's x lands: `storage`, sized for it.
+Buffer IncomingPayload(const std::vector<Buffer>& buffers, DType dtype, std::vector<uint64_t>* storage) {
+  const size_t count = TotalCount(buffers);
+  storage->resize((count * ElementSize(dtype) + 7) / 8);
+  return Buffer{storage->data(), count, dtype, Device::CPU()};
 }
 
-// x <- (x + y) / 2 with y the message's payload.
-void Average(const std::vector<Buffer>& buffers, DType dtype, const Message& m) {
+// x <- (x + y) / 2 with y a peer's x, packed.
+void AverageWith(const std::vector<Buffer>& buffers, DType dtype, const void* packed) {
   DispatchFloating(dtype, [&](auto e) {
     using E = decltype(e);
     using S = typename E::Storage;
     using C = typename E::Compute;
-    const S* y = reinterpret_cast<const S*>(reinterpret_cast<const char*>(m.storage.data()) + kHeader);
+    const S* y = static_cast<const S*>(packed);
     for (const Buffer& b : buffers) {
       S* x = static_cast<S*>(b.data);
       for (size_t i = 0; i < b.count; ++i) x[i] = E::Store((E::Load(x[i]) + E::Load(y[i])) / C(2));
@@ -104,22 +98,25 @@ int AsyncBilateralExchange::Exchange(Communicator& comm, std::vector<Buffer> buf
   }
   std::vector<int> peers = PassivePeers(rank, comm.size());
   const int peer = peers[static_cast<size_t>(exchanges_ % static_cast<int64_t>(peers.size()))];
-  Message request = MakeMessage(buffers, dtype), answer = MakeMessage(buffers, dtype);
-  Pack(request, buffers, exchanges_);
+  // The request number goes ahead on its own, so the passive rank learns who asks before x
+  // arrives and sends its answer while x is still on the way: both directions at once.
+  int64_t request = exchanges_, answer = -2;
+  const Buffer mine = PackedPayload(buffers, dtype, &outgoing_);
+  const Buffer theirs = IncomingPayload(buffers, dtype, &incoming_);
   const std::string where = absl::StrCat("async_bilateral_exchange request ", exchanges_, " from active rank ",
                                          rank, " to passive rank ", peer, " (", TotalCount(buffers), " x ",
                                          DTypeName(dtype), "): ");
   try {
-    comm.p2p({P2POp::Send(request.view, peer, tag_), P2POp::Recv(answer.view, peer, tag_ + 1)})->wait();
+    comm.p2p({P2POp::Send(RequestView(&request), peer, tag_), P2POp::Send(mine, peer, tag_ + 2),
+              P2POp::Recv(RequestView(&answer), peer, tag_ + 1), P2POp::Recv(theirs, peer, tag_ + 3)})
+        ->wait();
   } catch (const MismatchError& e) {
     throw MismatchError(where + e.what());
   } catch (const TimeoutError& e) {
     throw TimeoutError(where + e.what() + " (is the passive rank serving?)");
   }
-  if (Header(answer) != exchanges_) {
-    throw MismatchError(absl::StrCat(where, "the answer is for request ", Header(answer)));
-  }
-  Average(buffers, dtype, answer);
+  if (answer != exchanges_) throw MismatchError(absl::StrCat(where, "the answer is for request ", answer));
+  AverageWith(buffers, dtype, incoming_.data());
   ++exchanges_;
   return peer;
 }
@@ -130,11 +127,11 @@ void AsyncBilateralExchange::Finish(Communicator& comm, std::vector<Buffer> buff
     throw InvalidArgumentError(absl::StrCat("async_bilateral_exchange: rank ", comm.rank(),
                                             " is passive; only active ranks call Finish"));
   }
+  (void)dtype;
   if (finished_) return;
-  Message done = MakeMessage(buffers, dtype);
-  Pack(done, buffers, kDone);
+  int64_t done = kDone;
   std::vector<P2POp> ops;
-  for (int p : PassivePeers(comm.rank(), comm.size())) ops.push_back(P2POp::Send(done.view, p, tag_));
+  for (int p : PassivePeers(comm.rank(), comm.size())) ops.push_back(P2POp::Send(RequestView(&done), p, tag_));
   if (!ops.empty()) comm.p2p(ops)->wait();
   finished_ = true;
 }
@@ -156,27 +153,32 @@ int AsyncBilateralExchange::Serve(Communicator& comm, std::vector<Buffer> buffer
                                             " is active (odd); active ranks call Exchange, not Serve"));
   }
   int answered = 0;
-  Message request = MakeMessage(buffers, dtype), answer = MakeMessage(buffers, dtype);
   while ((max_requests < 0 || answered < max_requests) && !all_active_finished(comm)) {
     int source = -1;
+    int64_t h = 0;
+    auto where = [&] {
+      return absl::StrCat("async_bilateral_exchange: passive rank ", rank, " serving (", TotalCount(buffers), " x ",
+                          DTypeName(dtype), ", ", answered, " answered so far", source >= 0 ? ", request from rank " : "",
+                          source >= 0 ? std::to_string(source) : "", "): ");
+    };
     try {
-      comm.recv_any_source(request.view, tag_, &source)->wait();
+      comm.recv_any_source(RequestView(&h), tag_, &source)->wait();
+      if (h == kDone) {
+        ++finished_peers_;
+        continue;
+      }
+      // x from before the exchange goes out while the requester's x comes in.
+      const Buffer mine = PackedPayload(buffers, dtype, &outgoing_);
+      const Buffer theirs = IncomingPayload(buffers, dtype, &incoming_);
+      comm.p2p({P2POp::Send(RequestView(&h), source, tag_ + 1), P2POp::Send(mine, source, tag_ + 3),
+                P2POp::Recv(theirs, source, tag_ + 2)})
+          ->wait();
     } catch (const CommError& e) {
-      const std::string where = absl::StrCat("async_bilateral_exchange: passive rank ", rank, " serving (",
-                                             TotalCount(buffers), " x ", DTypeName(dtype), ", ", answered,
-                                             " answered so far): ");
-      if (dynamic_cast<const MismatchError*>(&e)) throw MismatchError(where + e.what());
-      if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(where + e.what());
+      if (dynamic_cast<const MismatchError*>(&e)) throw MismatchError(where() + e.what());
+      if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(where() + e.what());
       throw;
     }
-    const int64_t h = Header(request);
-    if (h == kDone) {
-      ++finished_peers_;
-      continue;
-    }
-    Pack(answer, buffers, h);
-    comm.send(answer.view, source, tag_ + 1)->wait();
-    Average(buffers, dtype, request);
+    AverageWith(buffers, dtype, incoming_.data());
     ++answered;
     ++exchanges_;
   }

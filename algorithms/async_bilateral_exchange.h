@@ -9,9 +9,13 @@
 // Active rank a's peers are its bipartite-exponential neighbours (offsets +-1, +-(1+2^m),
 // all of opposite parity), taken in turn by a's own exchange counter.
 //
-// Every message is [8 bytes: int64 request number, or -1 for "done"][x, all buffers packed];
-// the comm layer checks that the sizes agree. CPU buffers only (a receive from any source
-// is a Gloo feature); float32/float64/float16/bfloat16.
+// Messages: a request is one int64 (the active rank's request number, or -1 for "done") on
+// `tag`, followed by the active rank's x (all buffers packed) on `tag + 2`; the answer is the
+// request number on `tag + 1` and the passive rank's x on `tag + 3`. The request goes ahead
+// on its own so that the passive rank, once it knows who asks, sends its x while the active
+// rank's is still arriving: the two copies cross at once and an exchange takes one message
+// time, not two. The comm layer checks that the sizes agree. CPU buffers only (a
+// receive from any source is a Gloo feature); float32/float64/float16/bfloat16.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +28,7 @@ namespace gossipcc {
 
 class AsyncBilateralExchange {
  public:
-  static constexpr uint32_t kDefaultTag = 0x41424c00;  // "ABL"; answers use kDefaultTag + 1
+  static constexpr uint32_t kDefaultTag = 0x41424c00;  // "ABL"; +1, +2, +3: see above
 
   explicit AsyncBilateralExchange(uint32_t tag = kDefaultTag);
 
@@ -48,6 +52,8 @@ class AsyncBilateralExchange {
 
  private:
   uint32_t tag_;
+  std::vector<uint64_t> outgoing_;  // x packed, when it spans several buffers
+  std::vector<uint64_t> incoming_;  // the peer's x
   int64_t exchanges_ = 0;  // active: requests sent; passive: requests answered
   int finished_peers_ = 0;
   bool finished_ = false;

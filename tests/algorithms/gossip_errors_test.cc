@@ -147,6 +147,39 @@ TEST_P(GossipErrorsTest, SymmetricAndBilateralDifferentSizesAndSteps) {
 
 // Elastic averaging: a step disagreement is found on every rank before anything changes;
 // different sizes are the comm layer's MismatchError on every rank.
+// Asynchronous bilateral exchange with x of 4 elements on the active rank and 5 on the
+// passive one: both fail with a MismatchError naming the sizes, neither x changes, and an
+// exchange with matching sizes then goes through (the message streams stayed in step).
+TEST_P(GossipErrorsTest, AsyncBilateralDifferentSizes) {
+  RunRanks(2, GetParam(), [](Communicator& comm) {
+    AsyncBilateralExchange ax;
+    const int r = comm.rank();
+    std::vector<float> x(r == 1 ? 4 : 5, r + 1.0f);
+    const std::vector<float> before = x;
+    if (r == 1) {
+      const std::string msg = ExpectThrow<MismatchError>([&] { ax.Exchange(comm, {CpuBuffer(x.data(), 4)}); });
+      EXPECT_THAT(msg, AllOf(HasSubstr("async_bilateral_exchange request 0 from active rank 1 to passive rank 0"),
+                             HasSubstr("expected 4 x float32"), HasSubstr("rank 0 sent 5 x float32")));
+    } else {
+      const std::string msg = ExpectThrow<MismatchError>([&] { ax.Serve(comm, {CpuBuffer(x.data(), 5)}, 1); });
+      EXPECT_THAT(msg, AllOf(HasSubstr("passive rank 0 serving (5 x float32, 0 answered so far, request from rank 1)"),
+                             HasSubstr("expected 5 x float32"), HasSubstr("rank 1 sent 4 x float32")));
+    }
+    EXPECT_EQ(x, before);
+    // Matching sizes: one exchange, both end at the average.
+    x.assign(4, r + 1.0f);
+    if (r == 1) {
+      AsyncBilateralExchange again(AsyncBilateralExchange::kDefaultTag + 16);
+      again.Exchange(comm, {CpuBuffer(x.data(), 4)});
+      again.Finish(comm, {CpuBuffer(x.data(), 4)});
+    } else {
+      AsyncBilateralExchange again(AsyncBilateralExchange::kDefaultTag + 16);
+      EXPECT_EQ(again.Serve(comm, {CpuBuffer(x.data(), 4)}), 1);
+    }
+    EXPECT_EQ(x, std::vector<float>(4, 1.5f));
+  }, Quick());
+}
+
 TEST_P(GossipErrorsTest, ElasticAveragingMismatches) {
   RunRanks(3, GetParam(), [](Communicator& comm) {
     const int r = comm.rank();
