@@ -114,24 +114,25 @@ void ApplySegmentBytesFromEnvironment(CommunicatorOptions& c) {
   c.p2p_segment_bytes = static_cast<size_t>(std::stoull(text));
 }
 
-// GOSSIPCC_P2P_CONNECTION_PER_DIRECTION: CommunicatorOptions::p2p_connection_per_direction
-// (1 or 0); every rank must agree.
-void ApplyConnectionPerDirectionFromEnvironment(CommunicatorOptions& c) {
-  const char* v = std::getenv("GOSSIPCC_P2P_CONNECTION_PER_DIRECTION");
+// A 0/1 environment variable into `flag`; unset or empty leaves it.
+void ApplyFlagFromEnvironment(const char* name, bool& flag) {
+  const char* v = std::getenv(name);
   if (!v || !*v) return;
   const std::string text(v);
   if (text != "0" && text != "1") {
-    throw InvalidArgumentError(
-        absl::StrCat("GOSSIPCC_P2P_CONNECTION_PER_DIRECTION must be 0 or 1, got '", text, "'"));
+    throw InvalidArgumentError(absl::StrCat(name, " must be 0 or 1, got '", text, "'"));
   }
-  c.p2p_connection_per_direction = text == "1";
+  flag = text == "1";
 }
 
 CommunicatorOptions MakeCommunicatorOptions(const ProcessGroupOptions& options) {
   CommunicatorOptions c = options.communicator;
   c.timeout = options.timeout;
   ApplySegmentBytesFromEnvironment(c);
-  ApplyConnectionPerDirectionFromEnvironment(c);
+  // CommunicatorOptions::p2p_connection_per_direction (every rank must agree) and
+  // verify_collectives.
+  ApplyFlagFromEnvironment("GOSSIPCC_P2P_CONNECTION_PER_DIRECTION", c.p2p_connection_per_direction);
+  ApplyFlagFromEnvironment("GOSSIPCC_VERIFY_COLLECTIVES", c.verify_collectives);
   const std::string iface = TransportInterface();
   const std::string host = TransportHostname();
   if (!iface.empty()) c.interface = iface;

@@ -95,6 +95,37 @@ def test_invalid_policy_env_rejected_at_init():
         assert "unknown policy \"powersgd-ish\"" in msg and "valid policies" in msg, msg
 
 
+@pytest.mark.parametrize("name,value", [("GOSSIPCC_VERIFY_COLLECTIVES", "yes"),
+                                        ("GOSSIPCC_P2P_CONNECTION_PER_DIRECTION", "2"),
+                                        ("GOSSIPCC_P2P_SEGMENT_BYTES", "1k")])
+def test_invalid_option_env_rejected_at_init(name, value):
+    results = run_ranks(bad_policy_worker, 2, env={name: value})
+    for msg in results:
+        assert name in msg and f"'{value}'" in msg, msg
+
+
+def options_off_worker(rank, world_size):
+    import gossipcc  # noqa: F401
+    dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=20))
+    t = torch.full((1000,), float(rank + 1))
+    dist.all_reduce(t)
+    assert t.eq(3.0).all()
+    peer = 1 - rank
+    got = torch.empty(300000)
+    reqs = [dist.isend(torch.full((300000,), float(rank)), dst=peer), dist.irecv(got, src=peer)]
+    for r in reqs:
+        r.wait()
+    assert got.eq(float(peer)).all()
+    dist.destroy_process_group()
+    return "ok"
+
+
+def test_checks_and_connection_per_direction_can_be_turned_off():
+    env = {"GOSSIPCC_VERIFY_COLLECTIVES": "0", "GOSSIPCC_P2P_CONNECTION_PER_DIRECTION": "0"}
+    assert run_ranks(options_off_worker, 2, env=env) == ["ok", "ok"]
+
+
 def errors_worker(rank, world_size):
     import gossipcc  # noqa: F401
     dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size,
