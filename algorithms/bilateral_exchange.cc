@@ -13,7 +13,7 @@ BilateralExchange::BilateralExchange(uint32_t tag) : tag_(tag) {
   pool_ = std::make_shared<gossip_internal::MessagePool>();
 }
 
-BilateralExchange::BilateralExchange(Matching matching, uint32_t tag) : tag_(tag), matching_(matching) {
+BilateralExchange::BilateralExchange(Matching matching, uint32_t tag) : matching_(matching), tag_(tag) {
   pool_ = std::make_shared<gossip_internal::MessagePool>();
 }
 
