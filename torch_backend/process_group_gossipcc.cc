@@ -125,6 +125,20 @@ void ApplyFlagFromEnvironment(const char* name, bool& flag) {
   flag = text == "1";
 }
 
+// GOSSIPCC_HEARTBEAT_INTERVAL_MS: CommunicatorOptions::heartbeat_interval in milliseconds
+// (0: the default, timeout / 10 clamped to [50 ms, 1 s]; negative: no heartbeat, no peer check).
+void ApplyHeartbeatIntervalFromEnvironment(CommunicatorOptions& c) {
+  const char* v = std::getenv("GOSSIPCC_HEARTBEAT_INTERVAL_MS");
+  if (!v || !*v) return;
+  const std::string text(v);
+  const size_t digits = text[0] == '-' ? 1 : 0;
+  if (text.size() == digits || text.size() > 10 || text.find_first_not_of("0123456789", digits) != std::string::npos) {
+    throw InvalidArgumentError(
+        absl::StrCat("GOSSIPCC_HEARTBEAT_INTERVAL_MS must be a whole number of milliseconds, got '", text, "'"));
+  }
+  c.heartbeat_interval = std::chrono::milliseconds(std::stoll(text));
+}
+
 CommunicatorOptions MakeCommunicatorOptions(const ProcessGroupOptions& options) {
   CommunicatorOptions c = options.communicator;
   c.timeout = options.timeout;
@@ -133,6 +147,7 @@ CommunicatorOptions MakeCommunicatorOptions(const ProcessGroupOptions& options) 
   // verify_collectives.
   ApplyFlagFromEnvironment("GOSSIPCC_P2P_CONNECTION_PER_DIRECTION", c.p2p_connection_per_direction);
   ApplyFlagFromEnvironment("GOSSIPCC_VERIFY_COLLECTIVES", c.verify_collectives);
+  ApplyHeartbeatIntervalFromEnvironment(c);
   const std::string iface = TransportInterface();
   const std::string host = TransportHostname();
   if (!iface.empty()) c.interface = iface;

@@ -97,7 +97,9 @@ def test_invalid_policy_env_rejected_at_init():
 
 @pytest.mark.parametrize("name,value", [("GOSSIPCC_VERIFY_COLLECTIVES", "yes"),
                                         ("GOSSIPCC_P2P_CONNECTION_PER_DIRECTION", "2"),
-                                        ("GOSSIPCC_P2P_SEGMENT_BYTES", "1k")])
+                                        ("GOSSIPCC_P2P_SEGMENT_BYTES", "1k"),
+                                        ("GOSSIPCC_HEARTBEAT_INTERVAL_MS", "1.5s"),
+                                        ("GOSSIPCC_HEARTBEAT_INTERVAL_MS", "-")])
 def test_invalid_option_env_rejected_at_init(name, value):
     results = run_ranks(bad_policy_worker, 2, env={name: value})
     for msg in results:
@@ -201,3 +203,16 @@ def test_collective_times_out_with_clear_error():
     results = run_ranks(timeout_worker, 2)
     assert "timed out" in results[0].lower() or "timeout" in results[0].lower(), results[0]
     assert float(results[0].split("s:")[0]) < 10, results[0]
+    # The peer check ran: rank 1 is alive (asleep), so it says the peers are alive.
+    assert "peer check on rank 0" in results[0] and "heartbeat is advancing" in results[0], results[0]
+
+
+def test_heartbeat_interval_from_environment():
+    # Negative: no heartbeat, so a timeout is reported without the peer check.
+    results = run_ranks(timeout_worker, 2, env={"GOSSIPCC_HEARTBEAT_INTERVAL_MS": "-1"})
+    assert "timed out" in results[0].lower() or "timeout" in results[0].lower(), results[0]
+    assert "peer check" not in results[0], results[0]
+    # A set interval: the check waits 3 of them (3 x 700 ms) on top of the 3 s timeout.
+    results = run_ranks(timeout_worker, 2, env={"GOSSIPCC_HEARTBEAT_INTERVAL_MS": "700"})
+    assert "peer check" in results[0], results[0]
+    assert 5.0 <= float(results[0].split("s:")[0]) < 10, results[0]
