@@ -159,7 +159,7 @@ class Communicator::Impl {
     }
     handshake_ = std::make_unique<CollectiveHandshake>(size_);
     p2p_ = std::make_unique<P2PExchange>(context_, std::move(payload_contexts), options_.timeout,
-                                         options_.p2p_segment_bytes, [this](std::exception_ptr e) {
+                                         options_.p2p_segment_bytes, retired_buffers_, [this](std::exception_ptr e) {
       e = Annotate(std::move(e));
       Poison(e);
       return e;
@@ -175,7 +175,7 @@ class Communicator::Impl {
     const uint8_t mine = options_.p2p_connection_per_direction ? 1 : 0;
     std::vector<uint8_t> all(size_);
     try {
-      GlooAllgather(GlooCall{context_, kMeshLayoutTag, options_.timeout, &scratch_},
+      GlooAllgather(GlooCall{context_, kMeshLayoutTag, options_.timeout, &scratch_, &retired_buffers_},
                     Buffer{const_cast<uint8_t*>(&mine), 1, DType::kUInt8, Device::CPU()},
                     Buffer{all.data(), all.size(), DType::kUInt8, Device::CPU()});
     } catch (const std::exception& e) {
@@ -295,7 +295,8 @@ class Communicator::Impl {
               if (eager.finish) {
                 eager.finish(*handshake_);
               } else {
-                cpu(GlooCall{context_, static_cast<uint32_t>(spec.seq), options_.timeout, &scratch_});
+                cpu(GlooCall{context_, static_cast<uint32_t>(spec.seq), options_.timeout, &scratch_,
+                             &retired_buffers_});
               }
             },
             eager));
@@ -654,18 +655,17 @@ class Communicator::Impl {
       mu_.Await(absl::Condition(
           +[](Impl* self) ABSL_NO_THREAD_SAFETY_ANALYSIS { return !self->running_; }, this));
     }
-    // Buffers of failed p2p batches may still be referenced by Gloo's pairs: free them only
-    // once the context (and its pairs) is gone.
-    std::vector<std::shared_ptr<void>> retired_p2p_buffers, retired_handshake_buffers;
-    if (p2p_) retired_p2p_buffers = p2p_->TakeRetiredBuffers();
-    if (handshake_) retired_handshake_buffers = handshake_->TakeRetiredBuffers();
-    std::vector<std::shared_ptr<void>> retired_collective_buffers = std::move(scratch_.retired);
+    // Buffers of failed operations may still be referenced by Gloo's pairs: free them only
+    // once the contexts (and their pairs) are gone. p2p_ goes first: its destructor waits
+    // for batches still in flight, which may fail and retire their buffers meanwhile.
     p2p_.reset();
+    if (handshake_) {
+      for (auto& b : handshake_->TakeRetiredBuffers()) retired_buffers_.Add(std::move(b));
+    }
+    std::vector<std::shared_ptr<void>> retired = retired_buffers_.TakeAll();
     nccl_.reset();
     context_.reset();
-    retired_p2p_buffers.clear();
-    retired_handshake_buffers.clear();
-    retired_collective_buffers.clear();
+    retired.clear();
   }
 
   TrafficCounters traffic() const {
@@ -683,6 +683,8 @@ class Communicator::Impl {
   const int size_;
   const CommunicatorOptions options_;
 
+  // Declared before everything that adds to it (see Shutdown).
+  RetiredBuffers retired_buffers_;
   std::shared_ptr<gloo::Context> context_;
   // Worker thread only; its staging memory outlives context_ (see Shutdown).
   std::unique_ptr<CollectiveHandshake> handshake_;

@@ -103,7 +103,7 @@ void DirectAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
   const size_t element = ElementSize(data.dtype);
   const size_t slice_count = std::max(kDirectSliceBytes / element, static_cast<size_t>(n));
   auto* base = static_cast<uint8_t*>(data.data);
-  PostedBuffers buffers(ctx, call.scratch->retired);
+  PostedBuffers buffers(ctx, *call.retired);
   Staging staging(call, buffers, (std::min(slice_count, data.count) + n - 1) / n * element);
   UnboundBuffer* data_ub = &buffers.Create(base, data.bytes());
   const uint64_t gather_slot = MakeSlot(kDirectAllreduceGatherSlotPrefix, call.tag);
@@ -160,7 +160,7 @@ void DirectReduceScatter(const GlooCall& call, Buffer input, Buffer output, Redu
   }
   // A slice is the same element range [a, a + count) of every rank's block.
   const size_t slice_count = std::max<size_t>(kDirectSliceBytes / element / static_cast<size_t>(n), 1);
-  PostedBuffers buffers(ctx, call.scratch->retired);
+  PostedBuffers buffers(ctx, *call.retired);
   Staging staging(call, buffers, std::min(slice_count, block) * element);
   UnboundBuffer* input_ub = &buffers.Create(const_cast<uint8_t*>(in), input.bytes());
   std::vector<const void*> sources;

@@ -17,15 +17,12 @@ class Context;
 
 namespace gossipcc {
 
+class RetiredBuffers;
+
 // Memory a collective may keep between calls (one collective runs at a time per communicator).
 struct CollectiveScratch {
   std::vector<uint8_t> bytes;
   WideScratch wide;
-  // Gloo buffers (and memory they point at) of a collective that failed part-way. Gloo's
-  // device thread may still complete or fail operations posted on them, so they are freed
-  // only after the Gloo context (and its pairs) is gone. A failure poisons the
-  // communicator, so `bytes` is never resized after one.
-  std::vector<std::shared_ptr<void>> retired;
 };
 
 struct GlooCall {
@@ -33,6 +30,10 @@ struct GlooCall {
   uint32_t tag;
   std::chrono::milliseconds timeout;
   CollectiveScratch* scratch;  // the communicator's; never null
+  // Where a call that fails part-way leaves its Gloo buffers (PostedBuffers). A failure
+  // poisons the communicator, so scratch->bytes, which such buffers may point into, is never
+  // resized after one.
+  RetiredBuffers* retired;  // the communicator's; never null
 };
 
 void GlooAllreduce(const GlooCall& call, Buffer data, ReduceOp op);

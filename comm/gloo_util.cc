@@ -35,12 +35,22 @@ class StoreToGloo : public gloo::rendezvous::Store {
 
 }  // namespace
 
-PostedBuffers::PostedBuffers(gloo::Context& context, std::vector<std::shared_ptr<void>>& retired)
+void RetiredBuffers::Add(std::shared_ptr<void> owned) {
+  absl::MutexLock lock(&mu_);
+  owned_.push_back(std::move(owned));
+}
+
+std::vector<std::shared_ptr<void>> RetiredBuffers::TakeAll() {
+  absl::MutexLock lock(&mu_);
+  return std::move(owned_);
+}
+
+PostedBuffers::PostedBuffers(gloo::Context& context, RetiredBuffers& retired)
     : context_(context), retired_(retired), exceptions_at_start_(std::uncaught_exceptions()) {}
 
 PostedBuffers::~PostedBuffers() {
   if (std::uncaught_exceptions() > exceptions_at_start_) {
-    for (auto& owned : owned_) retired_.push_back(std::move(owned));
+    for (auto& owned : owned_) retired_.Add(std::move(owned));
   }
 }
 

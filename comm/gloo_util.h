@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "comm/store.h"
 
 namespace gloo {
@@ -36,14 +38,28 @@ inline uint64_t MakeSlot(uint8_t prefix, uint32_t tag) {
 // Rethrows a Gloo exception as TimeoutError or PeerError, prefixed with `context`.
 [[noreturn]] void RethrowGlooError(const std::string& context, const std::exception& e);
 
+// Gloo buffers (and the memory they point at) of operations that failed or unwound part-way.
+// Gloo's device thread may still complete or fail operations posted on them (it signals a
+// failing pair's buffers under each buffer's own lock only), so freeing them while their
+// pairs live is a use-after-free (ThreadSanitizer caught it twice: docs/reliability.md). One
+// per communicator, shared by its collectives and point-to-point batches; the communicator
+// frees what it holds after destroying the Gloo contexts. Thread-safe.
+class RetiredBuffers {
+ public:
+  void Add(std::shared_ptr<void> owned);
+  std::vector<std::shared_ptr<void>> TakeAll();
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::shared_ptr<void>> owned_ ABSL_GUARDED_BY(mu_);
+};
+
 // Owns the Gloo buffers (and scratch memory) one collective call posts operations on. On
 // normal return every operation was waited for and they are freed; when the call unwinds
-// with an exception, operations may still be registered with a pair (Gloo's device thread
-// signals a failing pair's buffers under each buffer's own lock only), so they move to
-// `retired` instead, which the owner frees after destroying the Gloo context.
+// with an exception they go to `retired` instead.
 class PostedBuffers {
  public:
-  PostedBuffers(gloo::Context& context, std::vector<std::shared_ptr<void>>& retired);
+  PostedBuffers(gloo::Context& context, RetiredBuffers& retired);
   ~PostedBuffers();
   PostedBuffers(const PostedBuffers&) = delete;
   PostedBuffers& operator=(const PostedBuffers&) = delete;
@@ -54,7 +70,7 @@ class PostedBuffers {
 
  private:
   gloo::Context& context_;
-  std::vector<std::shared_ptr<void>>& retired_;
+  RetiredBuffers& retired_;
   const int exceptions_at_start_;
   std::vector<std::shared_ptr<void>> owned_;
 };

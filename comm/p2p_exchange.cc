@@ -80,11 +80,13 @@ struct P2PExchange::Batch {
 
 P2PExchange::P2PExchange(std::shared_ptr<gloo::Context> context,
                          std::array<std::shared_ptr<gloo::Context>, 2> payload_contexts,
-                         std::chrono::milliseconds timeout, size_t segment_bytes, FailureHandler on_failure)
+                         std::chrono::milliseconds timeout, size_t segment_bytes, RetiredBuffers& retired,
+                         FailureHandler on_failure)
     : context_(std::move(context)),
       payload_contexts_(std::move(payload_contexts)),
       timeout_(timeout),
       segment_bytes_(segment_bytes),
+      retired_(retired),
       on_failure_(std::move(on_failure)) {}
 
 P2PExchange::~P2PExchange() {
@@ -143,7 +145,7 @@ std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string
     // Messages posted before the failure are registered with their pairs (Gloo's device
     // thread may still complete or fail them), so their buffers are retired, not freed.
     const std::string description = batch->description;
-    retired_.push_back(std::shared_ptr<Batch>(std::move(batch)));
+    retired_.Add(std::shared_ptr<Batch>(std::move(batch)));
     RethrowGlooError(description, e);
   }
   for (Message& m : batch->messages) {
@@ -331,16 +333,13 @@ bool P2PExchange::Complete(Batch& batch) {
 }
 
 void P2PExchange::RunBatch(std::unique_ptr<Batch> batch) {
-  const bool ok = Complete(*batch);
-  if (ok) batch.reset();  // releases the Gloo buffers before this exchange may be destroyed
+  if (Complete(*batch)) {
+    batch.reset();  // releases the Gloo buffers before this exchange may be destroyed
+  } else {
+    retired_.Add(std::shared_ptr<Batch>(std::move(batch)));
+  }
   absl::MutexLock lock(&mu_);
-  if (!ok) retired_.push_back(std::shared_ptr<Batch>(std::move(batch)));
   --active_batches_;
-}
-
-std::vector<std::shared_ptr<void>> P2PExchange::TakeRetiredBuffers() {
-  absl::MutexLock lock(&mu_);
-  return std::move(retired_);
 }
 
 void P2PExchange::Shutdown(const std::string& reason) {

@@ -42,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "comm/communicator.h"
+#include "comm/gloo_util.h"
 #include "comm/work.h"
 
 namespace gloo {
@@ -60,9 +61,11 @@ class P2PExchange {
   // Headers travel on `context`. Payloads from a lower to a higher rank travel on
   // `payload_contexts[0]`, from higher to lower on `payload_contexts[1]` (both null: on
   // `context`); see PayloadContext.
+  // The buffers of batches that fail (or fail to post) go to `retired`, which must outlive
+  // this exchange.
   P2PExchange(std::shared_ptr<gloo::Context> context,
               std::array<std::shared_ptr<gloo::Context>, 2> payload_contexts, std::chrono::milliseconds timeout,
-              size_t segment_bytes, FailureHandler on_failure);
+              size_t segment_bytes, RetiredBuffers& retired, FailureHandler on_failure);
   ~P2PExchange();
 
   // Ops were validated by the caller (CPU buffers, peers in range and not self).
@@ -71,13 +74,6 @@ class P2PExchange {
 
   uint64_t bytes_sent() const;
   uint64_t bytes_received() const;
-
-  // The Gloo buffers of batches that failed (transport error or timeout). They may still be
-  // registered with a pair, and Gloo's device thread signals a failing pair's pending buffers
-  // under each buffer's own lock only, so freeing them while the pairs live is a
-  // use-after-free (ThreadSanitizer caught it in dead_peer_test). The owner frees what this
-  // returns after destroying the Gloo context.
-  std::vector<std::shared_ptr<void>> TakeRetiredBuffers();
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -99,7 +95,7 @@ class P2PExchange {
   gloo::Context& PayloadContext(int from, int to) const;
 
   ReceiveOutcome ReceiveOne(Message& m, Clock::time_point deadline, const std::string& description);
-  // False if the batch failed (its buffers are then retired, not freed).
+  // False if the batch failed (its buffers then go to `retired_`, not freed).
   bool Complete(Batch& batch);
   void RunBatch(std::unique_ptr<Batch> batch);
 
@@ -107,6 +103,7 @@ class P2PExchange {
   std::array<std::shared_ptr<gloo::Context>, 2> payload_contexts_;
   const std::chrono::milliseconds timeout_;
   const size_t segment_bytes_;
+  RetiredBuffers& retired_;
   FailureHandler on_failure_;
 
   mutable absl::Mutex mu_;
@@ -116,7 +113,6 @@ class P2PExchange {
   uint64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::pair<int, uint32_t>, Turns> turns_ ABSL_GUARDED_BY(mu_);  // by (peer, tag)
-  std::vector<std::shared_ptr<void>> retired_ ABSL_GUARDED_BY(mu_);      // see TakeRetiredBuffers
 };
 
 }  // namespace gossipcc

@@ -33,12 +33,16 @@ void Ring(const GlooCall& call, const void* input, void* out, size_t chunk, DTyp
   // only after the send from it completed).
   // Step s < n-2 writes acc[s % 2]; the last step writes `out` directly, so n = 2 needs no
   // accumulator and n = 3 needs one.
-  PostedBuffers buffers(ctx, call.scratch->retired);
+  PostedBuffers buffers(ctx, *call.retired);
   uint8_t* recv = buffers.Allocate(bytes);
-  uint8_t* acc[2] = {buffers.Allocate(n > 2 ? bytes : 0), buffers.Allocate(n > 3 ? bytes : 0)};
   gloo::transport::UnboundBuffer* input_ub = &buffers.Create(const_cast<uint8_t*>(in), bytes * n);
   gloo::transport::UnboundBuffer* recv_ub = &buffers.Create(recv, bytes);
-  gloo::transport::UnboundBuffer* acc_ub[2] = {&buffers.Create(acc[0], bytes), &buffers.Create(acc[1], bytes)};
+  uint8_t* acc[2] = {nullptr, nullptr};
+  gloo::transport::UnboundBuffer* acc_ub[2] = {nullptr, nullptr};
+  for (int i = 0; i < 2 && i < n - 2; ++i) {
+    acc[i] = buffers.Allocate(bytes);
+    acc_ub[i] = &buffers.Create(acc[i], bytes);
+  }
 
   for (int step = 0; step < n - 1; ++step) {
     recv_ub->recv(left, slot);
