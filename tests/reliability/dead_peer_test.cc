@@ -1,5 +1,5 @@
 // A rank killed (SIGKILL) or stopped (SIGSTOP) in the middle of each kind of operation: exact
-// collectives, point-to-point, push-sum, bilateral exchange and PowerSGD, on CPU, 4 ranks as
+// collectives (Gloo's algorithms and gossipcc's own), point-to-point, push-sum, bilateral exchange and PowerSGD, on CPU, 4 ranks as
 // separate processes. The victim raises the signal on itself from a helper thread while its
 // main thread is inside the same loop of operations as everyone else's. Every survivor must
 // get a CommError that names the victim ("rank 2 is not responding"), within the timeout plus
@@ -56,6 +56,23 @@ std::vector<OpCase> Cases() {
        [](int) {
          auto data = std::make_shared<std::vector<float>>(1 << 20, 1.0f);
          return [data](Communicator& c) { c.allreduce(CpuBuffer(data->data(), data->size()))->wait(); };
+       }},
+      // Half precision takes gossipcc's own direct all-reduce (not Gloo's ring) at every size.
+      {"allreduce_float16",
+       [](int) {
+         auto data = std::make_shared<std::vector<uint16_t>>(1 << 20, 0x3c00);  // 1.0
+         return [data](Communicator& c) {
+           c.allreduce(Buffer{data->data(), data->size(), DType::kFloat16, Device::CPU()})->wait();
+         };
+       }},
+      // float32 reduce-scatter takes gossipcc's own ring.
+      {"reduce_scatter",
+       [](int) {
+         auto in = std::make_shared<std::vector<float>>(kRanks << 18, 1.0f);
+         auto out = std::make_shared<std::vector<float>>(1 << 18);
+         return [in, out](Communicator& c) {
+           c.reduce_scatter(CpuBuffer(in->data(), in->size()), CpuBuffer(out->data(), out->size()))->wait();
+         };
        }},
       {"allgather",
        [](int) {
