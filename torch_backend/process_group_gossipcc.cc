@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "comm/errors.h"
 #include "torch_backend/c10d_store.h"
@@ -102,16 +103,15 @@ std::string TransportInterface() {
   return "";
 }
 
-// GOSSIPCC_P2P_SEGMENT_BYTES: CommunicatorOptions::p2p_segment_bytes (0: off); the
-// Communicator checks the range.
-void ApplySegmentBytesFromEnvironment(CommunicatorOptions& c) {
-  const char* v = std::getenv("GOSSIPCC_P2P_SEGMENT_BYTES");
+// Environment variable `name` as a decimal number (absl::SimpleAtoi) into `value`; unset or
+// empty leaves it. `what` names the expected value in the error.
+template <typename T>
+void ApplyNumberFromEnvironment(const char* name, const char* what, T& value) {
+  const char* v = std::getenv(name);
   if (!v || !*v) return;
-  const std::string text(v);
-  if (text.size() > 12 || text.find_first_not_of("0123456789") != std::string::npos) {
-    throw InvalidArgumentError(absl::StrCat("GOSSIPCC_P2P_SEGMENT_BYTES must be a byte count, got '", text, "'"));
-  }
-  c.p2p_segment_bytes = static_cast<size_t>(std::stoull(text));
+  T parsed;
+  if (!absl::SimpleAtoi(v, &parsed)) throw InvalidArgumentError(absl::StrCat(name, " must be ", what, ", got '", v, "'"));
+  value = parsed;
 }
 
 // A 0/1 environment variable into `flag`; unset or empty leaves it.
@@ -125,29 +125,20 @@ void ApplyFlagFromEnvironment(const char* name, bool& flag) {
   flag = text == "1";
 }
 
-// GOSSIPCC_HEARTBEAT_INTERVAL_MS: CommunicatorOptions::heartbeat_interval in milliseconds
-// (0: the default, timeout / 10 clamped to [50 ms, 1 s]; negative: no heartbeat, no peer check).
-void ApplyHeartbeatIntervalFromEnvironment(CommunicatorOptions& c) {
-  const char* v = std::getenv("GOSSIPCC_HEARTBEAT_INTERVAL_MS");
-  if (!v || !*v) return;
-  const std::string text(v);
-  const size_t digits = text[0] == '-' ? 1 : 0;
-  if (text.size() == digits || text.size() > 10 || text.find_first_not_of("0123456789", digits) != std::string::npos) {
-    throw InvalidArgumentError(
-        absl::StrCat("GOSSIPCC_HEARTBEAT_INTERVAL_MS must be a whole number of milliseconds, got '", text, "'"));
-  }
-  c.heartbeat_interval = std::chrono::milliseconds(std::stoll(text));
-}
-
 CommunicatorOptions MakeCommunicatorOptions(const ProcessGroupOptions& options) {
   CommunicatorOptions c = options.communicator;
   c.timeout = options.timeout;
-  ApplySegmentBytesFromEnvironment(c);
-  // CommunicatorOptions::p2p_connection_per_direction (every rank must agree) and
-  // verify_collectives.
+  // The Communicator checks the ranges (p2p_segment_bytes: 0 is off; heartbeat_interval:
+  // 0 is the default, negative turns the peer check off). Every rank must agree on
+  // p2p_connection_per_direction.
+  uint64_t segment_bytes = c.p2p_segment_bytes;
+  ApplyNumberFromEnvironment("GOSSIPCC_P2P_SEGMENT_BYTES", "a byte count", segment_bytes);
+  c.p2p_segment_bytes = static_cast<size_t>(segment_bytes);
+  int64_t heartbeat_ms = c.heartbeat_interval.count();
+  ApplyNumberFromEnvironment("GOSSIPCC_HEARTBEAT_INTERVAL_MS", "a whole number of milliseconds", heartbeat_ms);
+  c.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   ApplyFlagFromEnvironment("GOSSIPCC_P2P_CONNECTION_PER_DIRECTION", c.p2p_connection_per_direction);
   ApplyFlagFromEnvironment("GOSSIPCC_VERIFY_COLLECTIVES", c.verify_collectives);
-  ApplyHeartbeatIntervalFromEnvironment(c);
   const std::string iface = TransportInterface();
   const std::string host = TransportHostname();
   if (!iface.empty()) c.interface = iface;
