@@ -122,12 +122,11 @@ int AsyncBilateralExchange::Exchange(Communicator& comm, std::vector<Buffer> buf
 }
 
 void AsyncBilateralExchange::Finish(Communicator& comm, std::vector<Buffer> buffers) {
-  const DType dtype = CheckCpu("async_bilateral_exchange", buffers);
+  CheckCpu("async_bilateral_exchange", buffers);  // the same arguments as Exchange, though only a number is sent
   if (!IsActive(comm.rank())) {
     throw InvalidArgumentError(absl::StrCat("async_bilateral_exchange: rank ", comm.rank(),
                                             " is passive; only active ranks call Finish"));
   }
-  (void)dtype;
   if (finished_) return;
   int64_t done = kDone;
   std::vector<P2POp> ops;

@@ -123,6 +123,18 @@ def options_off_worker(rank, world_size):
     return "ok"
 
 
+def mixed_connection_worker(rank, world_size):
+    os.environ["GOSSIPCC_P2P_CONNECTION_PER_DIRECTION"] = str(rank)  # read at init: ranks disagree
+    return bad_policy_worker(rank, world_size)
+
+
+def test_connection_per_direction_variable_reaches_every_rank():
+    # Proves the variable is applied: ranks that set it differently fail at init, both naming it.
+    results = run_ranks(mixed_connection_worker, 2)
+    assert "p2p_connection_per_direction is false here but true on rank(s) 1" in results[0], results[0]
+    assert "p2p_connection_per_direction is true here but false on rank(s) 0" in results[1], results[1]
+
+
 def test_checks_and_connection_per_direction_can_be_turned_off():
     env = {"GOSSIPCC_VERIFY_COLLECTIVES": "0", "GOSSIPCC_P2P_CONNECTION_PER_DIRECTION": "0"}
     assert run_ranks(options_off_worker, 2, env=env) == ["ok", "ok"]
