@@ -143,6 +143,7 @@ class Communicator::Impl {
   void Connect() {
     const GlooMeshOptions mesh{options_.hostname, options_.interface, options_.timeout};
     context_ = ConnectGlooMesh(std::make_shared<PrefixStore>("gloo", store_), rank_, size_, mesh);
+    meshes_.push_back(context_);
     if (size_ > 1) CheckMeshLayoutAgrees();
     std::array<std::shared_ptr<gloo::Context>, 2> payload_contexts;
     if (options_.p2p_connection_per_direction && size_ > 1) {
@@ -156,6 +157,7 @@ class Communicator::Impl {
       payload_contexts[1] =
           ConnectGlooMesh(std::make_shared<PrefixStore>("gloo_p2p_down", store_), rank_, size_, mesh,
                           context_->getDevice());
+      meshes_.insert(meshes_.end(), payload_contexts.begin(), payload_contexts.end());
     }
     handshake_ = std::make_unique<CollectiveHandshake>(size_);
     p2p_ = std::make_unique<P2PExchange>(context_, std::move(payload_contexts), options_.timeout,
@@ -656,14 +658,17 @@ class Communicator::Impl {
           +[](Impl* self) ABSL_NO_THREAD_SAFETY_ANALYSIS { return !self->running_; }, this));
     }
     // Buffers of failed operations may still be referenced by Gloo's pairs: free them only
-    // once the contexts (and their pairs) are gone. p2p_ goes first: its destructor waits
-    // for batches still in flight, which may fail and retire their buffers meanwhile.
+    // once every pair is gone. p2p_ goes first: its destructor waits for batches still in
+    // flight, which may fail and retire their buffers meanwhile. Destroying the contexts
+    // would not do: each retired buffer holds its context (and so the pairs) alive.
     p2p_.reset();
     if (handshake_) {
       for (auto& b : handshake_->TakeRetiredBuffers()) retired_buffers_.Add(std::move(b));
     }
     std::vector<std::shared_ptr<void>> retired = retired_buffers_.TakeAll();
     nccl_.reset();
+    for (const auto& mesh : meshes_) DestroyPairs(*mesh);
+    meshes_.clear();
     context_.reset();
     retired.clear();
   }
@@ -686,6 +691,8 @@ class Communicator::Impl {
   // Declared before everything that adds to it (see Shutdown).
   RetiredBuffers retired_buffers_;
   std::shared_ptr<gloo::Context> context_;
+  // context_ and p2p_'s payload meshes, kept until Shutdown has destroyed their pairs.
+  std::vector<std::shared_ptr<gloo::Context>> meshes_;
   // Worker thread only; its staging memory outlives context_ (see Shutdown).
   std::unique_ptr<CollectiveHandshake> handshake_;
   CollectiveScratch scratch_;  // for the one collective running at a time

@@ -4,6 +4,7 @@
 #include <gloo/context.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
@@ -43,6 +44,12 @@ void RetiredBuffers::Add(std::shared_ptr<void> owned) {
 std::vector<std::shared_ptr<void>> RetiredBuffers::TakeAll() {
   absl::MutexLock lock(&mu_);
   return std::move(owned_);
+}
+
+void DestroyPairs(gloo::Context& context) {
+  for (int peer = 0; peer < context.size; ++peer) {
+    if (peer != context.rank) context.getPair(peer).reset();
+  }
 }
 
 PostedBuffers::PostedBuffers(gloo::Context& context, RetiredBuffers& retired)

@@ -39,11 +39,11 @@ inline uint64_t MakeSlot(uint8_t prefix, uint32_t tag) {
 [[noreturn]] void RethrowGlooError(const std::string& context, const std::exception& e);
 
 // Gloo buffers (and the memory they point at) of operations that failed or unwound part-way.
-// Gloo's device thread may still complete or fail operations posted on them (it signals a
-// failing pair's buffers under each buffer's own lock only), so freeing them while their
-// pairs live is a use-after-free (ThreadSanitizer caught it twice: docs/reliability.md). One
-// per communicator, shared by its collectives and point-to-point batches; the communicator
-// frees what it holds after destroying the Gloo contexts. Thread-safe.
+// Gloo's device thread may still complete or fail operations posted on them, under the pair's
+// lock. A Gloo buffer's destructor waits for that, but the memory it points at must outlive
+// it, and TSan cannot see the wait (docs/reliability.md). So the communicator frees what this
+// holds only after DestroyPairs on every mesh: an ordering through the pair locks. One per
+// communicator, shared by its collectives and point-to-point batches. Thread-safe.
 class RetiredBuffers {
  public:
   void Add(std::shared_ptr<void> owned);
@@ -53,6 +53,13 @@ class RetiredBuffers {
   absl::Mutex mu_;
   std::vector<std::shared_ptr<void>> owned_ ABSL_GUARDED_BY(mu_);
 };
+
+// Destroys every pair of `context` (each one a soft close: it takes the pair's lock and takes
+// its socket off the device's event loop), so that Gloo's device thread can no longer touch
+// a buffer posted on them, and whatever it did to one last happened before this returns.
+// The context itself stays usable only for destruction. Retired buffers keep their Gloo
+// context, and so its pairs, alive: without this, the pairs would outlive the buffers.
+void DestroyPairs(gloo::Context& context);
 
 // Owns the Gloo buffers (and scratch memory) one collective call posts operations on. On
 // normal return every operation was waited for and they are freed; when the call unwinds
