@@ -1,7 +1,10 @@
 // Bad input and failures: each case asserts the error type, that the message names what
 // was wrong and where, and that every rank returns within the timeout.
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "comm/communicator.h"
@@ -118,6 +121,36 @@ TEST_P(ErrorsTest, DisagreementsAcrossTheEagerLimitAreDetected) {
       EXPECT_EQ(v.back(), 10.0f);
     }
   }, Quick());
+}
+
+// verify_collectives = false drops the cross-rank check for collectives above the eager line
+// (docs/comm.md: a disagreement is then the caller's to avoid, as in raw Gloo). Eager ones
+// carry their data in the check's exchange, so they are checked either way. A dtype
+// disagreement of equal width is the one that can be shown going through unnoticed without
+// risking memory: every rank moves the same bytes.
+TEST_P(ErrorsTest, WithVerificationOffOnlyEagerCollectivesAreChecked) {
+  CommunicatorOptions unchecked = Quick();
+  unchecked.verify_collectives = false;
+  RunRanks(3, GetParam(), [](Communicator& comm) {
+    const int me = comm.rank();
+    const size_t big = EagerCollectiveMaxBytes(comm.size()) / sizeof(float) + 1;
+    std::vector<float> v(big, static_cast<float>(me + 1));
+    comm.allreduce(CpuBuffer(v.data(), big))->wait();
+    EXPECT_EQ(v.front(), 6.0f);
+    EXPECT_EQ(v.back(), 6.0f);
+    // Rank 0 says int32, the others float32: not detected above the eager line...
+    std::vector<float> f(big, 1.0f);
+    std::vector<int32_t> i(big, 1);
+    auto w = me == 0 ? comm.allreduce(CpuBuffer(i.data(), big)) : comm.allreduce(CpuBuffer(f.data(), big));
+    w->wait();
+    // ...but still below it.
+    auto eager = me == 0 ? comm.allreduce(CpuBuffer(i.data(), 4)) : comm.allreduce(CpuBuffer(f.data(), 4));
+    EXPECT_THAT(ExpectFailure<MismatchError>(eager), AllOf(HasSubstr("dtype"), HasSubstr("rank 0: int32")));
+    // The unchecked path still agrees afterwards.
+    std::fill(v.begin(), v.end(), static_cast<float>(me + 1));
+    comm.allreduce(CpuBuffer(v.data(), big))->wait();
+    EXPECT_EQ(v.back(), 6.0f);
+  }, unchecked);
 }
 
 TEST_P(ErrorsTest, AllgathervAndAlltoallvCountDisagreements) {

@@ -113,6 +113,15 @@ def options_off_worker(rank, world_size):
     t = torch.full((1000,), float(rank + 1))
     dist.all_reduce(t)
     assert t.eq(3.0).all()
+    # Ranks disagree on the dtype (equal width: the same bytes move either way), above the
+    # eager line: only the cross-rank check can tell, so this shows whether it ran.
+    mixed = torch.ones(1 << 16, dtype=torch.int32 if rank == 0 else torch.float32)
+    try:
+        dist.all_reduce(mixed)
+        checked = "unchecked"
+    except RuntimeError as e:
+        assert "ranks disagree on the dtype" in str(e), str(e)
+        checked = "checked"
     peer = 1 - rank
     got = torch.empty(300000)
     reqs = [dist.isend(torch.full((300000,), float(rank)), dst=peer), dist.irecv(got, src=peer)]
@@ -120,7 +129,7 @@ def options_off_worker(rank, world_size):
         r.wait()
     assert got.eq(float(peer)).all()
     dist.destroy_process_group()
-    return "ok"
+    return checked
 
 
 def mixed_connection_worker(rank, world_size):
@@ -137,7 +146,8 @@ def test_connection_per_direction_variable_reaches_every_rank():
 
 def test_checks_and_connection_per_direction_can_be_turned_off():
     env = {"GOSSIPCC_VERIFY_COLLECTIVES": "0", "GOSSIPCC_P2P_CONNECTION_PER_DIRECTION": "0"}
-    assert run_ranks(options_off_worker, 2, env=env) == ["ok", "ok"]
+    assert run_ranks(options_off_worker, 2, env=env) == ["unchecked", "unchecked"]
+    assert run_ranks(options_off_worker, 2) == ["checked", "checked"]
 
 
 def errors_worker(rank, world_size):
