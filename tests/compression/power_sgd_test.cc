@@ -7,6 +7,8 @@
 // bytes handed to the comm layer equal to the formula.
 #include "compression/power_sgd.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 
@@ -610,6 +612,78 @@ TEST(PowerSGDFlatTest, FlatBuffersAreCompressedAsPaddedSquares) {
       }
     });
   }
+}
+
+// Orthogonalisation edge cases (spec: "a zero column must not produce NaN"). An all-zero
+// gradient makes every column of P zero, for Gram-Schmidt (rank <= 2) and Householder QR
+// (above): the output must be zeros and the state finite.
+TEST(PowerSGDOrthogonalizationTest, ZeroGradientGivesZerosNotNaN) {
+  RunRanks(2, LaunchMode::kThreads, [](Communicator& comm) {
+    for (int r : {1, 2, 4}) {
+      PowerSGDOptions o;
+      o.matrix_approximation_rank = r;
+      o.start_powerSGD_iter = 0;
+      PowerSGD psgd(o);
+      for (int step = 0; step < 3; ++step) {
+        std::vector<float> m(32 * 32, 0.0f);
+        std::vector<GradientTensor> t = {GradientTensor{"w", CpuBuffer(m.data(), m.size()), {32, 32}}};
+        ASSERT_EQ(psgd.AllReduce(comm, t).compressed_tensors, 1u);
+        for (float v : m) ASSERT_EQ(v, 0.0f) << "rank " << r << ", step " << step;
+      }
+      PowerSGDTensorState st;
+      ASSERT_TRUE(psgd.GetTensorState("w", &st));
+      for (float e : st.error) ASSERT_EQ(e, 0.0f) << "rank " << r;
+      for (float q : st.q) ASSERT_TRUE(std::isfinite(q)) << "rank " << r;
+    }
+  });
+}
+
+// orthogonalization_epsilon divides each column of P by (norm + epsilon), as PyTorch's
+// Gram-Schmidt does. At rank 1 on one rank the first step's output is p^ p^T M with
+// p^ = p / (|p| + eps) and p = M q0, so epsilon scales the eps = 0 output by
+// (|p| / (|p| + eps))^2, element by element (|p| of epsilon's own q0).
+TEST(PowerSGDOrthogonalizationTest, EpsilonScalesTheNormalisation) {
+  RunRanks(1, LaunchMode::kThreads, [](Communicator& comm) {
+    constexpr int64_t n = 24, k = 16;
+    auto run = [&](double eps) {
+      PowerSGDOptions o;
+      o.matrix_approximation_rank = 1;
+      o.start_powerSGD_iter = 0;
+      o.orthogonalization_epsilon = eps;
+      PowerSGD psgd(o);
+      std::vector<float> m(n * k);
+      for (size_t i = 0; i < m.size(); ++i) m[i] = static_cast<float>(GradValue(kSeed, 0, 0, "w", i));
+      std::vector<GradientTensor> t = {GradientTensor{"w", CpuBuffer(m.data(), m.size()), {n, k}}};
+      EXPECT_EQ(psgd.AllReduce(comm, t).compressed_tensors, 1u);
+      return m;
+    };
+    // |p| for the Q that epsilon's run starts from (the initial Q is orthogonalised with the
+    // same epsilon, as in PyTorch).
+    auto p_norm = [&](double eps) {
+      PowerSGDOptions o;
+      o.matrix_approximation_rank = 1;
+      o.orthogonalization_epsilon = eps;
+      const std::vector<float> q0 = PowerSGD::InitialQ(o, "w", k, 1, 0);
+      double sum = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        double pi = 0;
+        for (int64_t j = 0; j < k; ++j) pi += GradValue(kSeed, 0, 0, "w", i * k + j) * q0[j];
+        sum += pi * pi;
+      }
+      return std::sqrt(sum);
+    };
+    const double eps = p_norm(0);  // of the order of |p|: a scale near 1/4
+    const double scale = std::pow(p_norm(eps) / (p_norm(eps) + eps), 2);
+    EXPECT_LT(scale, 0.5);
+    const std::vector<float> plain = run(0);
+    const std::vector<float> damped = run(eps);
+    double largest = 0;
+    for (float v : plain) largest = std::max(largest, std::abs(static_cast<double>(v)));
+    ASSERT_GT(largest, 0);
+    for (size_t i = 0; i < plain.size(); ++i) {
+      ASSERT_NEAR(damped[i], scale * plain[i], 1e-4 * largest) << i;
+    }
+  });
 }
 
 }  // namespace
