@@ -10,7 +10,8 @@
 // gossip, bilateral exchange, asynchronous bilateral exchange, PowerSGD); see "gossipcc's own
 // collectives" below.
 //
-// C++ users: ProcessGroupGossipcc::Create(c10d store, rank, size, options).
+// C++ users: construct one from a c10d store, rank, size and ProcessGroupOptions (the Bazel
+// target //torch_backend:process_group; example: torch_backend/examples/cpp_allreduce.cc).
 #pragma once
 
 #include <atomic>
