@@ -26,7 +26,8 @@ stage "test //... (torch 1.13)" bazel test //... "$@"
 stage "test //... (asan+ubsan)" bazel test --config=asan --build_tag_filters=-python --test_tag_filters=-python //... "$@"
 # The C++ suite under ThreadSanitizer (.bazelrc: tsan; tools/tsan explains the Abseil shim).
 stage "test C++ (tsan)" bazel test --config=tsan --build_tag_filters=-python --test_tag_filters=-python,-no_tsan \
-  //tests/comm/... //tests/compression/... //tests/algorithms/... //tests/reliability/... "$@"
+  //tests/comm/... //tests/compression/... //tests/algorithms/... //tests/reliability/... \
+  //tests/torch_backend:op_lane_test "$@"
 # libFuzzer on the option/graph parsers, bounded (tools/fuzz.sh; installs clang on first use).
 stage "fuzz parsers (20 s each)" tools/fuzz.sh 20
 # The c10d backend against torch 2.x: the same build and tests in a Debian trixie root.
