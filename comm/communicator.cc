@@ -616,7 +616,8 @@ class Communicator::Impl {
       if (!nccl_) {
         throw InvalidArgumentError(absl::StrCat(description,
                                                 ": point-to-point on CUDA needs CommunicatorOptions::cuda_device set "
-                                                "(the NCCL communicator must be created collectively)"));
+                                                "(GOSSIPCC_CUDA_DEVICE for the c10d backend) or a CUDA collective "
+                                                "first: the NCCL communicator must be created collectively"));
       }
       absl::MutexLock launch_lock(&nccl_mu_);
       return nccl_->P2P(ops, description);

@@ -139,6 +139,9 @@ CommunicatorOptions MakeCommunicatorOptions(const ProcessGroupOptions& options) 
   c.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   ApplyFlagFromEnvironment("GOSSIPCC_P2P_CONNECTION_PER_DIRECTION", c.p2p_connection_per_direction);
   ApplyFlagFromEnvironment("GOSSIPCC_VERIFY_COLLECTIVES", c.verify_collectives);
+  // The CUDA device whose NCCL communicator is created at init (needed before any CUDA
+  // point-to-point; collectives create it lazily otherwise). Checked by the Communicator.
+  ApplyNumberFromEnvironment("GOSSIPCC_CUDA_DEVICE", "a CUDA device ordinal", c.cuda_device);
   const std::string iface = TransportInterface();
   const std::string host = TransportHostname();
   if (!iface.empty()) c.interface = iface;

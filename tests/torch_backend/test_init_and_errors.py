@@ -99,7 +99,8 @@ def test_invalid_policy_env_rejected_at_init():
                                         ("GOSSIPCC_P2P_CONNECTION_PER_DIRECTION", "2"),
                                         ("GOSSIPCC_P2P_SEGMENT_BYTES", "1k"),
                                         ("GOSSIPCC_HEARTBEAT_INTERVAL_MS", "1.5s"),
-                                        ("GOSSIPCC_HEARTBEAT_INTERVAL_MS", "-")])
+                                        ("GOSSIPCC_HEARTBEAT_INTERVAL_MS", "-"),
+                                        ("GOSSIPCC_CUDA_DEVICE", "cuda:0")])
 def test_invalid_option_env_rejected_at_init(name, value):
     results = run_ranks(bad_policy_worker, 2, env={name: value})
     for msg in results:
@@ -142,6 +143,17 @@ def test_connection_per_direction_variable_reaches_every_rank():
     results = run_ranks(mixed_connection_worker, 2)
     assert "p2p_connection_per_direction is false here but true on rank(s) 1" in results[0], results[0]
     assert "p2p_connection_per_direction is true here but false on rank(s) 0" in results[1], results[1]
+
+
+def test_cuda_device_variable_reaches_the_communicator():
+    # Without a usable GPU (here, or in a build without CUDA) NCCL cannot be created at init:
+    # every rank fails naming the device, which shows the variable was applied.
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: NCCL init would succeed (covered by the CUDA tests)")
+    results = run_ranks(bad_policy_worker, 2, env={"GOSSIPCC_CUDA_DEVICE": "0"})
+    for msg in results:
+        assert "cuda:0" in msg and ("no such CUDA device" in msg or "built without CUDA" in msg), msg
 
 
 def test_checks_and_connection_per_direction_can_be_turned_off():
