@@ -402,15 +402,60 @@ TEST_P(LargeTest, Allreduce64MBFloat32OnFourRanks) {
   });
 }
 
-TEST_P(LargeTest, ReduceScatterAndAllgather16MBOnFourRanks) {
+TEST_P(LargeTest, ReduceScatterAndAllgather64MBOnFourRanks) {
   RunRanks(4, GetParam(), [](Communicator& comm) {
-    const size_t chunk = (4u << 20) / sizeof(double);
+    const size_t chunk = (16u << 20) / sizeof(double);  // 64 MB in, 64 MB gathered
     std::vector<double> in(chunk * 4), out(chunk), gathered(chunk * 4);
     for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<double>(i % 977) + comm.rank();
     comm.reduce_scatter(CpuBuffer(in.data(), in.size()), CpuBuffer(out.data(), chunk), ReduceOp::kSum)->wait();
     comm.allgather(CpuBuffer(out.data(), chunk), CpuBuffer(gathered.data(), gathered.size()))->wait();
     for (size_t i = 0; i < gathered.size(); ++i) {
       if (gathered[i] != 4.0 * static_cast<double>(i % 977) + 6.0) FAIL() << "index " << i << ": " << gathered[i];
+    }
+  });
+}
+
+// The remaining collectives and point-to-point at 64 MB (every data path: Gloo's broadcast,
+// all-to-all and all-gatherv, segmented point-to-point on the per-direction connections).
+TEST_P(LargeTest, BroadcastAlltoallAllgathervAndPointToPoint64MBOnFourRanks) {
+  RunRanks(4, GetParam(), [](Communicator& comm) {
+    const int me = comm.rank(), n = comm.size();
+    const size_t count = (64u << 20) / sizeof(float), block = count / n;
+    auto pattern = [](size_t i) { return static_cast<float>(i % 1013); };
+    std::vector<float> data(count, -1.0f), other(count);
+    if (me == 2) for (size_t i = 0; i < count; ++i) data[i] = pattern(i);
+    comm.broadcast(CpuBuffer(data.data(), count), 2)->wait();
+    for (size_t i = 0; i < count; ++i) {
+      if (data[i] != pattern(i)) FAIL() << "broadcast index " << i << ": " << data[i];
+    }
+    // all-to-all: block j of rank r's input goes to rank j's block r.
+    auto a2a = [](int from, int to, size_t i) { return static_cast<float>(from * 10 + to + (i % 7) * 100); };
+    for (int j = 0; j < n; ++j)
+      for (size_t i = 0; i < block; ++i) data[j * block + i] = a2a(me, j, i);
+    comm.alltoall(CpuBuffer(data.data(), count), CpuBuffer(other.data(), count))->wait();
+    for (int j = 0; j < n; ++j)
+      for (size_t i = 0; i < block; ++i) {
+        if (other[j * block + i] != a2a(j, me, i)) FAIL() << "alltoall block " << j << " index " << i;
+      }
+    // all-gatherv with unequal counts summing to 64 MB.
+    std::vector<size_t> counts(n, block + 1);
+    counts[0] = count - (n - 1) * (block + 1);
+    std::vector<float> mine(counts[me], static_cast<float>(me + 1));
+    comm.allgatherv(CpuBuffer(mine.data(), mine.size()), CpuBuffer(other.data(), count), counts)->wait();
+    size_t at = 0;
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < counts[r]; ++i, ++at) {
+        if (other[at] != static_cast<float>(r + 1)) FAIL() << "allgatherv from rank " << r << " index " << i;
+      }
+    // Point-to-point ring: 64 MB to the next rank while receiving 64 MB from the previous.
+    for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(me) + pattern(i);
+    auto sent = comm.send(CpuBuffer(data.data(), count), (me + 1) % n, 7);
+    auto got = comm.recv(CpuBuffer(other.data(), count), (me + n - 1) % n, 7);
+    sent->wait();
+    got->wait();
+    const float from = static_cast<float>((me + n - 1) % n);
+    for (size_t i = 0; i < count; ++i) {
+      if (other[i] != from + pattern(i)) FAIL() << "recv index " << i << ": " << other[i];
     }
   });
 }
