@@ -22,12 +22,24 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
-// Waits on `work` and returns the message of the `E` it must fail with.
+// Every rank that fails must return promptly: operation timeouts here are at most 3 s, the
+// peer check adds at most 3 heartbeat intervals, and the rest is scheduling slack (sanitizer
+// builds on 2 cores). Mismatches and argument errors return in milliseconds.
+constexpr std::chrono::milliseconds kPromptFailure{6000};
+
+void ExpectPrompt(Clock::time_point start, const std::string& what) {
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  EXPECT_LT(took, kPromptFailure) << what << " took " << took.count() << " ms to fail";
+}
+
+// Waits on `work` and returns the message of the `E` it must fail with, promptly.
 template <typename E>
 std::string ExpectFailure(const std::shared_ptr<Work>& work) {
+  const auto start = Clock::now();
   try {
     work->wait();
   } catch (const E& e) {
+    ExpectPrompt(start, work->description());
     return e.what();
   } catch (const std::exception& e) {
     ADD_FAILURE() << "wrong error type: " << e.what();
@@ -39,9 +51,11 @@ std::string ExpectFailure(const std::shared_ptr<Work>& work) {
 
 template <typename E, typename Fn>
 std::string ExpectThrow(Fn fn) {
+  const auto start = Clock::now();
   try {
     fn();
   } catch (const E& e) {
+    ExpectPrompt(start, e.what());
     return e.what();
   } catch (const std::exception& e) {
     ADD_FAILURE() << "wrong error type: " << e.what();

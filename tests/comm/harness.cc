@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <iostream>
@@ -12,6 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 
 namespace gossipcc {
@@ -31,6 +34,8 @@ void RunRanksWithStore(int n, LaunchMode mode, const std::function<void(int, std
                        std::chrono::milliseconds deadline) {
   if (mode == LaunchMode::kThreads) {
     auto store = MakeHashStore();
+    absl::Mutex mu;
+    std::vector<bool> finished(n, false);
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
@@ -39,7 +44,24 @@ void RunRanksWithStore(int n, LaunchMode mode, const std::function<void(int, std
         } catch (const std::exception& e) {
           ADD_FAILURE() << "rank " << r << " threw: " << e.what();
         }
+        absl::MutexLock lock(&mu);
+        finished[r] = true;
       });
+    }
+    {
+      absl::MutexLock lock(&mu);
+      const absl::Condition all_finished(
+          +[](std::vector<bool>* f) { return std::all_of(f->begin(), f->end(), [](bool done) { return done; }); },
+          &finished);
+      if (!mu.AwaitWithTimeout(all_finished, absl::FromChrono(deadline))) {
+        std::string late;
+        for (int r = 0; r < n; ++r) {
+          if (!finished[r]) absl::StrAppend(&late, late.empty() ? "" : ", ", r);
+        }
+        std::cerr << "rank(s) " << late << " did not finish within " << deadline.count()
+                  << " ms; threads cannot be killed, so the test aborts" << std::endl;
+        std::abort();
+      }
     }
     for (auto& t : threads) t.join();
     return;

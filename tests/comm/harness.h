@@ -14,13 +14,10 @@ namespace testing {
 enum class LaunchMode { kThreads, kProcesses };
 std::string LaunchModeName(LaunchMode mode);
 
-struct RankResult {
-  double seconds = 0;  // how long the rank's body took
-};
-
 // Creates a Communicator per rank and calls body(comm) on each. gtest failures inside a
 // rank fail the test (in process mode the child's exit status carries them). Each rank
-// must finish within `deadline`, else the test fails (processes are killed).
+// must finish within `deadline`, else the test fails: processes are killed; threads cannot
+// be, so the test binary aborts naming the ranks (rather than hang until Bazel's timeout).
 void RunRanks(int n, LaunchMode mode, const std::function<void(Communicator&)>& body,
               CommunicatorOptions options = {}, std::chrono::milliseconds deadline = std::chrono::seconds(120));
 
