@@ -1,6 +1,8 @@
-"""A rank of a 4-rank DDP job over backend="gossipcc" is SIGKILLed (or SIGSTOPped) mid-training:
-every other rank raises an error naming it ("rank 2 is not responding") within the process
-group's timeout plus the peer check, tears the process group down and exits normally."""
+"""A rank of a 4-rank training job over backend="gossipcc" is SIGKILLed (or SIGSTOPped)
+mid-training: every other rank raises an error naming it ("rank 2 is not responding") within
+the process group's timeout plus the peer check, tears the process group down and exits
+normally. The job is unmodified DDP (exact all-reduce; and with the PowerSGD policy), or SGP
+through GossipDataParallel."""
 import datetime
 import multiprocessing
 import os
@@ -23,13 +25,16 @@ TIMEOUT_S = 4.0
 BOUND_S = TIMEOUT_S + 4.0
 
 
-def worker(rank, init_file, sig, results):
+def worker(rank, init_file, sig, mode, results):
     try:
-        import gossipcc  # noqa: F401
+        if mode == "ddp_powersgd":  # compressed from step 2: the victim dies mid-PowerSGD
+            os.environ["GOSSIPCC_ALLREDUCE"] = "powersgd:rank=2,start_iter=2"
+        import gossipcc
         dist.init_process_group("gossipcc", init_method="file://" + init_file, rank=rank, world_size=WORLD,
                                 timeout=datetime.timedelta(seconds=TIMEOUT_S))
         torch.manual_seed(0)
-        model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)))
+        net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+        model = gossipcc.GossipDataParallel(net, algorithm="sgp") if mode == "sgp" else DDP(net)
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         outcome = None
         for step in range(200):
@@ -53,12 +58,14 @@ def worker(rank, init_file, sig, results):
         results.put((rank, None, None, traceback.format_exc()))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["kill", "stop"])
-def test_ddp_survivors_name_the_dead_rank_and_exit_cleanly(sig):
+@pytest.mark.parametrize("mode,sig", [("ddp", signal.SIGKILL), ("ddp", signal.SIGSTOP),
+                                      ("ddp_powersgd", signal.SIGKILL), ("sgp", signal.SIGKILL)],
+                         ids=["kill", "stop", "powersgd_kill", "sgp_kill"])
+def test_ddp_survivors_name_the_dead_rank_and_exit_cleanly(mode, sig):
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
-        procs = [ctx.Process(target=worker, args=(r, os.path.join(tmp, "init"), sig, results)) for r in range(WORLD)]
+        procs = [ctx.Process(target=worker, args=(r, os.path.join(tmp, "init"), sig, mode, results)) for r in range(WORLD)]
         for p in procs:
             p.start()
         got = {}
