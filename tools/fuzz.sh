@@ -19,24 +19,8 @@ SECONDS_PER_TARGET=${1:-30}
 FUZZ_DIR=${FUZZ_DIR:-/tmp/gossipcc-fuzz}
 TARGETS=(${FUZZ_TARGETS:-power_sgd_options allreduce_policy peer_graph})
 
-# clang, libFuzzer + sanitizer runtimes for the default clang (libclang-rt-dev ->
-# libclang-rt-14-dev on bookworm), Abseil, pkg-config (for Abseil's link flags).
-PACKAGES=(clang libclang-rt-dev libabsl-dev pkgconf)
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-  log=$(mktemp /tmp/gossipcc-fuzz-setup.XXXXXX.log)
-  if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
-    echo "fuzz: installing ${missing[*]} failed; log follows" >&2
-    cat "$log" >&2
-    exit 1
-  fi
-  rm -f "$log"
-fi
+# clang, libFuzzer and the sanitizer runtimes come from the project's one set-up script.
+tools/setup.sh
 
 sources() {  # the parser under test and what it compiles with (headers come from -I.)
   case $1 in

@@ -19,6 +19,9 @@ PACKAGES=(
   python3-sklearn python3-matplotlib iproute2
   # tools/trixie_root.sh: a Debian trixie root with torch 2.x, to test the backend against it.
   debootstrap
+  # tools/fuzz.sh: clang with libFuzzer and the sanitizer runtimes (libclang-rt-dev ->
+  # libclang-rt-14-dev on bookworm), and pkg-config for Abseil's link flags.
+  clang libclang-rt-dev pkgconf
 )
 
 missing=()
