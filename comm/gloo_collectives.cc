@@ -20,16 +20,22 @@
 namespace gossipcc {
 namespace {
 
-// Runs `collective` on a Gloo options object built by `configure`. The options own the Gloo
-// buffers the collective posts operations on; when it throws (a dead peer, a timeout), Gloo's
-// device thread may still be failing those operations, so the options go to call.retired,
-// freed once the pairs are gone (RetiredBuffers), instead of dying with this frame.
-template <typename Options, typename Configure, typename Collective>
-void RunGlooCollective(const GlooCall& call, Configure configure, Collective collective) {
+// A Gloo options object for `call` (its context, tag and timeout), shared so that RunOrRetire
+// can keep it past the call.
+template <typename Options>
+std::shared_ptr<Options> NewOptions(const GlooCall& call) {
   auto opts = std::make_shared<Options>(call.context);
-  configure(*opts);
   opts->setTag(call.tag);
   opts->setTimeout(call.timeout);
+  return opts;
+}
+
+// Runs `collective(*opts)`. The options own the Gloo buffers the collective posts operations
+// on; when it throws (a dead peer, a timeout), Gloo's device thread may still be failing those
+// operations, so the options go to call.retired, freed once the pairs are gone
+// (RetiredBuffers), instead of dying with this frame.
+template <typename Options, typename Collective>
+void RunOrRetire(const GlooCall& call, std::shared_ptr<Options> opts, Collective collective) {
   try {
     collective(*opts);
   } catch (...) {
@@ -42,13 +48,10 @@ void RunGlooCollective(const GlooCall& call, Configure configure, Collective col
 // the caller's memory in place: no staging copy.
 template <typename Word>
 void AllreduceWords(const GlooCall& call, void* data, size_t count, ReduceFn fn) {
-  RunGlooCollective<gloo::AllreduceOptions>(
-      call,
-      [&](gloo::AllreduceOptions& opts) {
-        opts.setOutput(static_cast<Word*>(data), count);
-        opts.setReduceFunction([fn](void* c, const void* a, const void* b, size_t n) { fn(c, a, b, n); });
-      },
-      [](gloo::AllreduceOptions& opts) { gloo::allreduce(opts); });
+  auto opts = NewOptions<gloo::AllreduceOptions>(call);
+  opts->setOutput(static_cast<Word*>(data), count);
+  opts->setReduceFunction([fn](void* c, const void* a, const void* b, size_t n) { fn(c, a, b, n); });
+  RunOrRetire(call, std::move(opts), gloo::allreduce);
 }
 
 void AllreduceRaw(const GlooCall& call, void* data, size_t count, DType dtype, ReduceFn fn) {
@@ -87,48 +90,34 @@ void GlooReduceScatter(const GlooCall& call, Buffer input, Buffer output, Reduce
 }
 
 void GlooBroadcast(const GlooCall& call, Buffer data, int root) {
-  RunGlooCollective<gloo::BroadcastOptions>(
-      call,
-      [&](gloo::BroadcastOptions& opts) {
-        opts.setOutput(Bytes(data), data.bytes());
-        opts.setRoot(root);
-      },
-      [](gloo::BroadcastOptions& opts) { gloo::broadcast(opts); });
+  auto opts = NewOptions<gloo::BroadcastOptions>(call);
+  opts->setOutput(Bytes(data), data.bytes());
+  opts->setRoot(root);
+  RunOrRetire(call, std::move(opts), gloo::broadcast);
 }
 
 void GlooAllgather(const GlooCall& call, Buffer input, Buffer output) {
-  RunGlooCollective<gloo::AllgatherOptions>(
-      call,
-      [&](gloo::AllgatherOptions& opts) {
-        // In place when the input already sits at this rank's slot of the output.
-        if (Bytes(input) != Bytes(output) + call.context->rank * input.bytes()) {
-          opts.setInput(Bytes(input), input.bytes());
-        }
-        opts.setOutput(Bytes(output), output.bytes());
-      },
-      [](gloo::AllgatherOptions& opts) { gloo::allgather(opts); });
+  auto opts = NewOptions<gloo::AllgatherOptions>(call);
+  // In place when the input already sits at this rank's slot of the output.
+  if (Bytes(input) != Bytes(output) + call.context->rank * input.bytes()) opts->setInput(Bytes(input), input.bytes());
+  opts->setOutput(Bytes(output), output.bytes());
+  RunOrRetire(call, std::move(opts), gloo::allgather);
 }
 
 void GlooAllgatherv(const GlooCall& call, Buffer input, Buffer output, const std::vector<size_t>& counts) {
   std::vector<size_t> bytes(counts.size());
   for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * ElementSize(output.dtype);
-  RunGlooCollective<gloo::AllgathervOptions>(
-      call,
-      [&](gloo::AllgathervOptions& opts) {
-        opts.setInput(Bytes(input), input.bytes());
-        opts.setOutput(Bytes(output), bytes);
-      },
-      [](gloo::AllgathervOptions& opts) { gloo::allgatherv(opts); });
+  auto opts = NewOptions<gloo::AllgathervOptions>(call);
+  opts->setInput(Bytes(input), input.bytes());
+  opts->setOutput(Bytes(output), bytes);
+  RunOrRetire(call, std::move(opts), gloo::allgatherv);
 }
 
 void GlooAlltoall(const GlooCall& call, Buffer input, Buffer output) {
-  RunGlooCollective<gloo::AlltoallOptions>(
-      call,
-      [&](gloo::AlltoallOptions& opts) {
-        opts.setInput(Bytes(input), input.bytes());
-        opts.setOutput(Bytes(output), output.bytes());
-      },
-      [](gloo::AlltoallOptions& opts) { gloo::alltoall(opts); });
+  auto opts = NewOptions<gloo::AlltoallOptions>(call);
+  opts->setInput(Bytes(input), input.bytes());
+  opts->setOutput(Bytes(output), output.bytes());
+  RunOrRetire(call, std::move(opts), gloo::alltoall);
 }
 
 void GlooAlltoallv(const GlooCall& call, Buffer input, const std::vector<size_t>& send_counts, Buffer output,
@@ -137,18 +126,14 @@ void GlooAlltoallv(const GlooCall& call, Buffer input, const std::vector<size_t>
   std::vector<int64_t> in_bytes(send_counts.size()), out_bytes(recv_counts.size());
   for (size_t i = 0; i < send_counts.size(); ++i) in_bytes[i] = static_cast<int64_t>(send_counts[i] * es);
   for (size_t i = 0; i < recv_counts.size(); ++i) out_bytes[i] = static_cast<int64_t>(recv_counts[i] * es);
-  RunGlooCollective<gloo::AlltoallvOptions>(
-      call,
-      [&](gloo::AlltoallvOptions& opts) {
-        opts.setInput(Bytes(input), in_bytes);
-        opts.setOutput(Bytes(output), out_bytes);
-      },
-      [](gloo::AlltoallvOptions& opts) { gloo::alltoallv(opts); });
+  auto opts = NewOptions<gloo::AlltoallvOptions>(call);
+  opts->setInput(Bytes(input), in_bytes);
+  opts->setOutput(Bytes(output), out_bytes);
+  RunOrRetire(call, std::move(opts), gloo::alltoallv);
 }
 
 void GlooBarrier(const GlooCall& call) {
-  RunGlooCollective<gloo::BarrierOptions>(
-      call, [](gloo::BarrierOptions&) {}, [](gloo::BarrierOptions& opts) { gloo::barrier(opts); });
+  RunOrRetire(call, NewOptions<gloo::BarrierOptions>(call), gloo::barrier);
 }
 
 }  // namespace gossipcc
