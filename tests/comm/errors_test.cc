@@ -353,6 +353,10 @@ TEST(CreateTest, RejectsBadArgumentsAndTimesOutWhenRanksAreMissing) {
   EXPECT_THAT(ExpectThrow<InvalidArgumentError>([] { Communicator::Create(MakeHashStore(), 0, 0); }),
               HasSubstr("size must be >= 1"));
   EXPECT_THAT(ExpectThrow<InvalidArgumentError>([] { Communicator::Create(nullptr, 0, 1); }), HasSubstr("store"));
+  CommunicatorOptions bad_device;
+  bad_device.cuda_device = -2;
+  EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] { Communicator::Create(MakeHashStore(), 0, 1, bad_device); }),
+              HasSubstr("cuda_device must be a CUDA device ordinal, or -1"));
   const auto start = Clock::now();
   EXPECT_THAT(ExpectThrow<TimeoutError>([] { Communicator::Create(MakeHashStore(), 0, 2, Quick(500)); }),
               AllOf(HasSubstr("rank 0 of 2"), HasSubstr("rendezvous")));

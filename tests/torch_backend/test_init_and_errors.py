@@ -174,6 +174,9 @@ def test_cuda_device_variable_reaches_the_communicator():
     results = run_ranks(bad_policy_worker, 2, env={"GOSSIPCC_CUDA_DEVICE": "0"})
     for msg in results:
         assert "cuda:0" in msg and ("no such CUDA device" in msg or "built without CUDA" in msg), msg
+    # A number that is no device: refused by the Communicator before it connects.
+    for msg in run_ranks(bad_policy_worker, 2, env={"GOSSIPCC_CUDA_DEVICE": "-2"}):
+        assert "cuda_device must be a CUDA device ordinal" in msg and "-2" in msg, msg
 
 
 def test_checks_and_connection_per_direction_can_be_turned_off():
