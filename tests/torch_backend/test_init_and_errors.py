@@ -43,17 +43,6 @@ def test_init_methods(method):
     assert run_ranks(allreduce_worker, 2, method, env=env) == [1.0, 1.0]
 
 
-def torch_lacks_libuv():
-    if int(torch.__version__.split(".")[0]) < 2:
-        return False
-    from torch._C._distributed_c10d import TCPStore
-    try:
-        TCPStore("127.0.0.1", 0, 1, True, use_libuv=True, wait_for_workers=False)
-    except RuntimeError as e:
-        return "libuv" in str(e)
-    return False
-
-
 @pytest.mark.parametrize("launcher", ["gossipcc.torchrun", "torch.distributed.run"])
 def test_torchrun(tmp_path, launcher):
     if launcher == "torch.distributed.run":
@@ -61,7 +50,8 @@ def test_torchrun(tmp_path, launcher):
         if int(torch.__version__.split(".")[0]) < 2 and sys.version_info >= (3, 11):
             pytest.skip("torch 1.13's launcher fails on Python >= 3.11 before starting a worker; "
                         "python -m gossipcc.torchrun fixes that")
-        if torch_lacks_libuv():
+        import gossipcc
+        if gossipcc._torch_lacks_libuv():
             pytest.skip("this torch is built without libuv and its torchrun's static rendezvous asks "
                         "for libuv whatever USE_LIBUV says; python -m gossipcc.torchrun fixes that")
     script = tmp_path / "train.py"

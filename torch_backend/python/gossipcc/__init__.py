@@ -53,21 +53,26 @@ def _create_backend(store, rank, size, timeout):
     return ProcessGroupGossipcc(store, rank, size, timeout, allreduce_policy())
 
 
+def _torch_lacks_libuv():
+    """True for a torch 2.x built without libuv (Debian's), whose TCPStore refuses use_libuv."""
+    if int(torch.__version__.split(".")[0]) < 2:
+        return False
+    try:
+        from torch._C._distributed_c10d import TCPStore
+        TCPStore("127.0.0.1", 0, 1, True, use_libuv=True, wait_for_workers=False)
+    except RuntimeError as e:
+        return "libuv" in str(e)
+    except Exception:  # noqa: BLE001 - a probe only; torch decides later
+        pass
+    return False
+
+
 def _default_tcpstore_without_libuv():
     """Debian's torch 2.x is built without libuv, yet its TCPStore (env://, tcp://, torchrun)
     asks for libuv unless USE_LIBUV=0: every rendezvous would fail with "use_libuv was
     requested but PyTorch was build without libuv support". Default USE_LIBUV to 0 there."""
-    if int(torch.__version__.split(".")[0]) < 2:
-        return
-    if "USE_LIBUV" not in os.environ:
-        try:
-            from torch._C._distributed_c10d import TCPStore
-            TCPStore("127.0.0.1", 0, 1, True, use_libuv=True, wait_for_workers=False)
-        except RuntimeError as e:
-            if "libuv" in str(e):
-                os.environ["USE_LIBUV"] = "0"
-        except Exception:  # noqa: BLE001 - a probe only; torch decides later
-            pass
+    if "USE_LIBUV" not in os.environ and _torch_lacks_libuv():
+        os.environ["USE_LIBUV"] = "0"
     if os.environ.get("USE_LIBUV") == "0":
         _tcpstores_respect_use_libuv()
 
