@@ -80,33 +80,26 @@ bool RunRank(int rank, int world_size, const std::string& store_path) {
   return ok;
 }
 
-int Flag(int argc, char** argv, const char* name, int fallback) {
-  const std::string prefix = std::string("--") + name + "=";
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) return std::atoi(argv[i] + prefix.size());
-  }
-  return fallback;
-}
-
-std::string StringFlag(int argc, char** argv, const char* name) {
+// The value of --name=VALUE, or `fallback`.
+std::string Flag(int argc, char** argv, const char* name, const std::string& fallback = "") {
   const std::string prefix = std::string("--") + name + "=";
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) return argv[i] + prefix.size();
   }
-  return "";
+  return fallback;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int world_size = Flag(argc, argv, "world_size", 4);
-  const int rank = Flag(argc, argv, "rank", -1);
+  const int world_size = std::atoi(Flag(argc, argv, "world_size", "4").c_str());
+  const int rank = std::atoi(Flag(argc, argv, "rank", "-1").c_str());
   if (world_size < 1 || rank >= world_size) {
     std::fprintf(stderr, "usage: %s [--world_size=N] [--rank=R --store=PATH]\n", argv[0]);
     return 2;
   }
   if (rank >= 0) {
-    const std::string store = StringFlag(argc, argv, "store");
+    const std::string store = Flag(argc, argv, "store");
     if (store.empty()) {
       std::fprintf(stderr, "--rank needs --store=PATH (a file every rank can reach)\n");
       return 2;
