@@ -151,6 +151,10 @@ struct PowerSGD::Plan {
   size_t p_offset = 0, q_offset = 0;  // in floats, into the P and Q packs
   State* state = nullptr;
   float* M = nullptr;
+  // CPU float32 with error feedback: M is the gradient's memory and the error memory is added
+  // to it by the first M^T P pass (MultiplyMtPAddingError), not by a pass of its own. Until
+  // then M reads as grad + pending_error.
+  const float* pending_error = nullptr;
   std::shared_ptr<void> scratch;
 };
 
@@ -535,6 +539,11 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
         s.error_count = nm;
       }
       if (p.M != nullptr) continue;  // loaded into its scratch before the check
+      if (t.data.dtype == DType::kFloat32 && !backend.device().is_cuda()) {
+        p.M = static_cast<float*>(t.data.data);
+        p.pending_error = options_.use_error_feedback ? s.error_ptr() : nullptr;
+        continue;
+      }
       if (t.data.dtype != DType::kFloat32) p.scratch = backend.Alloc(nm * sizeof(float), /*zero=*/false);
       p.M = backend.LoadMatrix(t.data, options_.use_error_feedback ? s.error_ptr() : nullptr,
                                static_cast<float*>(p.scratch.get()));
@@ -553,7 +562,11 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
       } else {
         for (Plan& p : plans) {
           const float* q_in = it == 0 ? p.state->q_ptr() : Q + p.q_offset;
-          backend.MultiplyMQ(p.M, q_in, P + p.p_offset, p.n, p.m, p.r);
+          if (p.pending_error != nullptr) {
+            backend.MultiplyMQPlusError(p.M, p.pending_error, q_in, P + p.p_offset, p.n, p.m, p.r);
+          } else {
+            backend.MultiplyMQ(p.M, q_in, P + p.p_offset, p.n, p.m, p.r);
+          }
         }
         backend.Synchronize();
         comm.allreduce(Buffer{P, p_total, DType::kFloat32, backend.device()}, ReduceOp::kSum)->wait();
@@ -561,7 +574,12 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
       }
       for (Plan& p : plans) {
         backend.Orthogonalize(P + p.p_offset, p.n, p.r, eps);
-        backend.MultiplyMtP(p.M, P + p.p_offset, Q + p.q_offset, p.n, p.m, p.r);
+        if (p.pending_error != nullptr) {
+          backend.MultiplyMtPAddingError(p.M, p.pending_error, P + p.p_offset, Q + p.q_offset, p.n, p.m, p.r);
+          p.pending_error = nullptr;  // M is grad + error from here on
+        } else {
+          backend.MultiplyMtP(p.M, P + p.p_offset, Q + p.q_offset, p.n, p.m, p.r);
+        }
       }
       backend.Synchronize();
       comm.allreduce(Buffer{Q, q_total, DType::kFloat32, backend.device()}, ReduceOp::kAvg)->wait();

@@ -44,6 +44,10 @@ class MathBackend {
                                    int r);
   // Q = M^T P.
   virtual void MultiplyMtP(const float* M, const float* P, float* Q, int64_t n, int64_t m, int r) = 0;
+  // G <- G + E and Q = G^T P in one pass over G (error feedback's M = grad + error folded into
+  // the product instead of a pass of its own). CPU only, like MultiplyMQPlusError.
+  virtual void MultiplyMtPAddingError(float* G, const float* E, const float* P, float* Q, int64_t n, int64_t m,
+                                      int r);
   // Orthonormalises the r columns of P (n x r) in place: Gram-Schmidt with
   // col /= (norm + eps) for r <= 2, Householder QR otherwise (on CUDA: Gram-Schmidt always).
   // A zero column (norm + eps == 0) stays zero instead of becoming NaN.
@@ -56,7 +60,14 @@ class MathBackend {
   virtual void Synchronize() = 0;
 };
 
-std::unique_ptr<MathBackend> MakeCpuBackend();
+// Which compiled copy of the CPU kernels (the streamed passes over M) a CPU backend uses.
+// kBest: AVX2 where the CPU has it, else the x86-64 baseline; the environment variable
+// GOSSIPCC_POWERSGD_CPU_KERNELS=baseline|avx2 overrides it (for benchmarks). Both copies give
+// bit-identical Finish results (no FMA); asking for AVX2 where it is missing throws.
+enum class CpuKernels { kBest, kBaseline, kAvx2 };
+std::unique_ptr<MathBackend> MakeCpuBackend(CpuKernels kernels = CpuKernels::kBest);
+// "Baseline" or "Avx2": what MakeCpuBackend(kernels) would use here.
+const char* CpuKernelsName(CpuKernels kernels = CpuKernels::kBest);
 // Throws InvalidArgumentError when built without CUDA or when `ordinal` is not a usable device.
 std::unique_ptr<MathBackend> MakeCudaBackend(int ordinal);
 

@@ -231,7 +231,7 @@ int Main(int argc, char** argv) {
         if (row.method == 0) exact_ms = row.median_ms;
         char method[16];
         std::snprintf(method, sizeof(method), row.method == 0 ? "exact" : "powersgd r=%d", row.method);
-        std::printf("%-15s %-12s %14.0f %9.1fx %12.1f %8.2fx", row.model, method, row.bytes_per_step, row.ratio,
+        std::printf("%-15s %-12s %14.0f %9.1fx %12.2f %8.2fx", row.model, method, row.bytes_per_step, row.ratio,
                     row.median_ms, exact_ms / row.median_ms);
         if (row.method > 0) {
           std::printf(" %11.4f %13.4f  (x%.2f)\n", row.rel_error, row.best_rel_error,
