@@ -67,10 +67,34 @@ std::shared_ptr<Work> OpLane::Issue(std::string description, std::function<std::
 
 void OpLane::Run(std::string description, std::function<void()> task, bool uses_collectives) {
   {
-    std::lock_guard<std::mutex> lock(s_->mu);
-    if (thread_.joinable() && std::this_thread::get_id() == s_->thread_id) {
+    std::unique_lock<std::mutex> lock(s_->mu);
+    const auto me = std::this_thread::get_id();
+    if ((thread_.joinable() && me == s_->thread_id) || (s_->inline_running && me == s_->inline_thread)) {
       throw InvalidArgumentError(description + ": a blocking gossipcc call cannot run inside a callback of "
                                  "another gossipcc operation of the same process group (it would wait for itself)");
+    }
+    if (s_->stopped) throw AbortedError(description + ": refused, " + s_->stop_reason);
+    if (s_->queue.empty() && !s_->lane_busy && !s_->inline_running) {
+      // Idle: run here. The lane is held as if the task were queued: the lane's thread starts
+      // nothing and plain collectives queue behind a collective task until it returns.
+      s_->inline_running = true;
+      s_->inline_thread = me;
+      if (uses_collectives) ++s_->collective_tasks;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        task();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      task = nullptr;
+      lock.lock();
+      s_->inline_running = false;
+      if (uses_collectives) --s_->collective_tasks;
+      lock.unlock();
+      s_->cv.notify_all();  // the lane's thread (tasks queued meanwhile) and Stop()
+      if (error) std::rethrow_exception(error);
+      return;
     }
   }
   Submit(std::move(description), std::move(task), uses_collectives)->wait();
@@ -99,6 +123,11 @@ void OpLane::Stop(const std::string& reason) {
   for (Task& t : dropped) {
     t.work->Complete(std::make_exception_ptr(AbortedError(t.work->description() + ": not run, " + reason)));
   }
+  {
+    // A task running inline on another thread: wait for it to return, like the lane's own.
+    std::unique_lock<std::mutex> lock(s_->mu);
+    s_->cv.wait(lock, [&] { return !s_->inline_running || s_->inline_thread == std::this_thread::get_id(); });
+  }
   if (thread.joinable()) thread.join();
 }
 
@@ -107,10 +136,12 @@ void OpLane::Loop(std::shared_ptr<State> s) {
     Task task;
     {
       std::unique_lock<std::mutex> lock(s->mu);
-      s->cv.wait(lock, [&] { return s->stopped || !s->queue.empty(); });
+      // A task Run() is running inline holds the lane: queued tasks wait for it.
+      s->cv.wait(lock, [&] { return s->stopped || (!s->queue.empty() && !s->inline_running); });
       if (s->queue.empty()) return;  // stopped
       task = std::move(s->queue.front());
       s->queue.pop_front();
+      s->lane_busy = true;
     }
     std::exception_ptr error;
     try {
@@ -119,9 +150,10 @@ void OpLane::Loop(std::shared_ptr<State> s) {
       error = std::current_exception();
     }
     task.fn = nullptr;  // release captured tensors before completion callbacks run
-    if (task.uses_collectives) {
+    {
       std::lock_guard<std::mutex> lock(s->mu);
-      --s->collective_tasks;
+      if (task.uses_collectives) --s->collective_tasks;
+      s->lane_busy = false;
     }
     task.work->Complete(error);
   }

@@ -46,12 +46,17 @@ class OpLane {
   // the tensors behind the communicator's views) is kept until the collective completes.
   std::shared_ptr<Work> Issue(std::string description, std::function<std::shared_ptr<Work>()> issue);
 
-  // Submits `task` and waits for it, rethrowing its error. Must not be called from the lane's
-  // own thread (e.g. from a future callback of a lane task): InvalidArgumentError.
+  // Runs `task` in its turn and waits for it, rethrowing its error. When the lane is idle
+  // (nothing queued or running) the task runs at once on the calling thread, with the lane
+  // held for it exactly as for a queued task; otherwise it is queued and the caller waits.
+  // (A blocking call that finds the lane idle, the usual case of a training step, then costs
+  // no hand-off to the lane's thread and back.) Must not be called from a lane task (on the
+  // lane's thread, e.g. from a future callback of a lane task, or from a task run inline):
+  // InvalidArgumentError, since it would wait for itself.
   void Run(std::string description, std::function<void()> task, bool uses_collectives);
 
   // Refuses new tasks, fails queued ones with AbortedError (naming `reason`) and waits for the
-  // running one to return. Idempotent.
+  // running one (queued or inline) to return. Idempotent.
   void Stop(const std::string& reason);
 
  private:
@@ -71,6 +76,9 @@ class OpLane {
     bool stopped = false;
     std::string stop_reason;
     std::thread::id thread_id;
+    bool lane_busy = false;          // the lane's thread is running a task
+    bool inline_running = false;     // Run() is running a task on its caller's thread
+    std::thread::id inline_thread;   // that caller
   };
   static void Loop(std::shared_ptr<State> state);
 

@@ -1,12 +1,16 @@
 // OpLane (torch_backend/op_lane.h): tasks run one at a time in order; plain collectives are
 // issued at once unless a collective-issuing task is queued or running; Stop fails what is
-// queued. Torch-free, so it also runs under the sanitizer configs.
+// queued; a blocking Run on an idle lane runs on its caller's thread and holds the lane as a
+// queued task would. Torch-free, so it also runs under the sanitizer configs.
 #include "torch_backend/op_lane.h"
 
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <mutex>
+#include <string>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "comm/errors.h"
@@ -130,6 +134,112 @@ TEST(OpLaneTest, BlockingRunFromTheLaneItselfIsRefused) {
   int ran = 0;
   lane.Run("from outside", [&] { ran = 1; }, true);
   EXPECT_EQ(ran, 1);
+}
+
+TEST(OpLaneTest, RunOnAnIdleLaneRunsOnTheCallerAndRethrows) {
+  OpLane lane("test");
+  std::thread::id ran_on;
+  lane.Run("idle", [&] { ran_on = std::this_thread::get_id(); }, true);
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  EXPECT_THROW(lane.Run("failing", [] { throw MismatchError("ranks disagree"); }, true), MismatchError);
+  // The lane is free again: a later Run is inline too.
+  lane.Run("again", [&] { ran_on = std::this_thread::get_id(); }, false);
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+}
+
+TEST(OpLaneTest, RunWaitsItsTurnBehindABusyLane) {
+  OpLane lane("test");
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::vector<int> order;
+  auto first = lane.Submit("first", [&order, gate] {
+    gate.wait();
+    order.push_back(1);
+  }, true);
+  std::thread::id ran_on;
+  std::thread caller([&] {
+    lane.Run("second", [&] {
+      order.push_back(2);
+      ran_on = std::this_thread::get_id();
+    }, true);
+  });
+  std::this_thread::sleep_for(20ms);
+  EXPECT_TRUE(order.empty());
+  release.set_value();
+  caller.join();
+  first->wait();
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+  EXPECT_NE(ran_on, caller.get_id());  // queued, so it ran on the lane's thread
+}
+
+TEST(OpLaneTest, AnInlineRunHoldsTheLane) {
+  OpLane lane("test");
+  std::promise<void> started, release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::vector<std::string> order;
+  std::mutex order_mu;
+  auto note = [&](const std::string& what) {
+    std::lock_guard<std::mutex> lock(order_mu);
+    order.push_back(what);
+  };
+  std::thread runner([&] {
+    lane.Run("inline", [&] {
+      started.set_value();
+      gate.wait();
+      note("inline");
+    }, /*uses_collectives=*/true);
+  });
+  started.get_future().wait();
+  // While it runs: a queued task and a plain collective wait for it.
+  auto queued = lane.Submit("queued", [&] { note("queued"); }, false);
+  auto inner = std::make_shared<CompletionWork>("inner");
+  bool issued = false;
+  auto proxy = lane.Issue("allreduce", [&] {
+    issued = true;
+    note("issued");
+    return inner;
+  });
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(issued);
+  EXPECT_FALSE(queued->is_completed());
+  release.set_value();
+  runner.join();
+  queued->wait();
+  inner->Complete(nullptr);
+  proxy->wait();
+  EXPECT_TRUE(issued);
+  EXPECT_EQ(order, (std::vector<std::string>{"inline", "queued", "issued"}));
+}
+
+TEST(OpLaneTest, BlockingRunInsideAnInlineRunIsRefused) {
+  OpLane lane("test");
+  std::string message = "no error";
+  lane.Run("outer", [&] {
+    try {
+      lane.Run("inner", [] {}, true);
+    } catch (const InvalidArgumentError& e) {
+      message = e.what();
+    }
+  }, true);
+  EXPECT_NE(message.find("cannot run inside a callback"), std::string::npos) << message;
+}
+
+TEST(OpLaneTest, StopWaitsForAnInlineRunAndRefusesLaterOnes) {
+  OpLane lane("test");
+  std::promise<void> started;
+  std::atomic<bool> finished{false};
+  std::thread runner([&] {
+    lane.Run("inline", [&] {
+      started.set_value();
+      std::this_thread::sleep_for(50ms);
+      finished = true;
+    }, true);
+  });
+  started.get_future().wait();
+  lane.Stop("test stop");
+  EXPECT_TRUE(finished);
+  runner.join();
+  EXPECT_THROW(lane.Run("late", [] {}, true), AbortedError);
 }
 
 }  // namespace
