@@ -324,10 +324,6 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
     total_elements += t.data.count;
     stats.elements_before += t.data.count;
     stats.bytes_before += t.data.bytes();
-    if (options_.nonfinite != NonFinitePolicy::kUnchecked && !backend.AllFinite(t.data)) {
-      ++nonfinite;
-      if (nonfinite <= 5) absl::StrAppend(&nonfinite_keys, nonfinite > 1 ? ", " : "", "\"", t.key, "\"");
-    }
     if (!compress) {
       exact.push_back(i);
       continue;
@@ -379,6 +375,17 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
       fused_p = !plans.empty() && with_exact + p_total * sizeof(float) <= limit;
     }
   }
+  // ---- NaN/Inf scan (one pass per tensor) ----
+  // A float32 matrix whose first P is computed before the check is scanned by that product,
+  // in the same pass over the gradient (below); every other tensor here.
+  const bool scan = options_.nonfinite != NonFinitePolicy::kUnchecked;
+  std::vector<char> is_nonfinite(tensors.size(), 0), scanned_by_product(tensors.size(), 0);
+  if (scan && fused_p) {
+    for (const Plan& p : plans) scanned_by_product[p.index] = tensors[p.index].data.dtype == DType::kFloat32;
+  }
+  for (size_t i = 0; scan && i < tensors.size(); ++i) {
+    if (!scanned_by_product[i]) is_nonfinite[i] = !backend.AllFinite(tensors[i].data);
+  }
   if (fused_p) {
     // The first P reads Q and the error memory on the CPU; a key whose state an earlier call
     // left on a GPU moves now rather than in the set-up below (same values, other memory).
@@ -407,7 +414,6 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
   mine[kOptions] = static_cast<int64_t>(OptionsHash(options_));
   mine[kTensors] = static_cast<int64_t>(tensors.size());
   mine[kElements] = static_cast<int64_t>(total_elements);
-  mine[kNonFinite] = static_cast<int64_t>(nonfinite);
   if (fused_bytes > 0) {
     uint8_t* out = reinterpret_cast<uint8_t*>(mine.data()) + kCheckBytes;
     for (size_t i : exact) {
@@ -427,7 +433,10 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
       const float* q = s && s->q && s->q_count == mr && options_.warm_start ? s->q_ptr() : initial_q_for(j).data();
       const float* error = options_.use_error_feedback && s && s->error ? s->error_ptr() : nullptr;
       if (t.data.dtype == DType::kFloat32) {
-        cpu_->MultiplyMQPlusError(static_cast<const float*>(t.data.data), error, q, first_p + p.p_offset, p.n, p.m, p.r);
+        bool finite = true;
+        cpu_->MultiplyMQPlusError(static_cast<const float*>(t.data.data), error, q, first_p + p.p_offset, p.n, p.m, p.r,
+                                  scanned_by_product[p.index] ? &finite : nullptr);
+        is_nonfinite[p.index] = !finite;
       } else {
         // M goes to a scratch anyway for these dtypes; the gradient stays untouched.
         p.scratch = cpu_->Alloc(static_cast<size_t>(p.n * p.m) * sizeof(float), /*zero=*/false);
@@ -436,6 +445,12 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
       }
     }
   }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!is_nonfinite[i]) continue;
+    ++nonfinite;
+    if (nonfinite <= 5) absl::StrAppend(&nonfinite_keys, nonfinite > 1 ? ", " : "", "\"", tensors[i].key, "\"");
+  }
+  mine[kNonFinite] = static_cast<int64_t>(nonfinite);
   try {
     comm.allgather(CpuBuffer(mine.data(), mine.size()), CpuBuffer(table.data(), table.size()))->wait();
   } catch (const MismatchError&) {
@@ -563,7 +578,7 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
         for (Plan& p : plans) {
           const float* q_in = it == 0 ? p.state->q_ptr() : Q + p.q_offset;
           if (p.pending_error != nullptr) {
-            backend.MultiplyMQPlusError(p.M, p.pending_error, q_in, P + p.p_offset, p.n, p.m, p.r);
+            backend.MultiplyMQPlusError(p.M, p.pending_error, q_in, P + p.p_offset, p.n, p.m, p.r, nullptr);
           } else {
             backend.MultiplyMQ(p.M, q_in, P + p.p_offset, p.n, p.m, p.r);
           }

@@ -17,7 +17,7 @@ namespace gossipcc {
 namespace compression {
 namespace internal {
 
-void MathBackend::MultiplyMQPlusError(const float*, const float*, const float*, float*, int64_t, int64_t, int) {
+void MathBackend::MultiplyMQPlusError(const float*, const float*, const float*, float*, int64_t, int64_t, int, bool*) {
   throw std::logic_error("PowerSGD: MultiplyMQPlusError is CPU-only; called on " + device().ToString());
 }
 
@@ -137,15 +137,24 @@ GOSSIPCC_INLINE bool AllFiniteBody(const float* x, int64_t n) {
 
 // P = (G + E) Q with Q given as Q^T (r x m, row k contiguous); E may be null. Every row of M
 // is read once per column block and used for all r columns while it is in L1; G + E is
-// formed in `block` (kColumnBlock floats), never stored.
+// formed in `block` (kColumnBlock floats), never stored. With `g_finite`: also whether every
+// element of G is finite (G's row segment is in L1 then, so the scan costs no memory pass).
 template <class V>
 GOSSIPCC_INLINE void ProductMQ(const float* G, const float* E, const float* qt, float* P, int64_t n, int64_t m, int r,
-                               float* block) {
+                               float* block, bool* g_finite) {
+  constexpr int L = kLanes<V>;
   std::fill(P, P + n * r, 0.0f);
+  V probe{};
+  float probe_tail = 0;
   for (int64_t c = 0; c < m; c += kColumnBlock) {
     const int64_t w = std::min(kColumnBlock, m - c);
     for (int64_t i = 0; i < n; ++i) {
       const float* row = G + i * m + c;
+      if (g_finite != nullptr) {
+        int64_t j = 0;
+        for (; j + L <= w; j += L) probe += LoadV<V>(row + j) * V{};
+        for (; j < w; ++j) probe_tail += row[j] * 0.0f;
+      }
       if (E != nullptr) {
         Add<V>(row, E + i * m + c, block, w);
         row = block;
@@ -153,6 +162,7 @@ GOSSIPCC_INLINE void ProductMQ(const float* G, const float* E, const float* qt, 
       for (int k = 0; k < r; ++k) P[i * r + k] += Dot<V>(row, qt + k * m + c, w);
     }
   }
+  if (g_finite != nullptr) *g_finite = !std::isnan(HorizontalSum(probe) + probe_tail);
 }
 
 // Q^T (r x m) = M^T P, one pass over M. With E: M = G + E is formed in that pass and
@@ -200,7 +210,7 @@ struct Kernels {
   const char* name;
   bool (*all_finite)(const float*, int64_t);
   void (*add)(const float*, const float*, float*, int64_t);
-  void (*product_mq)(const float*, const float*, const float*, float*, int64_t, int64_t, int, float*);
+  void (*product_mq)(const float*, const float*, const float*, float*, int64_t, int64_t, int, float*, bool*);
   void (*product_mtp)(float*, const float*, const float*, float*, int64_t, int64_t, int);
   void (*finish)(float*, const float*, const float*, int64_t, int64_t, int, float*);
 };
@@ -209,8 +219,8 @@ struct Kernels {
   TARGET bool AllFinite##NAME(const float* x, int64_t n) { return AllFiniteBody<V>(x, n); }                       \
   TARGET void Add##NAME(const float* a, const float* b, float* out, int64_t w) { Add<V>(a, b, out, w); }           \
   TARGET void ProductMQ##NAME(const float* G, const float* E, const float* qt, float* P, int64_t n, int64_t m,      \
-                              int r, float* block) {                                                               \
-    ProductMQ<V>(G, E, qt, P, n, m, r, block);                                                                     \
+                              int r, float* block, bool* g_finite) {                                               \
+    ProductMQ<V>(G, E, qt, P, n, m, r, block, g_finite);                                                           \
   }                                                                                                                \
   TARGET void ProductMtP##NAME(float* G, const float* E, const float* P, float* qt, int64_t n, int64_t m, int r) { \
     ProductMtP<V>(G, E, P, qt, n, m, r);                                                                           \
@@ -298,12 +308,13 @@ class CpuBackend : public MathBackend {
   }
 
   void MultiplyMQ(const float* M, const float* Q, float* P, int64_t n, int64_t m, int r) override {
-    MultiplyMQPlusError(M, nullptr, Q, P, n, m, r);
+    MultiplyMQPlusError(M, nullptr, Q, P, n, m, r, nullptr);
   }
 
-  void MultiplyMQPlusError(const float* G, const float* E, const float* Q, float* P, int64_t n, int64_t m,
-                           int r) override {
+  void MultiplyMQPlusError(const float* G, const float* E, const float* Q, float* P, int64_t n, int64_t m, int r,
+                           bool* g_finite) override {
     if (r > kStreamMaxRank) {
+      if (g_finite != nullptr) *g_finite = kernels_.all_finite(G, n * m);
       if (E == nullptr) {
         MapM(P, n, r).noalias() = ConstMapM(G, n, m) * ConstMapM(Q, m, r);
       } else {
@@ -313,7 +324,7 @@ class CpuBackend : public MathBackend {
     }
     TransposeQ(Q, m, r);
     block_.resize(static_cast<size_t>(std::min(kColumnBlock, m)));
-    kernels_.product_mq(G, E, qt_.data(), P, n, m, r, block_.data());
+    kernels_.product_mq(G, E, qt_.data(), P, n, m, r, block_.data(), g_finite);
   }
 
   void MultiplyMtP(const float* M, const float* P, float* Q, int64_t n, int64_t m, int r) override {

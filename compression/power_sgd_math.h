@@ -37,11 +37,12 @@ class MathBackend {
   virtual float* LoadMatrix(const Buffer& grad, const float* error, float* scratch) = 0;
   // P = M Q.
   virtual void MultiplyMQ(const float* M, const float* Q, float* P, int64_t n, int64_t m, int r) = 0;
-  // P = (G + E) Q without writing G or E (E may be null: P = G Q). CPU only: PowerSGD calls
-  // it to compute the first P before its cross-rank check, which only the CPU path does; the
-  // default throws.
+  // P = (G + E) Q without writing G or E (E may be null: P = G Q). When `g_finite` is not
+  // null it is set to whether every element of G is finite (the NaN/Inf scan, in the same
+  // pass). CPU only: PowerSGD calls it to compute the first P before its cross-rank check,
+  // which only the CPU path does; the default throws.
   virtual void MultiplyMQPlusError(const float* G, const float* E, const float* Q, float* P, int64_t n, int64_t m,
-                                   int r);
+                                   int r, bool* g_finite);
   // Q = M^T P.
   virtual void MultiplyMtP(const float* M, const float* P, float* Q, int64_t n, int64_t m, int r) = 0;
   // G <- G + E and Q = G^T P in one pass over G (error feedback's M = grad + error folded into

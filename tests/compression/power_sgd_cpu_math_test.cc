@@ -1,7 +1,7 @@
 // PowerSGD's CPU math backend (compression/power_sgd_cpu.cc): every streamed kernel, in every
 // compiled copy this CPU can run (the x86-64 baseline and AVX2), against a double-precision
 // reference; shapes that exercise vector tails, several column blocks (m > 2048) and the
-// Eigen path (r > 16); NaN/Inf found wherever they sit; and Finish bit-identical across the
+// Eigen path (r > 16); NaN/Inf found wherever they sit (by the scan and by the first product); and Finish bit-identical across the
 // copies, so ranks on different CPUs agree exactly.
 #include <cmath>
 #include <cstdint>
@@ -100,8 +100,20 @@ TEST_P(CpuMathTest, ProductsMatchReference) {
     backend_->MultiplyMQ(g.data(), q.data(), p.data(), s.n, s.m, s.r);
     ExpectNear(p, Product(Wide(g), Wide(q), s.n, s.m, s.r), s.m, what + " MultiplyMQ");
     std::fill(p.begin(), p.end(), 99.0f);
-    backend_->MultiplyMQPlusError(g.data(), e.data(), q.data(), p.data(), s.n, s.m, s.r);
+    bool finite = false;
+    backend_->MultiplyMQPlusError(g.data(), e.data(), q.data(), p.data(), s.n, s.m, s.r, &finite);
     ExpectNear(p, Product(m_ref, Wide(q), s.n, s.m, s.r), 2 * s.m, what + " MultiplyMQPlusError");
+    EXPECT_TRUE(finite) << what;
+    // The scan in the product sees a NaN or Inf of G wherever it is (first, last, middle).
+    for (size_t pos : {size_t{0}, g.size() / 2, g.size() - 1}) {
+      for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+        std::vector<float> g_bad = g;
+        g_bad[pos] = bad;
+        finite = true;
+        backend_->MultiplyMQPlusError(g_bad.data(), e.data(), q.data(), p.data(), s.n, s.m, s.r, &finite);
+        EXPECT_FALSE(finite) << what << " value " << bad << " at " << pos;
+      }
+    }
 
     // Q = M^T P, with M read only, and with G + E written back into G.
     std::vector<float> q_out(s.m * s.r, 99.0f);
