@@ -152,8 +152,8 @@ struct PowerSGD::Plan {
   State* state = nullptr;
   float* M = nullptr;
   // CPU float32 with error feedback: M is the gradient's memory and the error memory is added
-  // to it by the first M^T P pass (MultiplyMtPAddingError), not by a pass of its own. Until
-  // then M reads as grad + pending_error.
+  // to it by the first M^T P pass (MultiplyMtP with E), not by a pass of its own. Until then
+  // M reads as grad + pending_error.
   const float* pending_error = nullptr;
   std::shared_ptr<void> scratch;
 };
@@ -379,12 +379,11 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
   // A float32 matrix whose first P is computed before the check is scanned by that product,
   // in the same pass over the gradient (below); every other tensor here.
   const bool scan = options_.nonfinite != NonFinitePolicy::kUnchecked;
-  std::vector<char> is_nonfinite(tensors.size(), 0), scanned_by_product(tensors.size(), 0);
-  if (scan && fused_p) {
-    for (const Plan& p : plans) scanned_by_product[p.index] = tensors[p.index].data.dtype == DType::kFloat32;
-  }
-  for (size_t i = 0; scan && i < tensors.size(); ++i) {
-    if (!scanned_by_product[i]) is_nonfinite[i] = !backend.AllFinite(tensors[i].data);
+  std::vector<char> is_nonfinite(tensors.size(), 0);
+  auto scan_apart = [&](size_t i) { is_nonfinite[i] = scan && !backend.AllFinite(tensors[i].data); };
+  for (size_t i : exact) scan_apart(i);
+  for (const Plan& p : plans) {
+    if (!fused_p || tensors[p.index].data.dtype != DType::kFloat32) scan_apart(p.index);
   }
   if (fused_p) {
     // The first P reads Q and the error memory on the CPU; a key whose state an earlier call
@@ -434,14 +433,14 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
       const float* error = options_.use_error_feedback && s && s->error ? s->error_ptr() : nullptr;
       if (t.data.dtype == DType::kFloat32) {
         bool finite = true;
-        cpu_->MultiplyMQPlusError(static_cast<const float*>(t.data.data), error, q, first_p + p.p_offset, p.n, p.m, p.r,
-                                  scanned_by_product[p.index] ? &finite : nullptr);
+        cpu_->MultiplyMQ(static_cast<const float*>(t.data.data), error, q, first_p + p.p_offset, p.n, p.m, p.r,
+                         scan ? &finite : nullptr);
         is_nonfinite[p.index] = !finite;
       } else {
         // M goes to a scratch anyway for these dtypes; the gradient stays untouched.
         p.scratch = cpu_->Alloc(static_cast<size_t>(p.n * p.m) * sizeof(float), /*zero=*/false);
         p.M = cpu_->LoadMatrix(t.data, error, static_cast<float*>(p.scratch.get()));
-        cpu_->MultiplyMQ(p.M, q, first_p + p.p_offset, p.n, p.m, p.r);
+        cpu_->MultiplyMQ(p.M, nullptr, q, first_p + p.p_offset, p.n, p.m, p.r, nullptr);
       }
     }
   }
@@ -577,11 +576,7 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
       } else {
         for (Plan& p : plans) {
           const float* q_in = it == 0 ? p.state->q_ptr() : Q + p.q_offset;
-          if (p.pending_error != nullptr) {
-            backend.MultiplyMQPlusError(p.M, p.pending_error, q_in, P + p.p_offset, p.n, p.m, p.r, nullptr);
-          } else {
-            backend.MultiplyMQ(p.M, q_in, P + p.p_offset, p.n, p.m, p.r);
-          }
+          backend.MultiplyMQ(p.M, p.pending_error, q_in, P + p.p_offset, p.n, p.m, p.r, nullptr);
         }
         backend.Synchronize();
         comm.allreduce(Buffer{P, p_total, DType::kFloat32, backend.device()}, ReduceOp::kSum)->wait();
@@ -589,12 +584,8 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
       }
       for (Plan& p : plans) {
         backend.Orthogonalize(P + p.p_offset, p.n, p.r, eps);
-        if (p.pending_error != nullptr) {
-          backend.MultiplyMtPAddingError(p.M, p.pending_error, P + p.p_offset, Q + p.q_offset, p.n, p.m, p.r);
-          p.pending_error = nullptr;  // M is grad + error from here on
-        } else {
-          backend.MultiplyMtP(p.M, P + p.p_offset, Q + p.q_offset, p.n, p.m, p.r);
-        }
+        backend.MultiplyMtP(p.M, p.pending_error, P + p.p_offset, Q + p.q_offset, p.n, p.m, p.r);
+        p.pending_error = nullptr;  // M is grad + error from here on
       }
       backend.Synchronize();
       comm.allreduce(Buffer{Q, q_total, DType::kFloat32, backend.device()}, ReduceOp::kAvg)->wait();

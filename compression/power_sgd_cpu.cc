@@ -1,5 +1,6 @@
-// PowerSGD's CPU math through Eigen: Maps over the caller's buffers (no copies of float32
-// gradients), float16/bfloat16/float64 widened to a float32 scratch once.
+// PowerSGD's CPU math: the passes over M are SIMD kernels of our own (below), Eigen does the
+// rest (QR, GEMMs above rank 16, float64 conversions). No copies of float32 gradients;
+// float16/bfloat16/float64 are widened to a float32 scratch once.
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
@@ -16,14 +17,6 @@
 namespace gossipcc {
 namespace compression {
 namespace internal {
-
-void MathBackend::MultiplyMQPlusError(const float*, const float*, const float*, float*, int64_t, int64_t, int, bool*) {
-  throw std::logic_error("PowerSGD: MultiplyMQPlusError is CPU-only; called on " + device().ToString());
-}
-
-void MathBackend::MultiplyMtPAddingError(float*, const float*, const float*, float*, int64_t, int64_t, int) {
-  throw std::logic_error("PowerSGD: MultiplyMtPAddingError is CPU-only; called on " + device().ToString());
-}
 
 namespace {
 
@@ -260,7 +253,6 @@ class CpuBackend : public MathBackend {
  public:
   explicit CpuBackend(const Kernels& kernels) : kernels_(kernels) {}
   Device device() const override { return Device::CPU(); }
-  const char* kernels_name() const { return kernels_.name; }
 
   std::shared_ptr<void> Alloc(size_t bytes, bool zero) override {
     void* p = zero ? std::calloc(bytes == 0 ? 1 : bytes, 1) : std::malloc(bytes == 0 ? 1 : bytes);
@@ -307,12 +299,8 @@ class CpuBackend : public MathBackend {
     return M;
   }
 
-  void MultiplyMQ(const float* M, const float* Q, float* P, int64_t n, int64_t m, int r) override {
-    MultiplyMQPlusError(M, nullptr, Q, P, n, m, r, nullptr);
-  }
-
-  void MultiplyMQPlusError(const float* G, const float* E, const float* Q, float* P, int64_t n, int64_t m, int r,
-                           bool* g_finite) override {
+  void MultiplyMQ(const float* G, const float* E, const float* Q, float* P, int64_t n, int64_t m, int r,
+                  bool* g_finite) override {
     if (r > kStreamMaxRank) {
       if (g_finite != nullptr) *g_finite = kernels_.all_finite(G, n * m);
       if (E == nullptr) {
@@ -327,13 +315,7 @@ class CpuBackend : public MathBackend {
     kernels_.product_mq(G, E, qt_.data(), P, n, m, r, block_.data(), g_finite);
   }
 
-  void MultiplyMtP(const float* M, const float* P, float* Q, int64_t n, int64_t m, int r) override {
-    // Without an error to add the kernel only reads M.
-    MultiplyMtPAddingError(const_cast<float*>(M), nullptr, P, Q, n, m, r);
-  }
-
-  void MultiplyMtPAddingError(float* G, const float* E, const float* P, float* Q, int64_t n, int64_t m,
-                              int r) override {
+  void MultiplyMtP(float* G, const float* E, const float* P, float* Q, int64_t n, int64_t m, int r) override {
     if (r > kStreamMaxRank) {
       if (E != nullptr) kernels_.add(G, E, G, n * m);
       MapM(Q, m, r).noalias() = ConstMapM(G, n, m).transpose() * ConstMapM(P, n, r);

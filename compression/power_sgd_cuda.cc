@@ -2,6 +2,9 @@
 // Gram-Schmidt (nrm2/scal/dot/axpy on strided columns); element-wise kernels of our own
 // (power_sgd_kernels.cu) for dtype conversion and the NaN/Inf scan. Everything runs on the
 // legacy default stream, which the comm layer's NCCL path waits on before a collective.
+#include <stdexcept>
+#include <string>
+
 #include "comm/errors.h"
 #include "compression/power_sgd_math.h"
 
@@ -26,6 +29,15 @@ void CheckCuda(cudaError_t e, const char* what) {
 void CheckKernel(int e, const char* what) { CheckCuda(static_cast<cudaError_t>(e), what); }
 void CheckBlas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw CommError(absl::StrCat("PowerSGD cuBLAS: ", what, " failed with status ", static_cast<int>(s)));
+}
+
+// The products' error term and NaN/Inf scan are CPU only (PowerSGD adds the error with
+// LoadMatrix and scans with AllFinite on CUDA).
+void RefuseCpuOnlyTerms(const float* error, bool scan, const char* what) {
+  if (error != nullptr || scan) {
+    throw std::logic_error(std::string("PowerSGD CUDA: ") + what + " was given an error term or a NaN/Inf scan, " +
+                           "which only the CPU path fuses");
+  }
 }
 
 class CudaBackend : public MathBackend {
@@ -91,7 +103,9 @@ class CudaBackend : public MathBackend {
   }
 
   // Row-major X (a x b) is column-major X^T with leading dimension b.
-  void MultiplyMQ(const float* M, const float* Q, float* P, int64_t n, int64_t m, int r) override {
+  void MultiplyMQ(const float* M, const float* E, const float* Q, float* P, int64_t n, int64_t m, int r,
+                  bool* g_finite) override {
+    RefuseCpuOnlyTerms(E, g_finite != nullptr, "P = M Q");
     Use();
     const float one = 1, zero = 0;
     // P^T (r x n) = Q^T (r x m) * M^T (m x n)
@@ -99,7 +113,8 @@ class CudaBackend : public MathBackend {
               "sgemm P = M Q");
   }
 
-  void MultiplyMtP(const float* M, const float* P, float* Q, int64_t n, int64_t m, int r) override {
+  void MultiplyMtP(float* M, const float* E, const float* P, float* Q, int64_t n, int64_t m, int r) override {
+    RefuseCpuOnlyTerms(E, false, "Q = M^T P");
     Use();
     const float one = 1, zero = 0;
     // Q^T (r x m) = P^T (r x n) * M (n x m)

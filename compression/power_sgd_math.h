@@ -35,20 +35,15 @@ class MathBackend {
   // gradient's own memory (updated in place, returned); otherwise it is written to `scratch`
   // (n*m floats) and `scratch` is returned.
   virtual float* LoadMatrix(const Buffer& grad, const float* error, float* scratch) = 0;
-  // P = M Q.
-  virtual void MultiplyMQ(const float* M, const float* Q, float* P, int64_t n, int64_t m, int r) = 0;
   // P = (G + E) Q without writing G or E (E may be null: P = G Q). When `g_finite` is not
-  // null it is set to whether every element of G is finite (the NaN/Inf scan, in the same
-  // pass). CPU only: PowerSGD calls it to compute the first P before its cross-rank check,
-  // which only the CPU path does; the default throws.
-  virtual void MultiplyMQPlusError(const float* G, const float* E, const float* Q, float* P, int64_t n, int64_t m,
-                                   int r, bool* g_finite);
-  // Q = M^T P.
-  virtual void MultiplyMtP(const float* M, const float* P, float* Q, int64_t n, int64_t m, int r) = 0;
-  // G <- G + E and Q = G^T P in one pass over G (error feedback's M = grad + error folded into
-  // the product instead of a pass of its own). CPU only, like MultiplyMQPlusError.
-  virtual void MultiplyMtPAddingError(float* G, const float* E, const float* P, float* Q, int64_t n, int64_t m,
-                                      int r);
+  // null it is set to whether every element of G is finite (the NaN/Inf scan in the same
+  // pass). E and g_finite are CPU only (PowerSGD passes them only there: on CUDA, M comes from
+  // LoadMatrix and the scan from AllFinite); the CUDA backend refuses them.
+  virtual void MultiplyMQ(const float* G, const float* E, const float* Q, float* P, int64_t n, int64_t m, int r,
+                          bool* g_finite) = 0;
+  // Q = M^T P with M = G (+ E): when E is not null, G <- G + E is written in the same pass
+  // (error feedback's M = grad + error without a pass of its own). E: CPU only, as above.
+  virtual void MultiplyMtP(float* G, const float* E, const float* P, float* Q, int64_t n, int64_t m, int r) = 0;
   // Orthonormalises the r columns of P (n x r) in place: Gram-Schmidt with
   // col /= (norm + eps) for r <= 2, Householder QR otherwise (on CUDA: Gram-Schmidt always).
   // A zero column (norm + eps == 0) stays zero instead of becoming NaN.

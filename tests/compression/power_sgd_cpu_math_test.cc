@@ -97,12 +97,12 @@ TEST_P(CpuMathTest, ProductsMatchReference) {
 
     // P = G Q and P = (G + E) Q.
     std::vector<float> p(s.n * s.r, 99.0f);
-    backend_->MultiplyMQ(g.data(), q.data(), p.data(), s.n, s.m, s.r);
-    ExpectNear(p, Product(Wide(g), Wide(q), s.n, s.m, s.r), s.m, what + " MultiplyMQ");
+    backend_->MultiplyMQ(g.data(), nullptr, q.data(), p.data(), s.n, s.m, s.r, nullptr);
+    ExpectNear(p, Product(Wide(g), Wide(q), s.n, s.m, s.r), s.m, what + " P = G Q");
     std::fill(p.begin(), p.end(), 99.0f);
     bool finite = false;
-    backend_->MultiplyMQPlusError(g.data(), e.data(), q.data(), p.data(), s.n, s.m, s.r, &finite);
-    ExpectNear(p, Product(m_ref, Wide(q), s.n, s.m, s.r), 2 * s.m, what + " MultiplyMQPlusError");
+    backend_->MultiplyMQ(g.data(), e.data(), q.data(), p.data(), s.n, s.m, s.r, &finite);
+    ExpectNear(p, Product(m_ref, Wide(q), s.n, s.m, s.r), 2 * s.m, what + " P = (G + E) Q");
     EXPECT_TRUE(finite) << what;
     // The scan in the product sees a NaN or Inf of G wherever it is (first, last, middle).
     for (size_t pos : {size_t{0}, g.size() / 2, g.size() - 1}) {
@@ -110,21 +110,23 @@ TEST_P(CpuMathTest, ProductsMatchReference) {
         std::vector<float> g_bad = g;
         g_bad[pos] = bad;
         finite = true;
-        backend_->MultiplyMQPlusError(g_bad.data(), e.data(), q.data(), p.data(), s.n, s.m, s.r, &finite);
+        backend_->MultiplyMQ(g_bad.data(), e.data(), q.data(), p.data(), s.n, s.m, s.r, &finite);
         EXPECT_FALSE(finite) << what << " value " << bad << " at " << pos;
       }
     }
 
     // Q = M^T P, with M read only, and with G + E written back into G.
     std::vector<float> q_out(s.m * s.r, 99.0f);
-    backend_->MultiplyMtP(g.data(), p_in.data(), q_out.data(), s.n, s.m, s.r);
-    ExpectNear(q_out, Product(Transposed(Wide(g), s.n, s.m), Wide(p_in), s.m, s.n, s.r), s.n, what + " MultiplyMtP");
+    std::vector<float> g1 = g;
+    backend_->MultiplyMtP(g1.data(), nullptr, p_in.data(), q_out.data(), s.n, s.m, s.r);
+    ASSERT_EQ(g1, g) << what << " G changed without an error term";
+    ExpectNear(q_out, Product(Transposed(Wide(g), s.n, s.m), Wide(p_in), s.m, s.n, s.r), s.n, what + " Q = G^T P");
     std::vector<float> g2 = g;
     std::fill(q_out.begin(), q_out.end(), 99.0f);
-    backend_->MultiplyMtPAddingError(g2.data(), e.data(), p_in.data(), q_out.data(), s.n, s.m, s.r);
+    backend_->MultiplyMtP(g2.data(), e.data(), p_in.data(), q_out.data(), s.n, s.m, s.r);
     for (size_t i = 0; i < g2.size(); ++i) ASSERT_EQ(g2[i], g[i] + e[i]) << what << " G + E at " << i;
     ExpectNear(q_out, Product(Transposed(m_ref, s.n, s.m), Wide(p_in), s.m, s.n, s.r), 2 * s.n,
-               what + " MultiplyMtPAddingError");
+               what + " Q = (G + E)^T P");
   }
 }
 

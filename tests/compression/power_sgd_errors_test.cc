@@ -234,6 +234,30 @@ TEST(PowerSGDNonFiniteTest, ErrorPolicyRaisesOnEveryRankAndChangesNothing) {
   });
 }
 
+// A float32 matrix is scanned inside the first P product when that P rides in the cross-rank
+// check (small P), and by a scan of its own otherwise (P over the eager limit): both find a
+// NaN or Inf anywhere, after a clean step has filled the error memory.
+TEST(PowerSGDNonFiniteTest, FoundWhetherTheFirstPRidesInTheCheckOrNot) {
+  RunRanks(3, LaunchMode::kThreads, [](Communicator& comm) {
+    // 8192 x 8 at rank 2: P is 64 KiB, over the 64 KiB - 40 bytes an eager message may carry on 3 ranks.
+    for (std::vector<int64_t> shape : {std::vector<int64_t>{12, 10}, std::vector<int64_t>{8192, 8}}) {
+      const std::string where = std::to_string(shape[0]) + "x" + std::to_string(shape[1]);
+      PowerSGD psgd(Compressing());
+      psgd.AllReduce(comm, Tensors().With("w", shape, comm.rank(), 0).list());
+      for (size_t pos : {size_t{0}, size_t(shape[0] * shape[1] / 2 + 1), size_t(shape[0] * shape[1] - 1)}) {
+        const std::vector<uint8_t> before = StateBytes(psgd);
+        Tensors t = Tensors().With("w", shape, comm.rank(), 1);
+        if (comm.rank() == 2) t.data[0][pos] = pos == 0 ? std::numeric_limits<float>::quiet_NaN()
+                                                        : -std::numeric_limits<float>::infinity();
+        const PowerSGDStats st = psgd.AllReduce(comm, t.list());
+        EXPECT_EQ(st.nonfinite_calls, 1u) << where << " at " << pos;
+        EXPECT_EQ(st.compressed_tensors, 0u) << where;
+        EXPECT_EQ(StateBytes(psgd), before) << where;
+      }
+    }
+  });
+}
+
 TEST(PowerSGDNonFiniteTest, HalfPrecisionInfIsDetected) {
   RunRanks(2, LaunchMode::kThreads, [](Communicator& comm) {
     PowerSGD psgd(Compressing());
