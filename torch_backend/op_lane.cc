@@ -66,38 +66,46 @@ std::shared_ptr<Work> OpLane::Issue(std::string description, std::function<std::
 }
 
 void OpLane::Run(std::string description, std::function<void()> task, bool uses_collectives) {
+  bool run_here = false;
   {
-    std::unique_lock<std::mutex> lock(s_->mu);
+    std::lock_guard<std::mutex> lock(s_->mu);
     const auto me = std::this_thread::get_id();
-    if ((thread_.joinable() && me == s_->thread_id) || (s_->inline_running && me == s_->inline_thread)) {
+    if ((thread_.joinable() && me == s_->thread_id) || (s_->running && me == s_->running_on)) {
       throw InvalidArgumentError(description + ": a blocking gossipcc call cannot run inside a callback of "
                                  "another gossipcc operation of the same process group (it would wait for itself)");
     }
     if (s_->stopped) throw AbortedError(description + ": refused, " + s_->stop_reason);
-    if (s_->queue.empty() && !s_->lane_busy && !s_->inline_running) {
-      // Idle: run here. The lane is held as if the task were queued: the lane's thread starts
+    if (s_->queue.empty() && !s_->running) {
+      // Idle: run here, holding the lane as a queued task would: the lane's thread starts
       // nothing and plain collectives queue behind a collective task until it returns.
-      s_->inline_running = true;
-      s_->inline_thread = me;
+      run_here = true;
+      s_->running = true;
+      s_->running_on = me;
       if (uses_collectives) ++s_->collective_tasks;
-      lock.unlock();
-      std::exception_ptr error;
-      try {
-        task();
-      } catch (...) {
-        error = std::current_exception();
-      }
-      task = nullptr;
-      lock.lock();
-      s_->inline_running = false;
-      if (uses_collectives) --s_->collective_tasks;
-      lock.unlock();
-      s_->cv.notify_all();  // the lane's thread (tasks queued meanwhile) and Stop()
-      if (error) std::rethrow_exception(error);
-      return;
     }
   }
-  Submit(std::move(description), std::move(task), uses_collectives)->wait();
+  if (!run_here) {
+    Submit(std::move(description), std::move(task), uses_collectives)->wait();
+    return;
+  }
+  if (std::exception_ptr error = RunHeld(*s_, task, uses_collectives)) std::rethrow_exception(error);
+}
+
+std::exception_ptr OpLane::RunHeld(State& s, std::function<void()>& fn, bool uses_collectives) {
+  std::exception_ptr error;
+  try {
+    fn();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  fn = nullptr;  // release captured tensors before completion callbacks run
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.running = false;
+    if (uses_collectives) --s.collective_tasks;
+  }
+  s.cv.notify_all();  // the lane's thread (tasks queued meanwhile) and Stop()
+  return error;
 }
 
 void OpLane::Stop(const std::string& reason) {
@@ -124,9 +132,11 @@ void OpLane::Stop(const std::string& reason) {
     t.work->Complete(std::make_exception_ptr(AbortedError(t.work->description() + ": not run, " + reason)));
   }
   {
-    // A task running inline on another thread: wait for it to return, like the lane's own.
+    // A task running inline on another thread: wait for it to return, like the lane's own
+    // (which the join below waits for).
     std::unique_lock<std::mutex> lock(s_->mu);
-    s_->cv.wait(lock, [&] { return !s_->inline_running || s_->inline_thread == std::this_thread::get_id(); });
+    s_->cv.wait(lock, [&] { return !s_->running || s_->running_on == std::this_thread::get_id() ||
+                                   s_->running_on == s_->thread_id; });
   }
   if (thread.joinable()) thread.join();
 }
@@ -137,25 +147,14 @@ void OpLane::Loop(std::shared_ptr<State> s) {
     {
       std::unique_lock<std::mutex> lock(s->mu);
       // A task Run() is running inline holds the lane: queued tasks wait for it.
-      s->cv.wait(lock, [&] { return s->stopped || (!s->queue.empty() && !s->inline_running); });
+      s->cv.wait(lock, [&] { return s->stopped || (!s->queue.empty() && !s->running); });
       if (s->queue.empty()) return;  // stopped
       task = std::move(s->queue.front());
       s->queue.pop_front();
-      s->lane_busy = true;
+      s->running = true;
+      s->running_on = std::this_thread::get_id();
     }
-    std::exception_ptr error;
-    try {
-      task.fn();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    task.fn = nullptr;  // release captured tensors before completion callbacks run
-    {
-      std::lock_guard<std::mutex> lock(s->mu);
-      if (task.uses_collectives) --s->collective_tasks;
-      s->lane_busy = false;
-    }
-    task.work->Complete(error);
+    task.work->Complete(RunHeld(*s, task.fn, task.uses_collectives));
   }
 }
 

@@ -76,11 +76,14 @@ class OpLane {
     bool stopped = false;
     std::string stop_reason;
     std::thread::id thread_id;
-    bool lane_busy = false;          // the lane's thread is running a task
-    bool inline_running = false;     // Run() is running a task on its caller's thread
-    std::thread::id inline_thread;   // that caller
+    // A task holds the lane: on the lane's thread, or inline on a Run() caller's thread.
+    bool running = false;
+    std::thread::id running_on;
   };
   static void Loop(std::shared_ptr<State> state);
+  // Runs `fn`, which the caller made hold the lane (running, running_on, collective_tasks
+  // counted); then releases the lane and returns fn's exception, if any.
+  static std::exception_ptr RunHeld(State& s, std::function<void()>& fn, bool uses_collectives);
 
   const std::string name_;
   std::shared_ptr<State> s_ = std::make_shared<State>();
