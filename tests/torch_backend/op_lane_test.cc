@@ -242,6 +242,18 @@ TEST(OpLaneTest, StopWaitsForAnInlineRunAndRefusesLaterOnes) {
   EXPECT_THROW(lane.Run("late", [] {}, true), AbortedError);
 }
 
+TEST(OpLaneTest, StopFromInsideAnInlineRunDoesNotWaitForItself) {
+  // What happens when the last reference to a process group is dropped inside a blocking call
+  // that runs inline: Stop must not wait for the task it is called from.
+  OpLane lane("test");
+  auto stopped = std::async(std::launch::async, [&] {
+    lane.Run("inline", [&] { lane.Stop("stopped from inside"); }, true);
+  });
+  ASSERT_EQ(stopped.wait_for(5s), std::future_status::ready) << "Stop waited for the task it was called from";
+  stopped.get();
+  EXPECT_THROW(lane.Run("late", [] {}, true), AbortedError);
+}
+
 }  // namespace
 }  // namespace torch_backend
 }  // namespace gossipcc

@@ -61,7 +61,7 @@ def worker(rank, init_file, sig, mode, results):
 @pytest.mark.parametrize("mode,sig", [("ddp", signal.SIGKILL), ("ddp", signal.SIGSTOP),
                                       ("ddp_powersgd", signal.SIGKILL), ("sgp", signal.SIGKILL)],
                          ids=["kill", "stop", "powersgd_kill", "sgp_kill"])
-def test_ddp_survivors_name_the_dead_rank_and_exit_cleanly(mode, sig):
+def test_survivors_name_the_dead_rank_and_exit_cleanly(mode, sig):
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
