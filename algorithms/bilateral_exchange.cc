@@ -100,6 +100,7 @@ void BilateralExchange::Step(Communicator& comm, std::vector<Buffer> buffers) {
   spec.step = step_;
   spec.tag = tag_;
   spec.pool = pool_;
+  spec.send_in_place = true;  // synchronous: finished right below
   if (partner >= 0) {
     spec.send_to = {partner};
     spec.send_scale = {1.0};

@@ -14,31 +14,14 @@ namespace gossip_internal {
 
 namespace {
 
-char* PayloadPtr(std::vector<uint64_t>& storage) {
-  return reinterpret_cast<char*>(storage.data()) + kStepHeaderBytes;
+const char* PayloadPtr(const std::vector<uint64_t>& message) {
+  return reinterpret_cast<const char*>(message.data()) + kHeaderBytes;
 }
 
-template <typename E>
-void Pack(std::vector<uint64_t>& storage, const std::vector<Buffer>& host, int64_t step, double scale,
-          const RoundSpec& spec, size_t payload) {
-  using S = typename E::Storage;
-  using C = typename E::Compute;
-  std::memcpy(storage.data(), &step, kStepHeaderBytes);
-  S* out = reinterpret_cast<S*>(PayloadPtr(storage));
-  const C s = static_cast<C>(scale);
-  for (const Buffer& b : host) {
-    const S* in = static_cast<const S*>(b.data);
-    if (scale == 1.0) {
-      if (b.count > 0) std::memcpy(out, in, b.count * sizeof(S));
-    } else {
-      for (size_t e = 0; e < b.count; ++e) out[e] = E::Store(s * E::Load(in[e]));
-    }
-    out += b.count;
-  }
-  if (spec.with_weight) {
-    const double w = scale * spec.weight;
-    std::memcpy(PayloadPtr(storage) + payload * sizeof(S), &w, kWeightBytes);
-  }
+double ScaleOf(const std::vector<uint64_t>& message) {
+  double scale;
+  std::memcpy(&scale, reinterpret_cast<const char*>(message.data()) + 8, sizeof(scale));
+  return scale;
 }
 
 template <typename E>
@@ -100,7 +83,7 @@ void Scale(const std::vector<Buffer>& host, double factor) {
 }  // namespace
 
 size_t MessageBytes(size_t payload_elements, DType dtype, bool with_weight) {
-  return kStepHeaderBytes + payload_elements * ElementSize(dtype) + (with_weight ? kWeightBytes : 0);
+  return kHeaderBytes + payload_elements * ElementSize(dtype) + (with_weight ? kWeightBytes : 0);
 }
 
 std::vector<uint64_t> MessagePool::Take(size_t words) {
@@ -138,7 +121,7 @@ PendingRound::~PendingRound() {
     }
   }
   if (spec_.pool) {
-    for (auto& v : send_storage_) spec_.pool->Give(std::move(v));
+    if (!payload_copy_.empty()) spec_.pool->Give(std::move(payload_copy_));
     for (auto& v : recv_storage_) spec_.pool->Give(std::move(v));
   }
 }
@@ -179,7 +162,7 @@ void PendingRound::WaitAll() {
   for (size_t j = 0; j < recv_storage_.size(); ++j) {
     if (!ok[j]) continue;
     int64_t step;
-    std::memcpy(&step, recv_storage_[j].data(), kStepHeaderBytes);
+    std::memcpy(&step, recv_storage_[j].data(), sizeof(step));
     if (step != spec_.step) {
       throw MismatchError(absl::StrCat(Context(), "received a message from rank ", spec_.recv_from[j],
                                        " sent at its step ", step, " but this rank is at step ", spec_.step,
@@ -209,47 +192,68 @@ std::unique_ptr<PendingRound> StartRound(Communicator& comm, const std::vector<B
   round->dtype_ = dtype;
   round->device_ = buffers.empty() ? Device::CPU() : buffers[0].device;
   round->payload_ = TotalCount(buffers);
+  const size_t e = ElementSize(dtype);
   const size_t bytes = MessageBytes(round->payload_, dtype, spec.with_weight);
   const size_t words = (bytes + 7) / 8;
-  const Buffer proto{nullptr, bytes / ElementSize(dtype), dtype, Device::CPU()};
-
-  std::vector<P2POp> sends;
-  if (!spec.send_to.empty()) {
-    HostStaging staging(spec.algorithm, buffers);
-    std::map<double, size_t> by_scale;  // uniform mixing: one message for every peer
-    for (size_t j = 0; j < spec.send_to.size(); ++j) {
-      const double s = spec.send_scale[j];
-      auto it = by_scale.find(s);
-      if (it == by_scale.end()) {
-        round->send_storage_.push_back(spec.pool ? spec.pool->Take(words) : std::vector<uint64_t>(words));
-        DispatchFloating(dtype, [&](auto e) {
-          Pack<decltype(e)>(round->send_storage_.back(), staging.host(), spec.step, s, spec, round->payload_);
-        });
-        it = by_scale.emplace(s, round->send_storage_.size() - 1).first;
-      }
-      Buffer view = proto;
-      view.data = round->send_storage_[it->second].data();
-      sends.push_back(P2POp::Send(view, spec.send_to[j], spec.tag));
-    }
-  }
-  for (size_t j = 0; j < spec.recv_from.size(); ++j) {
-    round->recv_storage_.push_back(spec.pool ? spec.pool->Take(words) : std::vector<uint64_t>(words));
-  }
+  // Staged copies of device buffers first: that is the step that can fail before anything
+  // is posted.
+  if (!spec.send_to.empty()) round->staging_ = std::make_unique<HostStaging>(spec.algorithm, buffers);
   round->spec_ = std::move(spec);
   const RoundSpec& s = round->spec_;
   try {
-    if (!sends.empty()) round->send_work_ = comm.p2p(sends);
+    // Receives are announced before this rank posts its own messages: Gloo sends a payload
+    // only once its receive is announced, so every in-peer can start sending at once.
     for (size_t j = 0; j < s.recv_from.size(); ++j) {
-      Buffer view = proto;
-      view.data = round->recv_storage_[j].data();
+      round->recv_storage_.push_back(s.pool ? s.pool->Take(words) : std::vector<uint64_t>(words));
+      const Buffer view{round->recv_storage_.back().data(), bytes / e, dtype, Device::CPU()};
       round->recv_works_.push_back(comm.recv(view, s.recv_from[j], s.tag));
     }
+    if (!s.send_to.empty()) {
+      // The payload: the buffers themselves (CUDA ones staged in host memory the round owns)
+      // or, when the caller may change them while the round is in flight, one copy.
+      std::vector<Buffer> payload = round->staging_->host();
+      if (!s.send_in_place && !round->device_.is_cuda()) {
+        round->payload_copy_ = s.pool ? s.pool->Take((round->payload_ * e + 7) / 8)
+                                      : std::vector<uint64_t>((round->payload_ * e + 7) / 8);
+        char* out = reinterpret_cast<char*>(round->payload_copy_.data());
+        for (const Buffer& b : payload) {
+          if (b.count > 0) std::memcpy(out, b.data, b.bytes());
+          out += b.bytes();
+        }
+        payload = {Buffer{round->payload_copy_.data(), round->payload_, dtype, Device::CPU()}};
+      }
+      const double weight = s.weight;
+      std::memcpy(&round->weight_word_, &weight, kWeightBytes);
+      // One header per distinct scale (uniform mixing: one for every peer); the headers'
+      // memory must not move once a send points at it.
+      std::map<double, size_t> by_scale;
+      round->headers_.reserve(s.send_to.size());
+      std::vector<P2POp> sends;
+      for (size_t j = 0; j < s.send_to.size(); ++j) {
+        const double scale = s.send_scale[j];
+        auto it = by_scale.find(scale);
+        if (it == by_scale.end()) {
+          std::array<uint64_t, 2> header;
+          std::memcpy(&header[0], &s.step, 8);
+          std::memcpy(&header[1], &scale, 8);
+          round->headers_.push_back(header);
+          it = by_scale.emplace(scale, round->headers_.size() - 1).first;
+        }
+        std::vector<Buffer> pieces;
+        pieces.reserve(payload.size() + 2);
+        pieces.push_back(Buffer{round->headers_[it->second].data(), kHeaderBytes / e, dtype, Device::CPU()});
+        pieces.insert(pieces.end(), payload.begin(), payload.end());
+        if (s.with_weight) pieces.push_back(Buffer{&round->weight_word_, kWeightBytes / e, dtype, Device::CPU()});
+        sends.push_back(P2POp::SendGather(std::move(pieces), s.send_to[j], s.tag));
+      }
+      round->send_work_ = comm.p2p(sends);
+    }
   } catch (...) {
-    std::exception_ptr e = std::current_exception();
+    std::exception_ptr error = std::current_exception();
     // The prefix first: `s` lives in the round, which reset() destroys.
     const std::string prefix = absl::StrCat(s.algorithm, " step ", s.step, " on rank ", comm.rank(), ": ");
     round.reset();  // waits for whatever was posted
-    Rethrow(e, prefix, "");
+    Rethrow(error, prefix, "");
   }
   return round;
 }
@@ -269,10 +273,16 @@ void FinishRound(PendingRound& round, const std::vector<Buffer>& buffers, double
                                             spec.recv_from.size(), " in-peers"));
   }
   round.WaitAll();
-  HostStaging staging(spec.algorithm, buffers);
+  round.staging_.reset();  // sent: a device buffer's staged copy is not needed any more
+  // Each message stands for scale * (payload, weight): the scale goes into its coefficient.
   std::vector<const char*> recv;
-  for (auto& storage : round.recv_storage_) recv.push_back(PayloadPtr(storage));
-  DispatchFloating(dtype, [&](auto e) { Mix<decltype(e)>(staging.host(), self_coef, recv, recv_coef); });
+  std::vector<double> coef(recv_coef.size());
+  for (size_t j = 0; j < coef.size(); ++j) {
+    recv.push_back(PayloadPtr(round.recv_storage_[j]));
+    coef[j] = recv_coef[j] * ScaleOf(round.recv_storage_[j]);
+  }
+  HostStaging staging(spec.algorithm, buffers);
+  DispatchFloating(dtype, [&](auto e) { Mix<decltype(e)>(staging.host(), self_coef, recv, coef); });
   staging.WriteBack();
   if (weight != nullptr) {
     double w = self_coef * *weight;
@@ -280,7 +290,7 @@ void FinishRound(PendingRound& round, const std::vector<Buffer>& buffers, double
     for (size_t j = 0; j < recv.size(); ++j) {
       double wj;
       std::memcpy(&wj, recv[j] + offset, kWeightBytes);
-      w += recv_coef[j] * wj;
+      w += coef[j] * wj;
     }
     *weight = w;
   }

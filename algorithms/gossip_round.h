@@ -1,29 +1,33 @@
 // Internal: one fused gossip round over a list of buffers, startable and finishable apart
 // (push-sum, overlapped push-sum, symmetric gossip and bilateral exchange all run on it).
 //
-// Every message is one contiguous buffer of the payload's dtype (e = its element size):
-//   [8 bytes: int64 step]                          (8/e elements)
-//   [payload: the buffers, concatenated]           (sum of counts elements)
-//   [8 bytes: the push-sum weight as a double]     (8/e elements, only when a weight travels)
-// So a message is exactly one copy of the data, plus the weight, plus 8 bytes of step.
+// Every message is one message of the payload's dtype (e = its element size):
+//   [8 bytes: int64 step][8 bytes: the sender's scale s as a double]   (16/e elements)
+//   [payload: the buffers, concatenated, unscaled]                     (sum of counts elements)
+//   [8 bytes: the push-sum weight w as a double]                       (8/e elements, only when a weight travels)
+// and stands for s * (payload, w): the receiver applies the scale as it mixes. So the payload
+// goes out as the buffers hold it, and a synchronous round (RoundSpec::send_in_place) sends it
+// from the buffers' own memory (a gathered send, P2POp::gather) instead of packing a copy.
 // The comm layer checks every receive's element count and dtype against the sender's before
 // the payload lands (a MismatchError we re-raise naming the algorithm, step and sizes); the
 // step is checked here on receipt.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "algorithms/elementwise.h"
 #include "comm/communicator.h"
 #include "comm/types.h"
 
 namespace gossipcc {
 namespace gossip_internal {
 
-inline constexpr size_t kStepHeaderBytes = 8;
+inline constexpr size_t kHeaderBytes = 16;  // step and scale
 inline constexpr size_t kWeightBytes = 8;
 
 // Reusable message memory. An algorithm object keeps one so that its rounds do not allocate
@@ -43,8 +47,12 @@ struct RoundSpec {
   int64_t step = 0;
   uint32_t tag = 0;
   std::vector<int> send_to;
-  std::vector<double> send_scale;  // per send_to: the message carries send_scale * x (and * w)
+  std::vector<double> send_scale;  // per send_to: the message stands for send_scale * x (and * w)
   std::vector<int> recv_from;
+  // The caller leaves the buffers unchanged until FinishRound (a synchronous round): they are
+  // then sent from their own memory. Otherwise StartRound copies the payload once, and the
+  // buffers may change as soon as it returns (overlapped push-sum's local steps).
+  bool send_in_place = false;
   bool with_weight = false;        // a push-sum weight travels
   double weight = 1.0;             // its value at the start of the round
   std::shared_ptr<MessagePool> pool;  // optional: where message memory comes from and returns to
@@ -54,7 +62,8 @@ struct RoundSpec {
 size_t MessageBytes(size_t payload_elements, DType dtype, bool with_weight);
 
 // A round whose messages are posted; owns the message storage until it is finished or
-// destroyed (the destructor waits for the transfers so no memory is freed under them).
+// destroyed (the destructor waits for the transfers so no memory is freed under them, the
+// caller's buffers included when they are sent in place).
 class PendingRound {
  public:
   ~PendingRound();
@@ -76,15 +85,19 @@ class PendingRound {
   DType dtype_ = DType::kFloat32;
   Device device_;
   size_t payload_ = 0;
-  std::vector<std::vector<uint64_t>> send_storage_;  // one per distinct scale
+  std::unique_ptr<HostStaging> staging_;  // the buffers as host memory, while they are sent
+  std::vector<std::array<uint64_t, 2>> headers_;     // step and scale, one per distinct scale
+  uint64_t weight_word_ = 0;                         // the weight, as a double's bytes
+  std::vector<uint64_t> payload_copy_;               // the payload, unless it is sent in place
   std::vector<std::vector<uint64_t>> recv_storage_;  // one per recv_from
   std::shared_ptr<Work> send_work_;
   std::vector<std::shared_ptr<Work>> recv_works_;
   bool waited_ = false;
 };
 
-// Checks `buffers`, packs one message per distinct send scale and posts every send and
-// receive at once. Buffers are only read (they may change after this returns).
+// Checks `buffers`, announces every receive, then posts one message per out-peer (sharing
+// the payload). Buffers are only read; unless spec.send_in_place they may change after this
+// returns.
 std::unique_ptr<PendingRound> StartRound(Communicator& comm, const std::vector<Buffer>& buffers, RoundSpec spec);
 
 // Waits for the round, checks every received step, then mixes in place:

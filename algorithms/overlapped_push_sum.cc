@@ -26,8 +26,8 @@ void OverlappedPushSum::StartRound(Communicator& comm, std::vector<Buffer> buffe
   }
   PushSumPlan plan;
   pending_ = gossip_internal::StartPushSumRound("overlapped_push_sum", comm, *graph_, mixing_, rounds_, tag_, pool_,
-                                                weight_, buffers, &plan);
-  // The messages hold copies: keep our share locally right away.
+                                                weight_, buffers, /*send_in_place=*/false, &plan);
+  // The messages hold a copy: keep our share locally right away.
   gossip_internal::ScaleBuffers("overlapped_push_sum", buffers, plan.keep);
   weight_ *= plan.keep;
   round_started_at_ = step_;

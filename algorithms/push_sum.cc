@@ -69,7 +69,8 @@ namespace gossip_internal {
 std::unique_ptr<PendingRound> StartPushSumRound(const std::string& algorithm, Communicator& comm,
                                                 const PeerGraph& graph, const MixingFn& mixing, int64_t step,
                                                 uint32_t tag, std::shared_ptr<MessagePool> pool, double weight,
-                                                const std::vector<Buffer>& buffers, PushSumPlan* plan) {
+                                                const std::vector<Buffer>& buffers, bool send_in_place,
+                                                PushSumPlan* plan) {
   if (graph.world_size() != comm.size()) {
     throw InvalidArgumentError(absl::StrCat(algorithm, ": peer graph ", graph.name(), " is for ", graph.world_size(),
                                             " ranks but the communicator has ", comm.size()));
@@ -86,6 +87,7 @@ std::unique_ptr<PendingRound> StartPushSumRound(const std::string& algorithm, Co
   spec.recv_from = plan->in_peers;
   spec.with_weight = true;
   spec.weight = weight;
+  spec.send_in_place = send_in_place;
   return StartRound(comm, buffers, std::move(spec));
 }
 
@@ -93,8 +95,10 @@ std::unique_ptr<PendingRound> StartPushSumRound(const std::string& algorithm, Co
 
 void PushSum::Step(Communicator& comm, std::vector<Buffer> buffers) {
   PushSumPlan plan;
+  // Synchronous: the buffers stay as they are until the round is finished, so they are sent
+  // from their own memory.
   auto round = gossip_internal::StartPushSumRound("push_sum", comm, *graph_, mixing_, step_, tag_, pool_, weight_,
-                                                  buffers, &plan);
+                                                  buffers, /*send_in_place=*/true, &plan);
   double w = weight_;
   gossip_internal::FinishRound(*round, buffers, plan.keep, std::vector<double>(plan.in_peers.size(), 1.0), &w);
   weight_ = w;

@@ -4,7 +4,8 @@
 //
 // Per round at step k, with p out-peers and shares s_0 (kept) + s_1..s_p (sent) summing to 1
 // (uniform: all 1/(p+1)):  x <- s_0 x + sum_{j in in(k)} (s_j x_j),  w likewise.
-// Each out-peer gets ONE message: [8-byte step][s_j * x, all buffers packed][s_j * w as double].
+// Each out-peer gets ONE message: [8-byte step][s_j as double][x, all buffers][w as double],
+// standing for (s_j x, s_j w); Step sends x from the caller's buffers without a copy.
 // sum_i x_i and sum_i w_i (= n) are conserved by every round.
 #pragma once
 
@@ -51,7 +52,8 @@ class PendingRound;
 std::unique_ptr<PendingRound> StartPushSumRound(const std::string& algorithm, Communicator& comm,
                                                 const PeerGraph& graph, const MixingFn& mixing, int64_t step,
                                                 uint32_t tag, std::shared_ptr<MessagePool> pool, double weight,
-                                                const std::vector<Buffer>& buffers, PushSumPlan* plan);
+                                                const std::vector<Buffer>& buffers, bool send_in_place,
+                                                PushSumPlan* plan);
 }  // namespace gossip_internal
 
 class PushSum {

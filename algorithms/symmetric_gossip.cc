@@ -46,6 +46,7 @@ void SymmetricGossip::Step(Communicator& comm, std::vector<Buffer> buffers) {
   spec.step = step_;
   spec.tag = tag_;
   spec.pool = pool_;
+  spec.send_in_place = true;  // synchronous: finished right below
   spec.send_to = graph_->OutPeers(rank, step_);
   spec.send_scale.assign(spec.send_to.size(), 1.0);
   spec.recv_from = spec.send_to;  // symmetric: in-peers == out-peers

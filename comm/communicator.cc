@@ -571,6 +571,32 @@ class Communicator::Impl {
     }
   }
 
+  // A gathered send: CPU pieces of the message's dtype whose counts add up to its count.
+  void CheckGather(const char* name, const P2POp& op) const {
+    if (op.kind != P2POp::Kind::kSend) {
+      throw InvalidArgumentError(absl::StrCat(Where(name), ": only a send can gather its message from pieces"));
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < op.gather.size(); ++i) {
+      const Buffer& piece = op.gather[i];
+      const std::string what = absl::StrCat("gather piece ", i);
+      CheckBuffer(name, what.c_str(), piece);
+      if (piece.device.is_cuda()) {
+        throw InvalidArgumentError(absl::StrCat(Where(name), ": ", what, " is on ", piece.device.ToString(),
+                                                "; gathered sends take CPU memory only"));
+      }
+      if (piece.dtype != op.buffer.dtype) {
+        throw InvalidArgumentError(absl::StrCat(Where(name), ": ", what, " is ", DTypeName(piece.dtype),
+                                                " but the message is ", DTypeName(op.buffer.dtype)));
+      }
+      total += piece.count;
+    }
+    if (total != op.buffer.count || op.buffer.device.is_cuda()) {
+      throw InvalidArgumentError(absl::StrCat(Where(name), ": the gather pieces hold ", total,
+                                              " elements but the message is ", op.buffer.ToString()));
+    }
+  }
+
   // `any_source`: receives may name kAnySource (recv_any_source and p2p batches); plain
   // recv() keeps -1 an out-of-range peer.
   std::shared_ptr<Work> PostP2P(absl::Span<const P2POp> ops, bool any_source = true) {
@@ -583,7 +609,11 @@ class Communicator::Impl {
     std::string description = absl::StrCat("p2p batch of ", ops.size(), " on rank ", rank_, " of ", size_);
     for (const P2POp& op : ops) {
       const char* name = op.kind == P2POp::Kind::kSend ? "send" : "recv";
-      CheckBuffer(name, "buffer", op.buffer);
+      if (op.gather.empty()) {
+        CheckBuffer(name, "buffer", op.buffer);
+      } else {
+        CheckGather(name, op);
+      }
       if (any_source && op.peer == kAnySource && op.kind == P2POp::Kind::kRecv) {
         if (op.buffer.device.is_cuda()) {
           throw InvalidArgumentError(absl::StrCat(Where(name), ": receive from any source needs a CPU buffer (NCCL has none)"));
@@ -957,6 +987,14 @@ std::shared_ptr<Work> Communicator::barrier() {
   return impl_->Submit(
       spec, [](const GlooCall& call) { GlooBarrier(call); },
       [](NcclTransport& n, std::string d) { return n.Barrier(std::move(d)); }, 0, std::move(eager));
+}
+
+P2POp P2POp::SendGather(std::vector<Buffer> pieces, int peer, uint32_t tag) {
+  Buffer message{nullptr, 0, pieces.empty() ? DType::kFloat32 : pieces[0].dtype, Device::CPU()};
+  for (const Buffer& piece : pieces) message.count += piece.count;
+  P2POp op = Send(message, peer, tag);
+  op.gather = std::move(pieces);
+  return op;
 }
 
 std::shared_ptr<Work> Communicator::send(Buffer data, int peer, uint32_t tag) {

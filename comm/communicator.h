@@ -107,11 +107,19 @@ struct P2POp {
   uint32_t tag = 0;
   // Receives: if set, the sender's rank is written here before the Work completes.
   int* source = nullptr;
+  // Sends on CPU memory only: when not empty, the message is these pieces' elements
+  // concatenated (each of buffer.dtype; buffer.data unused, buffer.count their sum), and the
+  // receiver sees one message of buffer.count elements. It saves the caller from packing a
+  // message out of parts it already has (a header, a model's parameters, a trailer): every
+  // segment of the payload that lies inside one piece is sent from that piece's memory; only
+  // the few segments that straddle two pieces are copied (into a buffer the batch owns).
+  std::vector<Buffer> gather;
 
   static P2POp Send(Buffer b, int peer, uint32_t tag = 0) { return {Kind::kSend, b, peer, tag}; }
   static P2POp Recv(Buffer b, int peer, uint32_t tag = 0, int* source = nullptr) {
     return {Kind::kRecv, b, peer, tag, source};
   }
+  static P2POp SendGather(std::vector<Buffer> pieces, int peer, uint32_t tag = 0);
 };
 
 // Bytes this rank put on the wire since creation, by operation family (for benchmarks

@@ -1,6 +1,8 @@
 #include "comm/p2p_exchange.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 
 #include <gloo/context.h>
 #include <gloo/transport/unbound_buffer.h>
@@ -53,6 +55,69 @@ struct Segments {
 // segments of 256 KiB: 1.06-1.11 message times for 16 MB each way at 1 Gbit/s).
 constexpr size_t kReceiveWindow = 4;
 
+// The buffers a gathered send (P2POp::gather) posted its segments on, each with its count of
+// posted segments (each waited for), and the copies of the segments that straddle pieces.
+struct GatheredSend {
+  std::vector<std::pair<std::unique_ptr<gloo::transport::UnboundBuffer>, size_t>> buffers;
+  std::vector<uint8_t> straddling;
+};
+
+// The receiver cuts the payload into the sender's segments whatever the pieces were, so a
+// segment inside one piece goes out from that piece's memory, and one that straddles two is
+// copied first: one copy per boundary between pieces at most, each at most a segment long
+// (all of the message when it travels in one segment).
+void PostGatheredSend(const std::vector<Buffer>& pieces, int peer, gloo::Context& context, uint64_t slot,
+                      const Segments& segments, GatheredSend& out) {
+  std::vector<size_t> ends(pieces.size());  // byte offset in the message where each piece ends
+  size_t end = 0;
+  for (size_t p = 0; p < pieces.size(); ++p) ends[p] = end += pieces[p].bytes();
+  // The piece holding byte `offset`: the first one that ends after it (never an empty one).
+  auto piece_at = [&](size_t offset) {
+    return static_cast<size_t>(std::upper_bound(ends.begin(), ends.end(), offset) - ends.begin());
+  };
+  auto start_of = [&](size_t p) { return ends[p] - pieces[p].bytes(); };
+  const size_t count = segments.count();
+  size_t straddling_bytes = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (segments.offset(i) + segments.length(i) > ends[piece_at(segments.offset(i))]) {
+      straddling_bytes += segments.length(i);
+    }
+  }
+  out.straddling.resize(straddling_bytes);
+  std::vector<size_t> buffer_of(pieces.size(), SIZE_MAX);  // index into out.buffers
+  size_t straddling_index = SIZE_MAX, copied = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const size_t offset = segments.offset(i), length = segments.length(i);
+    size_t p = piece_at(offset);
+    if (offset + length <= ends[p]) {
+      if (buffer_of[p] == SIZE_MAX) {
+        buffer_of[p] = out.buffers.size();
+        out.buffers.emplace_back(context.createUnboundBuffer(pieces[p].data, pieces[p].bytes()), 0);
+      }
+      auto& [ub, ops] = out.buffers[buffer_of[p]];
+      ub->send(peer, slot, offset - start_of(p), length);
+      ++ops;
+      continue;
+    }
+    for (size_t at = offset; at < offset + length; ++p) {
+      const size_t take = std::min(offset + length, ends[p]) - at;
+      if (take > 0) {
+        std::memcpy(out.straddling.data() + copied + (at - offset),
+                    static_cast<const uint8_t*>(pieces[p].data) + (at - start_of(p)), take);
+      }
+      at += take;
+    }
+    if (straddling_index == SIZE_MAX) {
+      straddling_index = out.buffers.size();
+      out.buffers.emplace_back(context.createUnboundBuffer(out.straddling.data(), straddling_bytes), 0);
+    }
+    auto& [ub, ops] = out.buffers[straddling_index];
+    ub->send(peer, slot, copied, length);
+    ++ops;
+    copied += length;
+  }
+}
+
 std::chrono::milliseconds Remaining(std::chrono::steady_clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
   return std::max(left, std::chrono::milliseconds(1));
@@ -66,6 +131,7 @@ struct P2PExchange::Message {
   std::unique_ptr<gloo::transport::UnboundBuffer> header_ub;
   std::unique_ptr<gloo::transport::UnboundBuffer> data_ub;
   size_t data_ops = 0;  // payload segments posted on data_ub, each waited for
+  GatheredSend gathered;  // a send with P2POp::gather
   uint64_t ticket = 0;  // a named receive's turn on (peer, tag), drawn when posted
   bool has_ticket = false;
   std::vector<uint8_t> drain;  // receive side of a mismatch: payload lands here, not in the user buffer
@@ -121,12 +187,17 @@ std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string
                           SegmentBytesFor(bytes, segment_bytes_), {}};
         m.header_ub->send(m.op.peer, MakeSlot(kP2PHeaderSlotPrefix, m.op.tag));
         if (bytes > 0) {
-          m.data_ub = PayloadContext(context_->rank, m.op.peer).createUnboundBuffer(m.op.buffer.data, bytes);
           const uint64_t slot = MakeSlot(kP2PDataSlotPrefix, m.op.tag);
           const Segments segments{bytes, m.header.segment_bytes};
-          m.data_ops = segments.count();
-          for (size_t i = 0; i < m.data_ops; ++i) {
-            m.data_ub->send(m.op.peer, slot, segments.offset(i), segments.length(i));
+          gloo::Context& payload_context = PayloadContext(context_->rank, m.op.peer);
+          if (!m.op.gather.empty()) {
+            PostGatheredSend(m.op.gather, m.op.peer, payload_context, slot, segments, m.gathered);
+          } else {
+            m.data_ub = payload_context.createUnboundBuffer(m.op.buffer.data, bytes);
+            m.data_ops = segments.count();
+            for (size_t i = 0; i < m.data_ops; ++i) {
+              m.data_ub->send(m.op.peer, slot, segments.offset(i), segments.length(i));
+            }
           }
         }
       } else {
@@ -303,6 +374,9 @@ bool P2PExchange::Complete(Batch& batch) {
       if (m.op.kind != P2POp::Kind::kSend) continue;
       m.header_ub->waitSend(Remaining(batch.deadline));
       for (size_t i = 0; i < m.data_ops; ++i) m.data_ub->waitSend(Remaining(batch.deadline));
+      for (auto& [ub, ops] : m.gathered.buffers) {
+        for (size_t i = 0; i < ops; ++i) ub->waitSend(Remaining(batch.deadline));
+      }
       sent += m.op.buffer.bytes();
     }
   } catch (const std::exception& e) {

@@ -2,7 +2,7 @@
 // on a ring, against an exact all-reduce (average) of the same bytes, for n = 2, 4, 8 local
 // processes and 1..64 MB of float32 per rank; plus the bytes each rank sent per round,
 // measured by the communicator's counters. Push-sum with one peer must send exactly one copy
-// of the data plus the 8-byte weight (and our 8-byte step header).
+// of the data plus the 8-byte weight (and our 16-byte header: step and scale).
 //
 //   bazel run //algorithms/bench:gossip_vs_allreduce [-- --max_mb=64 --ranks=2,4,8]
 #include <chrono>
@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
   std::printf("push-sum: one-peer exponential graph; D-PSGD: undirected ring (2 peers); allreduce: exact average.\n");
   std::printf("float32, times per round (mean over 3-10 rounds after a warm-up), local processes over loopback.\n");
   std::printf("sent/rank: payload bytes one rank sent per round (comm traffic counters); 'expected' for push-sum\n");
-  std::printf("is data + 8-byte weight + 8-byte step header. An exact ring allreduce sends 2(n-1)/n x data.\n\n");
+  std::printf("is data + 8-byte weight + 16-byte header (step, scale). An exact ring allreduce sends 2(n-1)/n x data.\n\n");
   std::printf("%3s %7s | %12s %12s %10s | %12s %12s | %13s %13s\n", "n", "size", "push-sum ms", "sent/rank",
               "expected", "D-PSGD ms", "sent/rank", "allreduce ms", "allreduce/ps");
   for (int n : ranks) {
@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
         [&](const Row& row) {
           const size_t bytes = *size++;
           std::printf("%3d %5zuMB | %12.2f %12.0f %10zu | %12.2f %12.0f | %13.2f %12.2fx\n", n, bytes >> 20,
-                      row.push_sum_ms, row.push_sum_bytes, bytes + 16, row.dpsgd_ms, row.dpsgd_bytes, row.allreduce_ms,
+                      row.push_sum_ms, row.push_sum_bytes, bytes + 24, row.dpsgd_ms, row.dpsgd_bytes, row.allreduce_ms,
                       row.allreduce_ms / row.push_sum_ms);
           std::fflush(stdout);
         });

@@ -32,8 +32,8 @@ int main() {
         gossipcc::PushSum sgp(graph);
         std::vector<float> x(1000, static_cast<float>(rank));  // mean over ranks: 3.5
         for (int k = 0; k < 3; ++k) sgp.Step(*comm, {gossipcc::CpuBuffer(x.data(), x.size())});
-        // One message per round: 1000 floats + the 8-byte weight + the 8-byte step header.
-        if (comm->traffic().p2p_bytes_sent != 3 * (1000 * sizeof(float) + 16)) failures[rank] = 1;
+        // One message per round: 1000 floats + the 8-byte weight + the 16-byte header (step, scale).
+        if (comm->traffic().p2p_bytes_sent != 3 * (1000 * sizeof(float) + 24)) failures[rank] = 1;
         std::vector<float> z(x.size());
         sgp.Debias(gossipcc::CpuBuffer(x.data(), x.size()), gossipcc::CpuBuffer(z.data(), z.size()));  // z = x / w
         if (z[0] != 3.5f || z[999] != 3.5f || sgp.weight() != 1.0) failures[rank] = 1;

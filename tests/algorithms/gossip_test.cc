@@ -301,7 +301,7 @@ TEST_P(GossipTest, PushSumCustomMixing) {
     std::vector<float> x(100, 1.0f);
     ps.Step(comm, {CpuBuffer(x.data(), 100)});
     const size_t out = ps.graph().OutPeers(comm.rank(), 0).size();
-    EXPECT_EQ(comm.traffic().p2p_bytes_sent - before, out * (100 * sizeof(float) + 16));
+    EXPECT_EQ(comm.traffic().p2p_bytes_sent - before, out * (100 * sizeof(float) + 24));
   });
 }
 
@@ -602,8 +602,8 @@ TEST_P(GossipTest, UnevenAllReduceSGD) {
   });
 }
 
-// Push-sum with one peer sends exactly one copy of the data, the weight and the 8-byte step
-// per round (measured by the comm layer's counters); with p peers, p copies.
+// Push-sum with one peer sends exactly one copy of the data, the weight and the 16-byte
+// header (step, scale) per round (measured by the comm layer's counters); with p peers, p copies.
 TEST_P(GossipTest, PushSumBytesSent) {
   const int n = this->n();
   Run([&](Communicator& comm) {
@@ -614,7 +614,7 @@ TEST_P(GossipTest, PushSumBytesSent) {
         const size_t out = ps.graph().OutPeers(comm.rank(), ps.step()).size();
         const uint64_t before = comm.traffic().p2p_bytes_sent;
         ps.Step(comm, {CpuBuffer(x.data(), 600), CpuBuffer(x.data() + 600, 400)});
-        EXPECT_EQ(comm.traffic().p2p_bytes_sent - before, out * (1000 * sizeof(float) + 8 + 8))
+        EXPECT_EQ(comm.traffic().p2p_bytes_sent - before, out * (1000 * sizeof(float) + 16 + 8))
             << "peers " << peers << " step " << k;
         if (n > 1 && peers == 1) {
           EXPECT_EQ(out, 1u);
@@ -645,6 +645,29 @@ TEST_P(GossipTest, HalfPrecisionPushSum) {
         EXPECT_EQ(v, static_cast<float>(sums[i] / n)) << DTypeName(dtype) << " element " << i;
       }
     }
+  });
+}
+
+// An overlapped round's message is the buffers as they were at StartRound: the caller
+// changes them while the round is in flight (here at once, while a 4 MiB message is still
+// travelling in 16 segments), and what arrives is still the old values times the share.
+// Synchronous rounds send the buffers from their own memory instead; a message that did
+// that here would carry the overwritten values.
+TEST(OverlappedPushSumMessageTest, CarriesTheBuffersAsTheyWereAtTheStart) {
+  RunRanks(2, LaunchMode::kThreads, [](Communicator& comm) {
+    constexpr size_t kLarge = size_t{1} << 20;
+    const int me = comm.rank();
+    OverlappedPushSum os(std::shared_ptr<const PeerGraph>(MakePeerGraph("exponential", 2)), /*tau=*/1);
+    std::vector<float> x(kLarge);
+    for (size_t i = 0; i < kLarge; ++i) x[i] = static_cast<float>((me + 1) * 1000 + i % 1000);
+    os.StartRound(comm, {CpuBuffer(x.data(), kLarge)});
+    std::fill(x.begin(), x.end(), 0.0f);  // the local steps overwrite x while the round travels
+    os.FinishRound({CpuBuffer(x.data(), kLarge)});
+    const int peer = 1 - me;
+    for (size_t i = 0; i < kLarge; ++i) {
+      ASSERT_EQ(x[i], 0.5f * static_cast<float>((peer + 1) * 1000 + i % 1000)) << "element " << i;
+    }
+    EXPECT_EQ(os.state().weight, 1.0);
   });
 }
 

@@ -1,6 +1,6 @@
 // Point-to-point payloads larger than CommunicatorOptions::p2p_segment_bytes travel as
 // segments: sizes around the segment size, receive from any source, mismatches, senders and
-// receivers with different settings, and the option's validation. Data is checked element by
+// receivers with different settings, sends gathered from pieces, and the options' validation. Data is checked element by
 // element and the traffic counters byte by byte.
 #include <algorithm>
 #include <cstring>
@@ -220,6 +220,93 @@ TEST_P(P2PSegmentsTest, RanksWithDifferentSegmentSizesInteroperate) {
     comm->p2p(ops)->wait();
     for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(in[i], Pattern(left, rank, 0, i)) << "byte " << i;
     comm->barrier()->wait();
+  });
+}
+
+// A send gathered from pieces (P2POp::gather) arrives as one message, whichever segments
+// lie inside a piece (sent from its memory) or straddle pieces (copied), segmented or not:
+// a header and a trailer around payloads of sizes around the segment, empty pieces, pieces
+// far smaller than a segment (every segment straddles) and a single piece.
+TEST_P(P2PSegmentsTest, GatheredSendArrivesAsOneMessage) {
+  constexpr size_t kFloatsPerSegment = kSegment / sizeof(float);
+  std::vector<std::vector<size_t>> layouts;  // piece lengths in floats
+  for (size_t payload : {size_t{0}, size_t{1}, kFloatsPerSegment - 1, kFloatsPerSegment, kFloatsPerSegment + 1,
+                         10 * kFloatsPerSegment + 5}) {
+    layouts.push_back({4, payload, 2});
+  }
+  layouts.push_back({0, 3, 0, 0, kFloatsPerSegment * 3, 0, 1, 0});
+  layouts.push_back(std::vector<size_t>(40, 7));
+  layouts.push_back({5 * kFloatsPerSegment + 3});
+  for (size_t segment : {kSegment, size_t{0}}) {
+    RunRanks(3, mode(), [&layouts](Communicator& comm) {
+      const int n = comm.size(), me = comm.rank();
+      const int right = (me + 1) % n, left = (me - 1 + n) % n;
+      auto value = [](int from, size_t i) { return static_cast<float>(from * 100000 + i); };
+      const uint64_t sent_before = comm.traffic().p2p_bytes_sent;
+      uint64_t expected_bytes = 0;
+      for (const std::vector<size_t>& layout : layouts) {
+        size_t total = 0;
+        for (size_t len : layout) total += len;
+        std::vector<std::vector<float>> pieces;
+        std::vector<Buffer> views;
+        size_t at = 0;
+        for (size_t len : layout) {
+          pieces.emplace_back(len);
+          for (size_t i = 0; i < len; ++i) pieces.back()[i] = value(me, at + i);
+          at += len;
+        }
+        for (auto& piece : pieces) views.push_back(CpuBuffer(piece.data(), piece.size()));
+        std::vector<float> in(total, -1.0f);
+        std::vector<P2POp> ops = {P2POp::SendGather(views, right, 3), P2POp::Recv(CpuBuffer(in.data(), total), left, 3)};
+        comm.p2p(ops)->wait();
+        const std::string where = absl::StrCat(layout.size(), " pieces, ", total, " floats");
+        for (size_t i = 0; i < total; ++i) ASSERT_EQ(in[i], value(left, i)) << where << ", element " << i;
+        at = 0;
+        for (const auto& piece : pieces) {
+          for (float v : piece) ASSERT_EQ(v, value(me, at++)) << where << ": the sender's pieces changed";
+        }
+        expected_bytes += total * sizeof(float);
+      }
+      EXPECT_EQ(comm.traffic().p2p_bytes_sent - sent_before, expected_bytes);
+    }, Options(segment));
+  }
+}
+
+// A gathered send's pieces must be CPU memory of the message's dtype adding up to its count,
+// and only a send gathers: otherwise the post fails at once, naming the piece and the problem.
+TEST(P2PGatherTest, BadPiecesAreRejectedAtThePost) {
+  RunRanks(2, LaunchMode::kThreads, [](Communicator& comm) {
+    const int peer = 1 - comm.rank();
+    std::vector<float> a(8), b(8);
+    std::vector<double> d(8);
+    auto expect_rejected = [&](P2POp op, const std::string& what) {
+      try {
+        comm.p2p({op})->wait();
+        ADD_FAILURE() << "accepted: " << what;
+      } catch (const InvalidArgumentError& e) {
+        EXPECT_THAT(std::string(e.what()), HasSubstr(what));
+      }
+    };
+    expect_rejected(P2POp::SendGather({CpuBuffer(a.data(), 8), CpuBuffer(d.data(), 8)}, peer),
+                    "gather piece 1 is float64 but the message is float32");
+    P2POp short_count = P2POp::SendGather({CpuBuffer(a.data(), 8), CpuBuffer(b.data(), 8)}, peer);
+    short_count.buffer.count = 15;
+    expect_rejected(short_count, "the gather pieces hold 16 elements but the message is 15 x float32 on cpu");
+    expect_rejected(P2POp::SendGather({CpuBuffer(a.data(), 8), Buffer{nullptr, 4, DType::kFloat32, Device::CPU()}}, peer),
+                    "gather piece 1 is null but has 4 elements");
+    expect_rejected(P2POp::SendGather({Buffer{a.data(), 8, DType::kFloat32, Device::CUDA(0)}}, peer),
+                    "gather piece 0 is on cuda:0");
+    P2POp recv = P2POp::Recv(CpuBuffer(a.data(), 8), peer);
+    recv.gather = {CpuBuffer(b.data(), 8)};
+    expect_rejected(recv, "only a send can gather its message from pieces");
+    // Nothing was posted: the pair still exchanges normally.
+    std::fill(a.begin(), a.end(), 1.0f);
+    std::fill(b.begin(), b.end(), 2.0f);
+    std::vector<float> in(8, 0.0f);
+    std::vector<P2POp> ops = {P2POp::SendGather({CpuBuffer(a.data(), 3), CpuBuffer(b.data(), 5)}, peer),
+                              P2POp::Recv(CpuBuffer(in.data(), 8), peer)};
+    comm.p2p(ops)->wait();
+    EXPECT_EQ(in, (std::vector<float>{1, 1, 1, 2, 2, 2, 2, 2}));
   });
 }
 
