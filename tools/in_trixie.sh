@@ -6,7 +6,9 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 ROOT=${GOSSIPCC_TRIXIE_ROOT:-/var/lib/gossipcc/trixie}
-[ -x "$ROOT/usr/bin/python3" ] || { echo "no trixie root at $ROOT: run tools/trixie_root.sh" >&2; exit 1; }
+# apt-get, not python3: tools/trixie_root.sh installs the packages through this script, into
+# a fresh minbase root that has no python3 yet.
+[ -x "$ROOT/usr/bin/apt-get" ] || { echo "no trixie root at $ROOT: run tools/trixie_root.sh" >&2; exit 1; }
 mounted=()
 cleanup() {
   local i
