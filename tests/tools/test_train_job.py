@@ -11,10 +11,17 @@ sys.path.insert(0, os.path.join(TOOLS, "train"))
 import methods  # noqa: E402
 
 
+def test_all_leaves_out_the_hook_and_the_diagnostics():
+    names = methods.names("all")
+    assert {"allreduce-gloo", "allreduce", "powersgd-r2", "sgp", "osgp", "dpsgd", "adpsgd"} <= set(names)
+    assert not [n for n in names if n.startswith(("torch-", "diag-"))], names
+    assert {"diag-compute", "diag-sync2", "diag-sync3-gloo"} <= set(methods.REGISTRY)
+
+
 def test_every_method_runs_a_few_steps(tmp_path):
     # One method per code path (the -r2 variants and gossipcc's exact all-reduce differ from
     # these only in a policy string): each launch starts 2 fresh Python processes.
-    names = ["allreduce-gloo", "powersgd-r1", "torch-powersgd-r1", "sgp", "osgp", "dpsgd", "adpsgd"]
+    names = ["allreduce-gloo", "powersgd-r1", "torch-powersgd-r1", "sgp", "osgp", "dpsgd", "adpsgd", "diag-sync2"]
     assert set(names) <= set(methods.REGISTRY)
     results = tmp_path / "results"
     proc = subprocess.run(

@@ -82,6 +82,36 @@ for _r in (1, 2):
                     "gloo", _torch_powersgd(_r)))
 
 
+# Diagnostics (not in "all"): the floors a PowerSGD step stands on, to tell how much of a
+# step is the compressor's own work (docs/benchmarks.md (b)). Each trains with DDP in one bucket
+# like the PowerSGD methods, but its comm hook leaves the gradients as they are (every rank
+# follows its own gradient), after `exchanges` all-reduces of 16 floats: the step's compute and
+# DDP cost with no synchronisation (0), or with the synchronisation of a method that needs that
+# many exchanges per step (gossipcc's PowerSGD: 2; PyTorch's powerSGD_hook: 3).
+def _floor(exchanges):
+    def hook(state, bucket):
+        token = torch.zeros(16)
+        for _ in range(exchanges):
+            dist.all_reduce(token)
+        future = torch.futures.Future()
+        future.set_result(bucket.buffer())
+        return future
+
+    def wrap(module):
+        model = _ddp_one_bucket(module)
+        model.register_comm_hook(None, hook)
+        return model
+    return wrap
+
+
+register(Method("diag-compute", "diagnostic: DDP in one bucket, no communication (each rank its own gradient)",
+                "gloo", _floor(0)))
+register(Method("diag-sync2", "diagnostic: diag-compute plus 2 all-reduces of 16 floats per step through gossipcc",
+                "gossipcc", _floor(2), configure=lambda g: g.configure(allreduce="exact")))
+register(Method("diag-sync3-gloo", "diagnostic: diag-compute plus 3 all-reduces of 16 floats per step through gloo",
+                "gloo", _floor(3)))
+
+
 def _gossip(algorithm, **kwargs):
     def wrap(module):
         import gossipcc
@@ -115,9 +145,10 @@ register(Method("adpsgd", "AD-PSGD: asynchronous bilateral exchange (BilatGossip
 
 
 def names(spec):
-    """"all" (every non-torch-hook method), "default", or a comma list -> list of names."""
+    """"all" (every method but PyTorch's hook and the diagnostics), "default", or a comma list
+    -> list of names."""
     if spec in ("all", "default"):
-        return [n for n in REGISTRY if not n.startswith("torch-")]
+        return [n for n in REGISTRY if not n.startswith(("torch-", "diag-"))]
     out = []
     for name in spec.split(","):
         name = name.strip()
