@@ -18,6 +18,27 @@ def test_all_leaves_out_the_hook_and_the_diagnostics():
     assert {"diag-compute", "diag-sync2", "diag-sync3-gloo"} <= set(methods.REGISTRY)
 
 
+def test_floor_hook_exchanges_as_many_times_as_named_and_leaves_the_bucket(monkeypatch):
+    import torch
+
+    calls = []
+    monkeypatch.setattr(methods.dist, "all_reduce", lambda t: calls.append(t.numel()))
+
+    class Bucket:
+        def __init__(self):
+            self.data = torch.arange(5.0)
+
+        def buffer(self):
+            return self.data
+
+    for exchanges in (0, 2, 3):
+        calls.clear()
+        bucket = Bucket()
+        out = methods.floor_hook(exchanges)(None, bucket).wait()
+        assert calls == [16] * exchanges
+        assert out is bucket.data and torch.equal(out, torch.arange(5.0))
+
+
 def test_every_method_runs_a_few_steps(tmp_path):
     # One method per code path (the -r2 variants and gossipcc's exact all-reduce differ from
     # these only in a policy string): each launch starts 2 fresh Python processes.

@@ -88,18 +88,23 @@ for _r in (1, 2):
 # follows its own gradient), after `exchanges` all-reduces of 16 floats: the step's compute and
 # DDP cost with no synchronisation (0), or with the synchronisation of a method that needs that
 # many exchanges per step (gossipcc's PowerSGD: 2; PyTorch's powerSGD_hook: 3).
-def _floor(exchanges):
+def floor_hook(exchanges):
+    """The diagnostics' comm hook: `exchanges` all-reduces of 16 floats, the bucket unchanged."""
+    token = torch.zeros(16)  # one per hook, not one per step
+
     def hook(state, bucket):
-        token = torch.zeros(16)
         for _ in range(exchanges):
             dist.all_reduce(token)
         future = torch.futures.Future()
         future.set_result(bucket.buffer())
         return future
+    return hook
 
+
+def _floor(exchanges):
     def wrap(module):
         model = _ddp_one_bucket(module)
-        model.register_comm_hook(None, hook)
+        model.register_comm_hook(None, floor_hook(exchanges))
         return model
     return wrap
 
