@@ -95,14 +95,16 @@ CollectiveHandshake::CollectiveHandshake(int size)
     : size_(size),
       stride_(kHeaderBytes + EagerCollectiveMaxBytes(size)),
       outgoing_(std::max(kHeaderBytes * static_cast<size_t>(size), stride_)),
-      incoming_(stride_ * static_cast<size_t>(size)),
+      incoming_{std::vector<uint8_t>(stride_ * static_cast<size_t>(size)),
+                std::vector<uint8_t>(stride_ * static_cast<size_t>(size))},
       verdicts_in_(kHeaderBytes * static_cast<size_t>(size)),
       verdict_out_(kHeaderBytes) {}
 
 CollectiveHandshake::~CollectiveHandshake() = default;
 
 const uint8_t* CollectiveHandshake::Header(int rank) const {
-  return rank == own_rank_ ? outgoing_.data() + own_offset_ : incoming_.data() + static_cast<size_t>(rank) * stride_;
+  return rank == own_rank_ ? outgoing_.data() + own_offset_
+                           : incoming_[current_].data() + static_cast<size_t>(rank) * stride_;
 }
 
 const uint8_t* CollectiveHandshake::payload(int rank) const { return Header(rank) + kHeaderBytes; }
@@ -115,27 +117,44 @@ size_t CollectiveHandshake::payload_bytes(int rank) const {
 
 std::vector<std::shared_ptr<void>> CollectiveHandshake::TakeRetiredBuffers() {
   std::vector<std::shared_ptr<void>> retired;
-  for (auto* ub : {&in_, &out_, &verdicts_in_ub_, &verdict_out_ub_}) {
+  for (auto* ub : {&in_[0], &in_[1], &out_, &verdicts_in_ub_, &verdict_out_ub_}) {
     if (*ub) retired.push_back(std::move(*ub));
   }
   return retired;
 }
 
-// Sends `send_bytes` at send_offset(p) of `out` to every peer p and receives up to
-// `recv_bytes` from it at p * recv_bytes of `in`; returns once all have completed.
+// Sends `send_bytes` at send_offset(p) of `out` to every peer p and waits for those sends
+// and for n-1 receives on `in`, which the caller has posted.
 template <typename SendOffset>
-static void ExchangeWithAll(gloo::Context& context, gloo::transport::UnboundBuffer& in, size_t recv_bytes,
-                     gloo::transport::UnboundBuffer& out, SendOffset send_offset, size_t send_bytes, uint64_t slot,
-                     std::chrono::milliseconds timeout) {
+static void SendToAllAndWait(gloo::Context& context, gloo::transport::UnboundBuffer& in,
+                             gloo::transport::UnboundBuffer& out, SendOffset send_offset, size_t send_bytes,
+                             uint64_t slot, std::chrono::milliseconds timeout) {
   const int n = context.size;
   for (int p = 0; p < n; ++p) {
-    if (p == context.rank) continue;
-    in.recv(p, slot, static_cast<size_t>(p) * recv_bytes, recv_bytes);
-    out.send(p, slot, send_offset(p), send_bytes);
+    if (p != context.rank) out.send(p, slot, send_offset(p), send_bytes);
   }
   for (int p = 0; p < n - 1; ++p) {
     in.waitRecv(timeout);
     out.waitSend(timeout);
+  }
+}
+
+// Receives up to `recv_bytes` from every peer p at p * recv_bytes of `in`, sends as above.
+template <typename SendOffset>
+static void ExchangeWithAll(gloo::Context& context, gloo::transport::UnboundBuffer& in, size_t recv_bytes,
+                            gloo::transport::UnboundBuffer& out, SendOffset send_offset, size_t send_bytes,
+                            uint64_t slot, std::chrono::milliseconds timeout) {
+  for (int p = 0; p < context.size; ++p) {
+    if (p != context.rank) in.recv(p, slot, static_cast<size_t>(p) * recv_bytes, recv_bytes);
+  }
+  SendToAllAndWait(context, in, out, send_offset, send_bytes, slot, timeout);
+}
+
+void CollectiveHandshake::PostReceives(gloo::Context& context, uint64_t index) {
+  gloo::transport::UnboundBuffer& in = *in_[index % 2];
+  const uint64_t slot = MakeSlot(kFingerprintSlotPrefix, static_cast<uint32_t>(index));
+  for (int p = 0; p < size_; ++p) {
+    if (p != context.rank) in.recv(p, slot, static_cast<size_t>(p) * stride_, stride_);
   }
 }
 
@@ -183,15 +202,24 @@ void CollectiveHandshake::Run(gloo::Context& context, const OpSpec& spec, absl::
     send_bytes += payload.size();
   }
   if (n == 1) return;
+  const uint64_t index = runs_++;
+  current_ = static_cast<int>(index % 2);
   try {
-    if (!in_) in_ = context.createUnboundBuffer(incoming_.data(), incoming_.size());
+    for (int i = 0; i < 2; ++i) {
+      if (!in_[i]) in_[i] = context.createUnboundBuffer(incoming_[i].data(), incoming_[i].size());
+    }
     if (!out_) out_ = context.createUnboundBuffer(outgoing_.data(), outgoing_.size());
     // Every receive has room for header + the eager maximum (stride_), whatever this rank
-    // was asked to do, so no peer's message can overflow it.
-    ExchangeWithAll(
-        context, *in_, stride_, *out_,
+    // was asked to do, so no peer's message can overflow it. This handshake's receives were
+    // announced by the one before (the first announces its own); the other buffer's payloads
+    // have been consumed (collectives run one at a time), so the next handshake's go up now,
+    // before this rank's own header leaves.
+    if (index == 0) PostReceives(context, index);
+    PostReceives(context, index + 1);
+    SendToAllAndWait(
+        context, *in_[current_], *out_,
         [&](int p) { return per_peer ? static_cast<size_t>(p) * kHeaderBytes : size_t{0}; }, send_bytes,
-        MakeSlot(kFingerprintSlotPrefix, static_cast<uint32_t>(spec.seq)), timeout);
+        MakeSlot(kFingerprintSlotPrefix, static_cast<uint32_t>(index)), timeout);
   } catch (const std::exception& e) {
     RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", me, " of ", n, ": exchanging signatures"), e);
   }

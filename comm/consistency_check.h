@@ -13,6 +13,14 @@
 // payloads are used only once the headers agree. A small all-reduce, broadcast, all-gather or
 // reduce-scatter then completes in this one exchange (eager_collectives.h) instead of paying
 // the signature round trip plus Gloo's 2(n-1) (ring) or log n (tree) message latencies.
+//
+// Gloo sends a message only once its receiver has announced the matching receive. Posted
+// when the handshake starts, a receive's announcement and the peer's reply would be two
+// message latencies after the last rank arrives. So each handshake also announces the
+// receives of the next one (into a second incoming buffer, alternating): a peer's header then
+// leaves the moment the peer arrives, and the exchange costs one latency. The handshakes are
+// numbered by this object (the slot), not by the collective's sequence number, because not
+// every collective runs one (CommunicatorOptions::verify_collectives).
 #pragma once
 
 #include <chrono>
@@ -60,15 +68,22 @@ class CollectiveHandshake {
                         std::chrono::milliseconds timeout);
   const uint8_t* Header(int rank) const;  // rank's header, then its payload
 
+  // Announces this rank's receives of handshake `index` from every peer, into incoming_[index % 2].
+  // A failure here poisons the communicator, so no later Run finds the announcements short.
+  void PostReceives(gloo::Context& context, uint64_t index);
+
   const int size_;
   const size_t stride_;  // bytes per peer in incoming_: header + the eager maximum
   std::vector<uint8_t> outgoing_;  // header + payload (alltoallv: one header per peer)
-  std::vector<uint8_t> incoming_;  // size_ x stride_; this rank's own slot is unused
+  // Handshake i lands in incoming_[i % 2]: size_ x stride_; this rank's own slot is unused.
+  std::vector<uint8_t> incoming_[2];
+  uint64_t runs_ = 0;  // handshakes started on a mesh of more than one rank; the next one's index
+  int current_ = 0;    // the last handshake's parity: the incoming_ that Header reads
   int own_rank_ = 0;
   size_t own_offset_ = 0;  // this rank's header in outgoing_
   std::vector<uint8_t> verdicts_in_, verdict_out_;  // alltoallv's second round
   // Registered once, reused by every Run.
-  std::shared_ptr<gloo::transport::UnboundBuffer> in_, out_, verdicts_in_ub_, verdict_out_ub_;
+  std::shared_ptr<gloo::transport::UnboundBuffer> in_[2], out_, verdicts_in_ub_, verdict_out_ub_;
 };
 
 }  // namespace gossipcc
