@@ -4,9 +4,11 @@
 #include "comm/errors.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -376,6 +378,27 @@ TEST_P(CollectivesTest, WaitingInAnyOrderCompletesEveryCollective) {
     for (auto& d : data) works.push_back(comm.allreduce(CpuBuffer(d.data(), d.size())));
     for (size_t k = 0; k < works.size(); ++k) works[(k * 5 + comm.rank()) % works.size()]->wait();
     for (auto& d : data) EXPECT_EQ(d[4], n * (n + 1) / 2);
+  });
+}
+
+// Every signature check announces the next check's receives (consistency_check.h), so the
+// headers and eager payloads of a rank's next collective can land before the rank gets there,
+// in the other of the check's two buffers. One rank lagging every other collective, eager and
+// larger collectives interleaved: each collective must still read its own payloads.
+TEST_P(CollectivesTest, PayloadsThatArriveBeforeTheRankStayWithTheirCollective) {
+  RunRanks(n(), mode(), [](Communicator& comm) {
+    const int n = comm.size();
+    const int me = comm.rank();
+    const size_t eager = std::max<size_t>(EagerCollectiveMaxBytes(n) / sizeof(int64_t), 1);
+    for (int k = 0; k < 12; ++k) {
+      if (me == n - 1 && k % 2 == 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const size_t count = k % 3 == 2 ? eager + 1 : std::min<size_t>(eager, 9);
+      std::vector<int64_t> v(count, 1000 * k + me);
+      comm.allreduce(CpuBuffer(v.data(), count))->wait();
+      const int64_t expected = int64_t{1000} * k * n + n * (n - 1) / 2;
+      EXPECT_EQ(v.front(), expected) << "collective " << k;
+      EXPECT_EQ(v.back(), expected) << "collective " << k;
+    }
   });
 }
 
