@@ -3,7 +3,7 @@
 ProcessGroupGloo), same processes and tensors, N ranks (default 4), 4 KB .. 256 MB, on an
 unshaped emulated network and at 1 Gbit/s per host.
 
-    tools/bench/run.sh allreduce_backends [--ranks 4] [--networks none,1gbit] [--max-bytes 268435456]
+    tools/bench/run.sh allreduce_backends [--ranks 4] [--networks none,1gbit] [--max-bytes 268435456] [--plot PNG]
 
 Every rank is its own host (tools/emulated_cluster.py). Per size, the two backends alternate
 iteration by iteration (which goes first alternates too), each op preceded by an untimed
@@ -76,30 +76,67 @@ def worker(args):
         json.dump(out, f)
 
 
-def table(docs, network, n):
+def link_bytes_per_second(network):
+    """The preset's per-host rate in bytes/s, or None (unshaped, loopback)."""
     import emulated_cluster
     rate, _ = emulated_cluster.parse_network(network) if network != "local" else (None, None)
-    bps = emulated_cluster.rate_bits_per_second(rate) / 8 if rate else None
+    return emulated_cluster.rate_bits_per_second(rate) / 8 if rate else None
+
+
+def summarize(docs, n, bps):
+    """Per size: the median over iterations of the slowest rank's time per backend (s), the
+    ring's link bound (s; None when unshaped) and the tx bytes per op averaged over ranks."""
     rows = []
     for i, entry in enumerate(docs[0]):
         nbytes, k = entry["bytes"], entry["k"]
-        med = {}
+        row = {"bytes": nbytes, "k": k, "bound": 2 * (n - 1) / n * nbytes / bps if bps else None}
         for name in ("gloo", "gossipcc"):
-            per_iter = [max(doc[i]["times"][name][j] for doc in docs) for j in range(k)]
-            med[name] = common.median(per_iter)
-        tx = {name: sum(doc[i]["tx_per_op"][name] for doc in docs) / len(docs) for name in ("gloo", "gossipcc")}
-        row = [common.human_bytes(nbytes), k, f"{1e3 * med['gloo']:.2f}", f"{1e3 * med['gossipcc']:.2f}",
-               f"{med['gossipcc'] / med['gloo']:.2f}"]
-        if bps:
-            bound = 2 * (n - 1) / n * nbytes / bps
-            row += [f"{1e3 * bound:.2f}", f"{med['gloo'] / bound:.2f}", f"{med['gossipcc'] / bound:.2f}"]
-        row += [f"{tx['gloo'] / nbytes:.3f}", f"{tx['gossipcc'] / nbytes:.3f}"] if network != "local" else ["-", "-"]
+            row[name] = common.median([max(doc[i]["times"][name][j] for doc in docs) for j in range(k)])
+            row["tx_" + name] = sum(doc[i]["tx_per_op"][name] for doc in docs) / len(docs)
         rows.append(row)
+    return rows
+
+
+def table(rows, network):
+    body = []
+    for r in rows:
+        nbytes = r["bytes"]
+        row = [common.human_bytes(nbytes), r["k"], f"{1e3 * r['gloo']:.2f}", f"{1e3 * r['gossipcc']:.2f}",
+               f"{r['gossipcc'] / r['gloo']:.2f}"]
+        if r["bound"]:
+            row += [f"{1e3 * r['bound']:.2f}", f"{r['gloo'] / r['bound']:.2f}", f"{r['gossipcc'] / r['bound']:.2f}"]
+        row += [f"{r['tx_gloo'] / nbytes:.3f}", f"{r['tx_gossipcc'] / nbytes:.3f}"] if network != "local" else ["-", "-"]
+        body.append(row)
     header = ["size", "k", "gloo (ms)", "gossipcc (ms)", "ratio gossipcc/gloo"]
-    if bps:
+    if rows and rows[0]["bound"]:
         header += ["link bound (ms)", "gloo/bound", "gossipcc/bound"]
     header += ["sent/rank/op ÷ size, gloo", "gossipcc"]
-    return common.markdown_table(header, rows)
+    return common.markdown_table(header, body)
+
+
+def plot(results, path, title):
+    """results: {network: summarize() rows}. Left: both backends' time per size (and the link
+    bound where shaped), log-log; right: gossipcc's time over gloo's per size, 1.0 marked."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (times, ratios) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for network, rows in results.items():
+        sizes = [r["bytes"] for r in rows]
+        line, = times.plot(sizes, [1e3 * r["gossipcc"] for r in rows], "o-", label=f"gossipcc, {network}")
+        times.plot(sizes, [1e3 * r["gloo"] for r in rows], "s--", color=line.get_color(), label=f"gloo, {network}")
+        if rows and rows[0]["bound"]:
+            times.plot(sizes, [1e3 * r["bound"] for r in rows], ":", color="gray", label=f"ring link bound, {network}")
+        ratios.plot(sizes, [r["gossipcc"] / r["gloo"] for r in rows], "o-", color=line.get_color(), label=network)
+    times.set(xscale="log", yscale="log", xlabel="all-reduce size (bytes)", ylabel="time (ms, slowest rank, median)")
+    ratios.axhline(1.0, color="gray", linewidth=1)
+    ratios.set(xscale="log", xlabel="all-reduce size (bytes)", ylabel="gossipcc time / gloo time (below 1: faster)")
+    times.legend(fontsize=8)
+    ratios.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main():
@@ -110,11 +147,14 @@ def main():
     p.add_argument("--networks", default="none,1gbit", help="comma list of emulated_cluster presets (or local)")
     p.add_argument("--min-bytes", type=int, default=4096)
     p.add_argument("--max-bytes", type=int, default=256 << 20)
+    p.add_argument("--plot", metavar="PNG", help="also write a plot of the tables (time and ratio per size) here")
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    print(f"all-reduce, backend gossipcc vs gloo, {args.ranks} ranks, {common.human_bytes(args.min_bytes)}.."
-          f"{common.human_bytes(args.max_bytes)}, float32")
+    title = (f"all-reduce, backend gossipcc vs gloo, {args.ranks} ranks, {common.human_bytes(args.min_bytes)}.."
+             f"{common.human_bytes(args.max_bytes)}, float32")
+    print(title)
+    results = {}
     for network in args.networks.split(","):
         load0 = common.load_average()
         try:
@@ -125,7 +165,11 @@ def main():
         except common.NamespacesUnavailable as e:
             common.fail(f"allreduce_backends: emulated network not available: {e}")
         print(f"\nnetwork {network} (load average before {load0}, after {common.load_average()}):\n")
-        print(table(docs, network, args.ranks), flush=True)
+        results[network] = summarize(docs, args.ranks, link_bytes_per_second(network))
+        print(table(results[network], network), flush=True)
+    if args.plot:
+        plot(results, args.plot, title)
+        print(f"\nplot: {args.plot}")
 
 
 if __name__ == "__main__":

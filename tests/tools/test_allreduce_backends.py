@@ -1,0 +1,61 @@
+"""tools/bench/allreduce_backends.py: the table's figures (median over iterations of the slowest
+rank, the ring's link bound, tx per op averaged over ranks) and the plot, on made-up timings."""
+import importlib.util
+import os
+import sys
+
+TOOLS = os.environ.get("GOSSIPCC_TOOLS") or os.path.join(os.path.dirname(__file__), "..", "..", "tools")
+SCRIPT = os.path.join(TOOLS, "bench", "allreduce_backends.py")
+
+
+def load():
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    sys.path.insert(0, TOOLS)  # emulated_cluster
+    spec = importlib.util.spec_from_file_location("allreduce_backends", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def entry(nbytes, gloo, gossipcc, tx):
+    return {"bytes": nbytes, "k": len(gloo), "times": {"gloo": gloo, "gossipcc": gossipcc},
+            "tx_per_op": {"gloo": tx[0], "gossipcc": tx[1]}}
+
+
+# Two ranks, one size, three iterations each. Slowest rank per iteration: gloo 3, 5, 4 -> median
+# 4; gossipcc 2, 9, 1 -> median 2 (rank 1's 9 is the slowest of iteration 2, not an outlier
+# dropped). tx averaged over the ranks.
+DOCS = [
+    [entry(1 << 20, [3.0, 1.0, 4.0], [1.0, 9.0, 1.0], (1500.0, 1600.0))],
+    [entry(1 << 20, [2.0, 5.0, 1.0], [2.0, 1.0, 0.5], (1700.0, 1400.0))],
+]
+
+
+def test_summary_takes_the_slowest_rank_per_iteration_then_the_median():
+    rows = load().summarize(DOCS, n=2, bps=None)
+    assert len(rows) == 1
+    assert rows[0]["gloo"] == 4.0
+    assert rows[0]["gossipcc"] == 2.0
+    assert rows[0]["tx_gloo"] == 1600.0
+    assert rows[0]["tx_gossipcc"] == 1500.0
+    assert rows[0]["bound"] is None
+
+
+def test_link_bound_is_the_rings_bytes_at_the_link_rate():
+    m = load()
+    bps = m.link_bytes_per_second("1gbit")
+    assert bps == 125e6
+    rows = m.summarize(DOCS, n=4, bps=bps)
+    assert abs(rows[0]["bound"] - 1.5 * (1 << 20) / 125e6) < 1e-12
+    assert m.link_bytes_per_second("none") is None
+    table = m.table(rows, "1gbit")
+    assert "| 1 MB | 3 | 4000.00 | 2000.00 | 0.50 |" in table
+    assert "link bound (ms)" in table
+
+
+def test_plot_writes_a_png(tmp_path):
+    m = load()
+    results = {"none": m.summarize(DOCS, 2, None), "1gbit": m.summarize(DOCS, 2, 125e6)}
+    path = tmp_path / "allreduce.png"
+    m.plot(results, str(path), "test")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
