@@ -128,6 +128,53 @@ constexpr uint32_t kMeshLayoutTag = 0xffffffffu;
 
 class Communicator::Impl {
  public:
+  // The memory a collective touches (its buffers' byte ranges, all taken as written), or a
+  // fence, which conflicts with every collective. A collective starts only once no earlier
+  // collective it conflicts with is in flight, so lanes never change a result.
+  struct Footprint {
+    bool fence = false;
+    std::vector<std::pair<uintptr_t, uintptr_t>> ranges;  // [begin, end), non-empty
+
+    static Footprint Fence() { return Footprint{true, {}}; }
+    static Footprint Of(std::initializer_list<Buffer> buffers) {
+      Footprint f;
+      for (const Buffer& b : buffers) {
+        if (b.bytes() == 0) continue;
+        const auto begin = reinterpret_cast<uintptr_t>(b.data);
+        f.ranges.emplace_back(begin, begin + b.bytes());
+      }
+      return f;
+    }
+    bool Conflicts(const Footprint& other) const {
+      if (fence || other.fence) return true;
+      for (const auto& [b1, e1] : ranges) {
+        for (const auto& [b2, e2] : other.ranges) {
+          if (b1 < e2 && b2 < e1) return true;
+        }
+      }
+      return false;
+    }
+  };
+
+  struct QueuedTask {
+    uint64_t seq;
+    std::function<void()> run;
+  };
+
+  // Collectives k with k % lanes == index run here, one at a time, in issue order.
+  struct Lane {
+    Lane(Impl* owner, int lane_index) : impl(owner), index(lane_index) {}
+    Impl* const impl;
+    const int index;
+    std::shared_ptr<gloo::Context> context;  // lane 0: the communicator's first mesh
+    // Its staging memory outlives context (see Shutdown).
+    std::unique_ptr<CollectiveHandshake> handshake;
+    CollectiveScratch scratch;  // for the one collective this lane runs at a time
+    std::deque<QueuedTask> queue;  // guarded by impl->mu_
+    bool running = false;          // guarded by impl->mu_: a collective runs (worker or inline)
+    std::thread worker;
+  };
+
   Impl(std::shared_ptr<Store> store, int rank, int size, CommunicatorOptions options)
       : store_(std::move(store)), rank_(rank), size_(size), options_(std::move(options)) {}
 
@@ -145,6 +192,19 @@ class Communicator::Impl {
     context_ = ConnectGlooMesh(std::make_shared<PrefixStore>("gloo", store_), rank_, size_, mesh);
     meshes_.push_back(context_);
     if (size_ > 1) CheckMeshLayoutAgrees();
+    // Lane 0 runs on the first mesh; every further lane on a mesh of its own (on the same
+    // device: one listening socket and event loop), so that a lane's messages never queue
+    // behind another lane's payload on one socket.
+    const int lanes = size_ == 1 ? 1 : options_.collective_lanes;
+    for (int i = 0; i < lanes; ++i) {
+      auto lane = std::make_unique<Lane>(this, i);
+      lane->context = i == 0 ? context_
+                             : ConnectGlooMesh(std::make_shared<PrefixStore>(absl::StrCat("gloo_lane", i), store_),
+                                               rank_, size_, mesh, context_->getDevice());
+      if (i > 0) meshes_.push_back(lane->context);
+      lane->handshake = std::make_unique<CollectiveHandshake>(size_);
+      lanes_.push_back(std::move(lane));
+    }
     std::array<std::shared_ptr<gloo::Context>, 2> payload_contexts;
     if (options_.p2p_connection_per_direction && size_ > 1) {
       // On the collectives' device: one listening socket and event loop for all three meshes.
@@ -159,14 +219,13 @@ class Communicator::Impl {
                           context_->getDevice());
       meshes_.insert(meshes_.end(), payload_contexts.begin(), payload_contexts.end());
     }
-    handshake_ = std::make_unique<CollectiveHandshake>(size_);
     p2p_ = std::make_unique<P2PExchange>(context_, std::move(payload_contexts), options_.timeout,
                                          options_.p2p_segment_bytes, retired_buffers_, [this](std::exception_ptr e) {
       e = Annotate(std::move(e));
       Poison(e);
       return e;
     });
-    worker_ = std::thread([this] { WorkerLoop(); });
+    for (auto& lane : lanes_) lane->worker = std::thread([this, l = lane.get()] { WorkerLoop(*l); });
     StartHeartbeat();
     if (options_.cuda_device >= 0) nccl_ = CreateNccl(options_.cuda_device);
   }
@@ -174,24 +233,37 @@ class Communicator::Impl {
   // The meshes a rank connects depend on its options: a rank connecting a mesh that a peer
   // does not would wait out the timeout. One all-gather on the fresh mesh settles it first.
   void CheckMeshLayoutAgrees() {
-    const uint8_t mine = options_.p2p_connection_per_direction ? 1 : 0;
-    std::vector<uint8_t> all(size_);
+    // Every option that decides which meshes a rank connects, one byte each.
+    const std::array<uint8_t, 2> mine = {static_cast<uint8_t>(options_.p2p_connection_per_direction ? 1 : 0),
+                                         static_cast<uint8_t>(options_.collective_lanes)};
+    std::vector<uint8_t> all(mine.size() * size_);
+    CollectiveScratch scratch;
     try {
-      GlooAllgather(GlooCall{context_, kMeshLayoutTag, options_.timeout, &scratch_, &retired_buffers_},
-                    Buffer{const_cast<uint8_t*>(&mine), 1, DType::kUInt8, Device::CPU()},
+      GlooAllgather(GlooCall{context_, kMeshLayoutTag, options_.timeout, &scratch, &retired_buffers_},
+                    Buffer{const_cast<uint8_t*>(mine.data()), mine.size(), DType::kUInt8, Device::CPU()},
                     Buffer{all.data(), all.size(), DType::kUInt8, Device::CPU()});
     } catch (const std::exception& e) {
       RethrowGlooError(Where("agreeing on the connection layout"), e);
     }
-    std::vector<int> others;
-    for (int r = 0; r < size_; ++r) {
-      if (all[r] != mine) others.push_back(r);
-    }
-    if (!others.empty()) {
-      throw InvalidArgumentError(absl::StrCat(
-          Where("Communicator::Create"), ": CommunicatorOptions::p2p_connection_per_direction is ",
-          mine ? "true" : "false", " here but ", mine ? "false" : "true", " on rank(s) ", absl::StrJoin(others, ", "),
-          "; every rank must use the same setting"));
+    const char* names[] = {"p2p_connection_per_direction", "collective_lanes"};
+    auto show = [](size_t field, uint8_t value) {
+      return field == 0 ? std::string(value ? "true" : "false") : absl::StrCat(value);
+    };
+    for (size_t field = 0; field < mine.size(); ++field) {
+      std::map<uint8_t, std::vector<int>> ranks_by_value;  // of the ranks that differ from this one
+      for (int r = 0; r < size_; ++r) {
+        const uint8_t theirs = all[static_cast<size_t>(r) * mine.size() + field];
+        if (theirs != mine[field]) ranks_by_value[theirs].push_back(r);
+      }
+      std::vector<std::string> others;  // "false on rank(s) 0, 1"
+      for (const auto& [value, ranks] : ranks_by_value) {
+        others.push_back(absl::StrCat(show(field, value), " on rank(s) ", absl::StrJoin(ranks, ", ")));
+      }
+      if (!others.empty()) {
+        throw InvalidArgumentError(absl::StrCat(Where("Communicator::Create"), ": CommunicatorOptions::", names[field],
+                                                " is ", show(field, mine[field]), " here but ",
+                                                absl::StrJoin(others, "; "), "; every rank must use the same setting"));
+      }
     }
   }
 
@@ -256,23 +328,23 @@ class Communicator::Impl {
   // A CPU collective small enough to travel inside the signature handshake
   // (consistency_check.h): `payload` rides with this rank's header, and `finish` completes the
   // collective from every rank's payload. A null `finish`: not eager.
+  using EagerFinish = std::function<void(const CollectiveHandshake&, CollectiveScratch&)>;
   struct EagerPlan {
     absl::Span<const uint8_t> payload;
-    std::function<void(const CollectiveHandshake&)> finish;
+    EagerFinish finish;  // gets the lane's handshake and scratch
   };
 
   // The eager plan of a CPU collective whose largest per-rank payload is `bytes` (the same on
   // every rank), or no plan (not eager) when it does not fit.
-  EagerPlan Eager(const Device& device, size_t bytes, absl::Span<const uint8_t> payload,
-                  std::function<void(const CollectiveHandshake&)> finish) const {
+  EagerPlan Eager(const Device& device, size_t bytes, absl::Span<const uint8_t> payload, EagerFinish finish) const {
     if (size_ == 1 || device.is_cuda() || bytes > EagerCollectiveMaxBytes(size_)) return {};
     return {payload, std::move(finish)};
   }
 
-  // Queues a collective: the worker checks the signature across ranks, then runs `cpu` (CPU
-  // buffers, on Gloo) or `cuda` (CUDA buffers, launched on NCCL); an eager CPU collective
-  // completes within the check instead.
-  std::shared_ptr<Work> Submit(OpSpec spec, std::function<void(const GlooCall&)> cpu,
+  // Queues a collective on its lane: the lane checks the signature across ranks, then runs
+  // `cpu` (CPU buffers, on Gloo) or `cuda` (CUDA buffers, launched on NCCL); an eager CPU
+  // collective completes within the check instead. `footprint`: the memory it touches.
+  std::shared_ptr<Work> Submit(OpSpec spec, Footprint footprint, std::function<void(const GlooCall&)> cpu,
                                std::function<std::shared_ptr<Work>(NcclTransport&, std::string)> cuda,
                                uint64_t payload_bytes, EagerPlan eager = {}) {
     absl::MutexLock lock(&mu_);
@@ -283,6 +355,10 @@ class Communicator::Impl {
     }
     spec.seq = next_seq_++;
     traffic_.collective_payload_bytes += payload_bytes;
+    // NCCL needs its launches in the same order on every rank.
+    if (spec.device.is_cuda()) footprint.fence = true;
+    in_flight_.emplace(spec.seq, std::move(footprint));
+    Lane* lane = &LaneOf(spec.seq);
     const std::string description = absl::StrCat(spec.Describe(), " on rank ", rank_, " of ", size_);
     if (!spec.device.is_cuda()) {
       auto work = std::make_shared<CompletionWork>(description);
@@ -290,14 +366,14 @@ class Communicator::Impl {
         absl::ReaderMutexLock lock(&gate->mu);
         if (gate->impl) gate->impl->TryRunInline(seq);
       });
-      queue_.push_back({spec.seq, [this, spec, work, cpu = std::move(cpu), eager = std::move(eager)] {
+      lane->queue.push_back({spec.seq, [this, lane, spec, work, cpu = std::move(cpu), eager = std::move(eager)] {
         work->Complete(Run(
-            spec,
+            spec, *lane,
             [&] {
               if (eager.finish) {
-                eager.finish(*handshake_);
+                eager.finish(*lane->handshake, lane->scratch);
               } else {
-                cpu(GlooCall{context_, static_cast<uint32_t>(spec.seq), options_.timeout, &scratch_,
+                cpu(GlooCall{lane->context, static_cast<uint32_t>(spec.seq), options_.timeout, &lane->scratch,
                              &retired_buffers_});
               }
             },
@@ -306,9 +382,9 @@ class Communicator::Impl {
       return work;
     }
     auto work = std::make_shared<StagedWork>(description);
-    queue_.push_back({spec.seq, [this, spec, work, description, cuda = std::move(cuda)] {
+    lane->queue.push_back({spec.seq, [this, lane, spec, work, description, cuda = std::move(cuda)] {
       std::shared_ptr<Work> launched;
-      std::exception_ptr error = Run(spec, [&] {
+      std::exception_ptr error = Run(spec, *lane, [&] {
         NcclTransport& nccl = NcclFor(spec.device.index);
         absl::MutexLock launch_lock(&nccl_mu_);
         launched = cuda(nccl, description);
@@ -322,29 +398,54 @@ class Communicator::Impl {
     return work;
   }
 
-  // Runs queued collective `seq` on the calling thread if it is next in line and nothing is
-  // running (collectives must run one at a time, in order); otherwise leaves it to the worker.
+  // ---- lanes: which collective may run when ----
+
+  Lane& LaneOf(uint64_t seq) { return *lanes_[seq % lanes_.size()]; }
+
+  // Whether collective `seq` must wait for an earlier one that has not completed.
+  bool WaitsForEarlier(uint64_t seq) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Footprint& mine = in_flight_.at(seq);
+    for (const auto& [earlier, footprint] : in_flight_) {
+      if (earlier >= seq) break;
+      if (mine.Conflicts(footprint)) return true;
+    }
+    return false;
+  }
+
+  // The lane is idle and the collective at its front may start.
+  bool Ready(const Lane& lane) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !lane.running && !lane.queue.empty() && !WaitsForEarlier(lane.queue.front().seq);
+  }
+
+  // Runs queued collective `seq` on the calling thread if it is next in its lane and may start
+  // (the lane idle, no overlapping earlier collective pending); otherwise leaves it to the
+  // lane's worker.
   void TryRunInline(uint64_t seq) {
     absl::MutexLock lock(&mu_);
-    if (stopping_ || running_ || queue_.empty() || queue_.front().seq != seq) return;
-    RunFront();
+    if (stopping_) return;
+    Lane& lane = LaneOf(seq);
+    if (!Ready(lane) || lane.queue.front().seq != seq) return;
+    RunFront(lane);
   }
 
-  // Takes the task at the queue's front and runs it with mu_ released; the queue stays busy
-  // (running_) until it returns. Called with mu_ held; returns with it held.
-  void RunFront() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::function<void()> task = std::move(queue_.front().run);
-    queue_.pop_front();
-    running_ = true;
+  // Takes the task at the lane's front and runs it with mu_ released; the lane stays busy
+  // until it returns, and the collective counts as in flight until then. Called with mu_
+  // held; returns with it held.
+  void RunFront(Lane& lane) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    QueuedTask task = std::move(lane.queue.front());
+    lane.queue.pop_front();
+    lane.running = true;
     mu_.Unlock();
-    task();
+    task.run();
     mu_.Lock();
-    running_ = false;
+    lane.running = false;
+    in_flight_.erase(task.seq);
   }
 
-  // Runs one queued collective; returns its error. Transport failures poison the
+  // Runs one queued collective on `lane`; returns its error. Transport failures poison the
   // communicator; mismatches do not (no data moved).
-  std::exception_ptr Run(const OpSpec& spec, const std::function<void()>& body, const EagerPlan& eager = {}) {
+  std::exception_ptr Run(const OpSpec& spec, Lane& lane, const std::function<void()>& body,
+                         const EagerPlan& eager = {}) {
     {
       absl::MutexLock lock(&mu_);
       if (first_failure_) {
@@ -356,7 +457,9 @@ class Communicator::Impl {
     const std::string where = absl::StrCat(spec.Describe(), " on rank ", rank_, " of ", size_);
     try {
       // An eager collective's data travels in the handshake, so it always runs.
-      if (options_.verify_collectives || eager.finish) handshake_->Run(*context_, spec, eager.payload, options_.timeout);
+      if (options_.verify_collectives || eager.finish) {
+        lane.handshake->Run(*lane.context, spec, eager.payload, options_.timeout);
+      }
       body();
       return nullptr;
     } catch (const MismatchError&) {
@@ -552,22 +655,20 @@ class Communicator::Impl {
                                  options_.timeout);
   }
 
-  // Worker thread only (collective order makes lazy creation collective).
+  // CUDA collectives only: they are fences (Footprint), so they run one at a time, in issue
+  // order, which makes the lazy creation collective.
   NcclTransport& NcclFor(int device) {
     if (!nccl_) nccl_ = CreateNccl(device);
     return *nccl_;
   }
 
-  void WorkerLoop() {
+  void WorkerLoop(Lane& lane) {
     absl::MutexLock lock(&mu_);
     for (;;) {
       mu_.Await(absl::Condition(
-          +[](Impl* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return self->stopping_ || (!self->running_ && !self->queue_.empty());
-          },
-          this));
-      if (queue_.empty() || running_) return;  // stopping
-      RunFront();
+          +[](Lane* l) ABSL_NO_THREAD_SAFETY_ANALYSIS { return l->impl->stopping_ || l->impl->Ready(*l); }, &lane));
+      if (stopping_) return;
+      RunFront(lane);
     }
   }
 
@@ -666,14 +767,22 @@ class Communicator::Impl {
   }
 
   void Shutdown(const std::string& reason) {
-    std::deque<QueuedTask> dropped;
+    std::vector<QueuedTask> dropped;
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
       stopping_ = true;
       stop_reason_ = absl::StrCat("communicator shut down (", reason, ")");
-      // Operations that never started fail now; the one running finishes (bounded by its timeout).
-      dropped.swap(queue_);
+      // Operations that never started fail now; the ones running finish (bounded by their timeout).
+      for (auto& lane : lanes_) {
+        for (auto& task : lane->queue) {
+          in_flight_.erase(task.seq);
+          dropped.push_back(std::move(task));
+        }
+        lane->queue.clear();
+      }
+      std::sort(dropped.begin(), dropped.end(),
+                [](const QueuedTask& a, const QueuedTask& b) { return a.seq < b.seq; });
       first_failure_ = first_failure_ ? first_failure_
                                       : std::make_exception_ptr(AbortedError(stop_reason_));
       if (failure_text_.empty()) failure_text_ = stop_reason_;
@@ -681,25 +790,32 @@ class Communicator::Impl {
     for (auto& task : dropped) task.run();  // Run() sees first_failure_ and fails each with AbortedError
     StopHeartbeat();  // and says "down", so peers that fail next name this rank as shut down
     if (p2p_) p2p_->Shutdown(stop_reason_);
-    if (worker_.joinable()) worker_.join();
+    for (auto& lane : lanes_) {
+      if (lane->worker.joinable()) lane->worker.join();
+    }
     {
-      // A collective running inline on a waiting thread finishes first (bounded by its timeout).
+      // Collectives running inline on waiting threads finish first (bounded by their timeout).
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](Impl* self) ABSL_NO_THREAD_SAFETY_ANALYSIS { return !self->running_; }, this));
+          +[](Impl* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return std::none_of(self->lanes_.begin(), self->lanes_.end(),
+                                [](const std::unique_ptr<Lane>& l) { return l->running; });
+          },
+          this));
     }
     // Buffers of failed operations may still be referenced by Gloo's pairs: free them only
     // once every pair is gone. p2p_ goes first: its destructor waits for batches still in
     // flight, which may fail and retire their buffers meanwhile. Destroying the contexts
     // would not do: each retired buffer holds its context (and so the pairs) alive.
     p2p_.reset();
-    if (handshake_) {
-      for (auto& b : handshake_->TakeRetiredBuffers()) retired_buffers_.Add(std::move(b));
+    for (auto& lane : lanes_) {
+      for (auto& b : lane->handshake->TakeRetiredBuffers()) retired_buffers_.Add(std::move(b));
     }
     std::vector<std::shared_ptr<void>> retired = retired_buffers_.TakeAll();
     nccl_.reset();
     for (const auto& mesh : meshes_) DestroyPairs(*mesh);
     meshes_.clear();
+    for (auto& lane : lanes_) lane->context.reset();
     context_.reset();
     retired.clear();
   }
@@ -724,20 +840,15 @@ class Communicator::Impl {
   std::shared_ptr<gloo::Context> context_;
   // context_ and p2p_'s payload meshes, kept until Shutdown has destroyed their pairs.
   std::vector<std::shared_ptr<gloo::Context>> meshes_;
-  // Worker thread only; its staging memory outlives context_ (see Shutdown).
-  std::unique_ptr<CollectiveHandshake> handshake_;
-  CollectiveScratch scratch_;  // for the one collective running at a time
   std::unique_ptr<P2PExchange> p2p_;
   std::unique_ptr<NcclTransport> nccl_;
   absl::Mutex nccl_mu_;  // NCCL calls on one communicator must not interleave across threads
 
   mutable absl::Mutex mu_;
-  struct QueuedTask {
-    uint64_t seq;
-    std::function<void()> run;
-  };
-  std::deque<QueuedTask> queue_ ABSL_GUARDED_BY(mu_);
-  bool running_ ABSL_GUARDED_BY(mu_) = false;  // a collective is running (worker or inline)
+  // Created by Connect, then fixed; each lane's queue and running flag guarded by mu_.
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  // Every collective queued or running, by sequence number: what it touches (WaitsForEarlier).
+  std::map<uint64_t, Footprint> in_flight_ ABSL_GUARDED_BY(mu_);
   // Lets a Work's inline runner reach this Impl only while it is alive (see ~Impl).
   struct InlineGate {
     absl::Mutex mu;
@@ -756,7 +867,6 @@ class Communicator::Impl {
   std::exception_ptr first_failure_ ABSL_GUARDED_BY(mu_);
   std::string failure_text_ ABSL_GUARDED_BY(mu_);
   TrafficCounters traffic_ ABSL_GUARDED_BY(mu_);
-  std::thread worker_;
 
   // Peer health (std::mutex: the heartbeat thread waits with a timeout).
   std::chrono::milliseconds interval_{0};
@@ -788,6 +898,10 @@ std::unique_ptr<Communicator> Communicator::Create(std::shared_ptr<Store> store,
     throw InvalidArgumentError(absl::StrCat("Communicator: p2p_segment_bytes must be 0 (off) or in [",
                                             kMinP2PSegmentBytes, ", ", kMaxP2PSegmentBytes, "], got ",
                                             options.p2p_segment_bytes));
+  }
+  if (options.collective_lanes < 1 || options.collective_lanes > kMaxCollectiveLanes) {
+    throw InvalidArgumentError(absl::StrCat("Communicator: collective_lanes must be in [1, ", kMaxCollectiveLanes,
+                                            "], got ", options.collective_lanes));
   }
   if (options.cuda_device < -1) {
     throw InvalidArgumentError(absl::StrCat("Communicator: cuda_device must be a CUDA device ordinal, or -1 to take ",
@@ -834,11 +948,11 @@ std::shared_ptr<Work> Communicator::allreduce(Buffer data, ReduceOp op) {
   OpSpec spec = Spec(OpKind::kAllreduce, data, data.count);
   spec.op = op;
   Impl::EagerPlan eager = impl_->Eager(data.device, data.bytes(), BytesOf(data),
-                                       [this, data, op](const CollectiveHandshake& h) {
-                                         EagerAllreduce(h, size(), data, op, impl_->scratch_.wide);
+                                       [this, data, op](const CollectiveHandshake& h, CollectiveScratch& scratch) {
+                                         EagerAllreduce(h, size(), data, op, scratch.wide);
                                        });
   return impl_->Submit(
-      spec, [=](const GlooCall& call) { if (data.count) GlooAllreduce(call, data, op); },
+      spec, Impl::Footprint::Of({data}), [=](const GlooCall& call) { if (data.count) GlooAllreduce(call, data, op); },
       [=](NcclTransport& n, std::string d) { return n.Allreduce(data, op, std::move(d)); }, data.bytes(),
       std::move(eager));
 }
@@ -850,9 +964,9 @@ std::shared_ptr<Work> Communicator::broadcast(Buffer data, int root) {
   spec.root = root;
   Impl::EagerPlan eager = impl_->Eager(
       data.device, data.bytes(), rank() == root ? BytesOf(data) : absl::Span<const uint8_t>(),
-      [data, root, me = rank()](const CollectiveHandshake& h) { EagerBroadcast(h, me, data, root); });
+      [data, root, me = rank()](const CollectiveHandshake& h, CollectiveScratch&) { EagerBroadcast(h, me, data, root); });
   return impl_->Submit(
-      spec, [=](const GlooCall& call) { if (data.count && call.context->size > 1) GlooBroadcast(call, data, root); },
+      spec, Impl::Footprint::Of({data}), [=](const GlooCall& call) { if (data.count && call.context->size > 1) GlooBroadcast(call, data, root); },
       [=](NcclTransport& n, std::string d) { return n.Broadcast(data, root, std::move(d)); }, data.bytes(),
       std::move(eager));
 }
@@ -869,9 +983,9 @@ std::shared_ptr<Work> Communicator::allgather(Buffer input, Buffer output) {
   Impl::EagerPlan eager =
       impl_->Eager(input.device, input.bytes(), BytesOf(input),
                    [output, counts = std::vector<size_t>(size(), input.count), n = size()](
-                       const CollectiveHandshake& h) { EagerAllgatherv(h, n, output, counts); });
+                       const CollectiveHandshake& h, CollectiveScratch&) { EagerAllgatherv(h, n, output, counts); });
   return impl_->Submit(
-      Spec(OpKind::kAllgather, input, input.count),
+      Spec(OpKind::kAllgather, input, input.count), Impl::Footprint::Of({input, output}),
       [=](const GlooCall& call) { if (input.count) GlooAllgather(call, input, output); },
       [=](NcclTransport& n, std::string d) { return n.Allgather(input, output, std::move(d)); }, input.bytes(),
       std::move(eager));
@@ -897,9 +1011,9 @@ std::shared_ptr<Work> Communicator::allgatherv(Buffer input, Buffer output, std:
   // rank's own count, so all ranks choose the same plan.
   Impl::EagerPlan eager = impl_->Eager(
       input.device, *std::max_element(counts.begin(), counts.end()) * ElementSize(input.dtype), BytesOf(input),
-      [output, counts, n = size()](const CollectiveHandshake& h) { EagerAllgatherv(h, n, output, counts); });
+      [output, counts, n = size()](const CollectiveHandshake& h, CollectiveScratch&) { EagerAllgatherv(h, n, output, counts); });
   return impl_->Submit(
-      spec, [=](const GlooCall& call) { if (total) GlooAllgatherv(call, input, output, counts); },
+      spec, Impl::Footprint::Of({input, output}), [=](const GlooCall& call) { if (total) GlooAllgatherv(call, input, output, counts); },
       [=](NcclTransport& n, std::string d) { return n.Allgatherv(input, output, counts, std::move(d)); },
       input.bytes(), std::move(eager));
 }
@@ -921,11 +1035,11 @@ std::shared_ptr<Work> Communicator::reduce_scatter(Buffer input, Buffer output, 
   OpSpec spec = Spec(OpKind::kReduceScatter, input, output.count);
   spec.op = op;
   Impl::EagerPlan eager = impl_->Eager(input.device, input.bytes(), BytesOf(input),
-                                       [this, output, op](const CollectiveHandshake& h) {
-                                         EagerReduceScatter(h, size(), rank(), output, op, impl_->scratch_.wide);
+                                       [this, output, op](const CollectiveHandshake& h, CollectiveScratch& scratch) {
+                                         EagerReduceScatter(h, size(), rank(), output, op, scratch.wide);
                                        });
   return impl_->Submit(
-      spec, [=](const GlooCall& call) { GlooReduceScatter(call, input, output, op); },
+      spec, Impl::Footprint::Of({input, output}), [=](const GlooCall& call) { GlooReduceScatter(call, input, output, op); },
       [=](NcclTransport& n, std::string d) { return n.ReduceScatter(input, output, op, std::move(d)); },
       input.bytes(), std::move(eager));
 }
@@ -942,7 +1056,7 @@ std::shared_ptr<Work> Communicator::alltoall(Buffer input, Buffer output) {
   const size_t chunk = input.count / size();
   std::vector<size_t> counts(size(), chunk);
   return impl_->Submit(
-      Spec(OpKind::kAlltoall, input, input.count),
+      Spec(OpKind::kAlltoall, input, input.count), Impl::Footprint::Of({input, output}),
       [=](const GlooCall& call) { if (input.count) GlooAlltoall(call, input, output); },
       [=](NcclTransport& n, std::string d) { return n.Alltoallv(input, counts, output, counts, std::move(d)); },
       input.bytes());
@@ -964,7 +1078,7 @@ std::shared_ptr<Work> Communicator::alltoallv(Buffer input, std::vector<size_t> 
   spec.send_counts = send_counts;
   spec.recv_counts = recv_counts;
   return impl_->Submit(
-      spec,
+      spec, Impl::Footprint::Of({input, output}),
       [=](const GlooCall& call) {
         if (call.context->size == 1) {
           if (input.count) std::memcpy(output.data, input.data, input.bytes());
@@ -983,9 +1097,9 @@ std::shared_ptr<Work> Communicator::barrier() {
   spec.kind = OpKind::kBarrier;
   // A CPU barrier is the handshake alone: a rank gets past it only once every peer's header
   // (sent on entering the barrier) has arrived.
-  Impl::EagerPlan eager = impl_->Eager(spec.device, 0, {}, [](const CollectiveHandshake&) {});
+  Impl::EagerPlan eager = impl_->Eager(spec.device, 0, {}, [](const CollectiveHandshake&, CollectiveScratch&) {});
   return impl_->Submit(
-      spec, [](const GlooCall& call) { GlooBarrier(call); },
+      spec, Impl::Footprint::Fence(), [](const GlooCall& call) { GlooBarrier(call); },
       [](NcclTransport& n, std::string d) { return n.Barrier(std::move(d)); }, 0, std::move(eager));
 }
 

@@ -1,8 +1,9 @@
 // Communicator: one rank's handle on a group of ranks.
 //
 // Every collective is asynchronous: it validates its arguments on the calling thread
-// (InvalidArgumentError, synchronously), then returns a Work. Collectives run in the order
-// they were issued, which must be the same on every rank. CPU buffers travel over Gloo's TCP
+// (InvalidArgumentError, synchronously), then returns a Work. Collectives must be issued in the
+// same order on every rank; they take effect as if run in that order (collectives on disjoint
+// memory may overlap, CommunicatorOptions::collective_lanes). CPU buffers travel over Gloo's TCP
 // transport, CUDA buffers over NCCL. Before any payload moves, ranks compare what each was
 // asked to do (kind, dtype, element counts, op, root, device); a disagreement fails the Work
 // with a MismatchError on every rank, naming each rank's value, and leaves the communicator
@@ -68,7 +69,19 @@ struct CommunicatorOptions {
   // then takes ~1.07 message times (1.1-1.4 without), 1.2 MB at 100 Mbit/s 1.07 (1.86
   // without). Costs two more full-mesh connects at creation. Every rank must agree.
   bool p2p_connection_per_direction = true;
+  // Collectives run on this many lanes: collective k (in issue order) on lane
+  // k % collective_lanes. Each lane has its own mesh of connections, signature check, scratch
+  // memory and worker thread, so consecutive collectives on disjoint memory (DDP's gradient
+  // buckets) are on the wire at once, as on ProcessGroupGloo's two threads, and fill the link
+  // time one ring leaves idle. Results are those of running the collectives in issue order: a
+  // collective starts only once every earlier one whose memory overlaps its own has completed,
+  // and barriers and CUDA collectives wait for every earlier collective and hold back every
+  // later one. Each lane beyond the first costs one more full-mesh connect at creation and a
+  // thread. 1: one collective at a time. In [1, kMaxCollectiveLanes]; every rank must agree.
+  int collective_lanes = 2;
 };
+
+inline constexpr int kMaxCollectiveLanes = 8;
 
 // Small CPU collectives go "eager": a rank whose payload is at most this many bytes (a
 // function of the group size only: 128 KiB / (size - 1), so 128 KiB on 2 ranks, 42 KiB on 4,

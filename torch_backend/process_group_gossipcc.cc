@@ -129,8 +129,8 @@ CommunicatorOptions MakeCommunicatorOptions(const ProcessGroupOptions& options) 
   CommunicatorOptions c = options.communicator;
   c.timeout = options.timeout;
   // The Communicator checks the ranges (p2p_segment_bytes: 0 is off; heartbeat_interval:
-  // 0 is the default, negative turns the peer check off). Every rank must agree on
-  // p2p_connection_per_direction.
+  // 0 is the default, negative turns the peer check off; collective_lanes). Every rank must
+  // agree on p2p_connection_per_direction and collective_lanes.
   uint64_t segment_bytes = c.p2p_segment_bytes;
   ApplyNumberFromEnvironment("GOSSIPCC_P2P_SEGMENT_BYTES", "a byte count", segment_bytes);
   c.p2p_segment_bytes = static_cast<size_t>(segment_bytes);
@@ -139,6 +139,7 @@ CommunicatorOptions MakeCommunicatorOptions(const ProcessGroupOptions& options) 
   c.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   ApplyFlagFromEnvironment("GOSSIPCC_P2P_CONNECTION_PER_DIRECTION", c.p2p_connection_per_direction);
   ApplyFlagFromEnvironment("GOSSIPCC_VERIFY_COLLECTIVES", c.verify_collectives);
+  ApplyNumberFromEnvironment("GOSSIPCC_COLLECTIVE_LANES", "a lane count", c.collective_lanes);
   // The CUDA device whose NCCL communicator is created at init (needed before any CUDA
   // point-to-point; collectives create it lazily otherwise). Communicator::Create checks it.
   ApplyNumberFromEnvironment("GOSSIPCC_CUDA_DEVICE", "a CUDA device ordinal", c.cuda_device);

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"
 #include "tests/comm/typed_array.h"
@@ -18,6 +19,8 @@
 namespace gossipcc {
 namespace testing {
 namespace {
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 
 const std::vector<size_t> kSizes = {0, 1, 7, 1001};
 const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax,
@@ -354,7 +357,7 @@ TEST_P(CollectivesTest, AllreduceResultsAreBitwiseEqualOnEveryRank) {
   });
 }
 
-TEST_P(CollectivesTest, ManyOutstandingOperationsCompleteInOrder) {
+TEST_P(CollectivesTest, ManyOutstandingOperationsAllComplete) {
   RunRanks(n(), mode(), [](Communicator& comm) {
     std::vector<TypedArray> arrays;
     for (int k = 0; k < 32; ++k) {
@@ -368,8 +371,8 @@ TEST_P(CollectivesTest, ManyOutstandingOperationsCompleteInOrder) {
   });
 }
 
-// A wait() on a collective that is not next in line leaves it to the worker (collectives run
-// in issue order); waiting on them in any order, different on each rank, completes all.
+// A wait() on a collective that is not next in its lane leaves it to the lane's worker;
+// waiting on them in any order, different on each rank, completes all.
 TEST_P(CollectivesTest, WaitingInAnyOrderCompletesEveryCollective) {
   RunRanks(n(), mode(), [](Communicator& comm) {
     const int n = comm.size();
@@ -402,6 +405,58 @@ TEST_P(CollectivesTest, PayloadsThatArriveBeforeTheRankStayWithTheirCollective) 
   });
 }
 
+// Collectives issued without waiting run on CommunicatorOptions::collective_lanes lanes, but
+// take effect in issue order: each starts only after every earlier one touching the same
+// memory. A chain of collectives on overlapping and disjoint parts of three buffers, at an
+// eager, a direct and a ring size, on 1, 2 and 3 lanes, each rank waiting in reverse order:
+// every result is the one of running them one by one.
+TEST_P(CollectivesTest, OverlappingCollectivesInFlightTakeEffectInIssueOrder) {
+  for (int lanes : {1, 2, 3}) {
+    CommunicatorOptions options;
+    options.collective_lanes = lanes;
+    RunRanks(n(), mode(), [lanes](Communicator& comm) {
+      const int n = comm.size();
+      const int me = comm.rank();
+      const int64_t S = n * (n + 1) / 2;
+      const size_t eager = EagerCollectiveMaxBytes(n) / sizeof(int64_t);
+      for (size_t half : {size_t{5}, eager / 2 + 1, size_t{(768u << 10) / sizeof(int64_t)}}) {
+        const size_t m = half;  // x = [x_head | x_tail], each m elements; y = n blocks of m
+        std::vector<int64_t> x(2 * m), y(static_cast<size_t>(n) * m), g(static_cast<size_t>(n) * m, -1);
+        for (size_t i = 0; i < x.size(); ++i) x[i] = me + 1 + static_cast<int64_t>(i % 7);
+        for (size_t i = 0; i < y.size(); ++i) y[i] = 10 * (me + 1) + static_cast<int64_t>(i % 5);
+        const Buffer xb = CpuBuffer(x.data(), x.size()), yb = CpuBuffer(y.data(), y.size());
+        const Buffer x_head = CpuBuffer(x.data(), m), x_tail = CpuBuffer(x.data() + m, m);
+        const Buffer gb = CpuBuffer(g.data(), g.size());
+        std::vector<std::shared_ptr<Work>> works;
+        works.push_back(comm.allreduce(xb));                 // x = S + n (i % 7)
+        works.push_back(comm.allreduce(yb));                 // y = 10 S + n (i % 5), disjoint from x
+        works.push_back(comm.allreduce(xb));                 // x = n (S + n (i % 7)): after the first
+        works.push_back(comm.allgather(x_head, gb));         // g = n copies of x_head, as of the second
+        works.push_back(comm.reduce_scatter(yb, x_tail));    // x_tail = n y[me m + i]: after y's sum
+        works.push_back(comm.barrier());
+        works.push_back(comm.allreduce(gb));                 // g = n g
+        for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();
+        const std::string where = absl::StrCat("lanes ", lanes, ", m ", m, ", rank ", me);
+        for (size_t i = 0; i < m; ++i) {
+          const int64_t x_after = n * (S + n * static_cast<int64_t>(i % 7));
+          const int64_t y_expected = 10 * S + n * static_cast<int64_t>(i % 5);
+          const int64_t tail = n * (10 * S + n * static_cast<int64_t>((me * m + i) % 5));
+          if (x[i] != x_after || x[m + i] != tail || y[i] != y_expected) {
+            FAIL() << where << ", index " << i << ": x_head " << x[i] << " (expected " << x_after << "), x_tail "
+                   << x[m + i] << " (expected " << tail << "), y " << y[i] << " (expected " << y_expected << ")";
+          }
+          for (int r = 0; r < n; ++r) {
+            if (g[r * m + i] != n * x_after) {
+              FAIL() << where << ", g block " << r << " index " << i << ": " << g[r * m + i] << " (expected "
+                     << n * x_after << ")";
+            }
+          }
+        }
+      }
+    }, options);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesTest,
                          ::testing::Combine(::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
                                             ::testing::Range(1, 9)),
@@ -409,6 +464,39 @@ INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesTest,
                            return absl::StrCat(LaunchModeName(std::get<0>(info.param)), "_n",
                                                std::get<1>(info.param));
                          });
+
+TEST(CollectiveLanesOptionTest, OutOfRangeLaneCountsAreRejected) {
+  for (int bad : {0, -1, kMaxCollectiveLanes + 1}) {
+    CommunicatorOptions options;
+    options.collective_lanes = bad;
+    try {
+      Communicator::Create(MakeHashStore(), 0, 1, options);
+      ADD_FAILURE() << "collective_lanes " << bad << " accepted";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_THAT(std::string(e.what()),
+                  HasSubstr(absl::StrCat("collective_lanes must be in [1, ", kMaxCollectiveLanes, "], got ", bad)));
+    }
+  }
+}
+
+// Ranks with different lane counts would connect different meshes and put collectives on
+// different lanes: every rank fails at creation, naming the setting and who differs.
+TEST(CollectiveLanesOptionTest, RanksThatDisagreeFailAtCreation) {
+  RunRanksWithStore(3, LaunchMode::kThreads, [](int rank, std::shared_ptr<Store> store) {
+    CommunicatorOptions options;
+    options.collective_lanes = rank == 1 ? 3 : 2;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      Communicator::Create(store, rank, 3, options);
+      ADD_FAILURE() << "rank " << rank << ": created a communicator with a disagreeing peer";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_THAT(std::string(e.what()),
+                  AllOf(HasSubstr(absl::StrCat("rank ", rank, " of 3")), HasSubstr("collective_lanes"),
+                        HasSubstr(rank == 1 ? "is 3 here but 2 on rank(s) 0, 2" : "is 2 here but 3 on rank(s) 1")));
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  });
+}
 
 // 64 MB per rank: the size where chunking, segmenting and socket buffers all matter.
 class LargeTest : public ::testing::TestWithParam<LaunchMode> {};

@@ -179,3 +179,35 @@ def large_worker(rank, world_size):
 
 def test_64mb_allreduce_and_allgather():
     assert run_ranks(large_worker, 2) == [True, True]
+
+
+def async_chain_worker(rank, world_size):
+    init(rank, world_size)
+    ws = world_size
+    s = ws * (ws + 1) / 2
+    n = 200_000  # above the eager and the direct sizes: Gloo's ring
+    x = torch.full((n,), float(rank + 1), dtype=torch.float64)
+    y = torch.full((n,), 10.0 * (rank + 1), dtype=torch.float64)
+    gathered = [torch.empty(n // 2, dtype=torch.float64) for _ in range(ws)]
+    works = [dist.all_reduce(x, async_op=True),          # x = s
+             dist.all_reduce(y, async_op=True),          # disjoint from x: may overlap
+             dist.all_reduce(x, async_op=True),          # x = ws * s: only after the first
+             dist.broadcast(x[: n // 2], src=ws - 1, async_op=True),
+             dist.all_gather(gathered, x[n // 2:], async_op=True),
+             dist.all_reduce(y[: n // 4], op=dist.ReduceOp.MAX, async_op=True)]
+    for w in reversed(works):
+        w.wait()
+    assert torch.all(x == ws * s), (x.min().item(), x.max().item())
+    assert torch.all(y[: n // 4] == 10 * s) and torch.all(y[n // 4:] == 10 * s)
+    for g in gathered:
+        assert torch.all(g == ws * s)
+    dist.destroy_process_group()
+    return True
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 3])
+def test_async_collectives_on_shared_memory_take_effect_in_issue_order(lanes):
+    # Collectives run on GOSSIPCC_COLLECTIVE_LANES lanes (DDP's buckets overlap on the wire),
+    # but one touching memory that an earlier one touches starts only after it.
+    env = {"GOSSIPCC_COLLECTIVE_LANES": str(lanes)}
+    assert run_ranks(async_chain_worker, 3, env=env) == [True] * 3

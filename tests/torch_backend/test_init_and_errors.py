@@ -110,7 +110,8 @@ def test_invalid_policy_env_rejected_at_init():
                                         ("GOSSIPCC_P2P_SEGMENT_BYTES", "1k"),
                                         ("GOSSIPCC_HEARTBEAT_INTERVAL_MS", "1.5s"),
                                         ("GOSSIPCC_HEARTBEAT_INTERVAL_MS", "-"),
-                                        ("GOSSIPCC_CUDA_DEVICE", "cuda:0")])
+                                        ("GOSSIPCC_CUDA_DEVICE", "cuda:0"),
+                                        ("GOSSIPCC_COLLECTIVE_LANES", "two")])
 def test_invalid_option_env_rejected_at_init(name, value):
     results = run_ranks(bad_policy_worker, 2, env={name: value})
     for msg in results:
@@ -153,6 +154,19 @@ def test_connection_per_direction_variable_reaches_every_rank():
     results = run_ranks(mixed_connection_worker, 2)
     assert "p2p_connection_per_direction is false here but true on rank(s) 1" in results[0], results[0]
     assert "p2p_connection_per_direction is true here but false on rank(s) 0" in results[1], results[1]
+
+
+def mixed_lanes_worker(rank, world_size):
+    os.environ["GOSSIPCC_COLLECTIVE_LANES"] = str(rank + 1)  # read at init: ranks disagree
+    return bad_policy_worker(rank, world_size)
+
+
+def test_collective_lanes_variable_reaches_every_rank():
+    results = run_ranks(mixed_lanes_worker, 2)
+    assert "collective_lanes is 1 here but 2 on rank(s) 1" in results[0], results[0]
+    assert "collective_lanes is 2 here but 1 on rank(s) 0" in results[1], results[1]
+    for msg in run_ranks(bad_policy_worker, 2, env={"GOSSIPCC_COLLECTIVE_LANES": "0"}):
+        assert "collective_lanes must be in [1, 8], got 0" in msg, msg
 
 
 def test_cuda_device_variable_reaches_the_communicator():
