@@ -42,7 +42,8 @@ namespace gossipcc {
 
 class CollectiveHandshake {
  public:
-  // One per communicator; used by one thread at a time (collectives run one at a time).
+  // One per lane of a communicator; used by one thread at a time (a lane runs one collective
+  // at a time). Lanes have meshes of their own, so their handshakes use the same slots.
   explicit CollectiveHandshake(int size);
   ~CollectiveHandshake();
 

@@ -57,6 +57,28 @@ std::vector<OpCase> Cases() {
          auto data = std::make_shared<std::vector<float>>(1 << 20, 1.0f);
          return [data](Communicator& c) { c.allreduce(CpuBuffer(data->data(), data->size()))->wait(); };
        }},
+      // Two consecutive all-reduces on disjoint memory: in flight at once, on two lanes
+      // (CommunicatorOptions::collective_lanes). Each that fails must name the victim (the one
+      // that was further along may have completed before the victim stopped).
+      {"allreduce_two_lanes",
+       [](int) {
+         auto a = std::make_shared<std::vector<float>>(1 << 20, 1.0f);
+         auto b = std::make_shared<std::vector<float>>(1 << 19, 1.0f);
+         return [a, b](Communicator& c) {
+           const std::shared_ptr<Work> works[] = {c.allreduce(CpuBuffer(a->data(), a->size())),
+                                                  c.allreduce(CpuBuffer(b->data(), b->size()))};
+           std::exception_ptr first;
+           for (const auto& w : works) {
+             try {
+               w->wait();
+             } catch (const CommError& e) {
+               EXPECT_THAT(e.what(), HasSubstr(absl::StrCat("rank ", kVictim, " is not responding")));
+               if (!first) first = std::current_exception();
+             }
+           }
+           if (first) std::rethrow_exception(first);
+         };
+       }},
       // Half precision takes gossipcc's own direct all-reduce (not Gloo's ring) at every size.
       {"allreduce_float16",
        [](int) {
