@@ -457,6 +457,29 @@ TEST_P(CollectivesTest, OverlappingCollectivesInFlightTakeEffectInIssueOrder) {
   }
 }
 
+// A barrier is a fence across lanes: waiting on it means every collective issued before it
+// has completed on this rank (as with ProcessGroupGloo's barrier), here a ring-sized
+// all-reduce and a direct one on other lanes than the barrier's.
+TEST_P(CollectivesTest, BarrierCompletesAfterEveryEarlierCollective) {
+  CommunicatorOptions options;
+  options.collective_lanes = 3;
+  RunRanks(n(), mode(), [](Communicator& comm) {
+    std::vector<float> big((3u << 20) / sizeof(float), 1.0f), mid((256u << 10) / sizeof(float), 1.0f);
+    for (int k = 0; k < 3; ++k) {
+      auto first = comm.allreduce(CpuBuffer(big.data(), big.size()));
+      auto second = comm.allreduce(CpuBuffer(mid.data(), mid.size()));
+      comm.barrier()->wait();
+      EXPECT_TRUE(first->is_completed()) << "round " << k << ": barrier done before the earlier all-reduce";
+      EXPECT_TRUE(second->is_completed()) << "round " << k << ": barrier done before the earlier all-reduce";
+      first->wait();
+      second->wait();
+    }
+    const float expected = std::pow(static_cast<float>(comm.size()), 3.0f);
+    EXPECT_EQ(big.front(), expected);
+    EXPECT_EQ(mid.back(), expected);
+  }, options);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesTest,
                          ::testing::Combine(::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
                                             ::testing::Range(1, 9)),
