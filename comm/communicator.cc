@@ -34,7 +34,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // A CUDA collective's Work: first the CPU stage (signature check, then the NCCL launch on
-// the worker thread), then the launched operation's own completion.
+// its lane's worker thread), then the launched operation's own completion.
 class StagedWork : public Work {
  public:
   explicit StagedWork(std::string description) : stage_(description), description_(std::move(description)) {}
@@ -207,7 +207,7 @@ class Communicator::Impl {
     }
     std::array<std::shared_ptr<gloo::Context>, 2> payload_contexts;
     if (options_.p2p_connection_per_direction && size_ > 1) {
-      // On the collectives' device: one listening socket and event loop for all three meshes.
+      // On the collectives' device: one listening socket and event loop for all the meshes.
       // (Lower-to-higher payloads on the collectives' mesh instead of a third one connect
       // faster, ~250 vs ~400 ms at n = 8, but headers then queue behind payloads: SGP, D-PSGD
       // and AD-PSGD steps at 100 Mbit/s were 3-5% slower, 2026-11-22.)
