@@ -163,9 +163,8 @@ class Communicator::Impl {
 
   // Collectives k with k % lanes == index run here, one at a time, in issue order.
   struct Lane {
-    Lane(Impl* owner, int lane_index) : impl(owner), index(lane_index) {}
-    Impl* const impl;
-    const int index;
+    explicit Lane(Impl* owner) : impl(owner) {}
+    Impl* const impl;  // for the worker's wait condition
     std::shared_ptr<gloo::Context> context;  // lane 0: the communicator's first mesh
     // Its staging memory outlives context (see Shutdown).
     std::unique_ptr<CollectiveHandshake> handshake;
@@ -197,7 +196,7 @@ class Communicator::Impl {
     // behind another lane's payload on one socket.
     const int lanes = size_ == 1 ? 1 : options_.collective_lanes;
     for (int i = 0; i < lanes; ++i) {
-      auto lane = std::make_unique<Lane>(this, i);
+      auto lane = std::make_unique<Lane>(this);
       lane->context = i == 0 ? context_
                              : ConnectGlooMesh(std::make_shared<PrefixStore>(absl::StrCat("gloo_lane", i), store_),
                                                rank_, size_, mesh, context_->getDevice());
@@ -424,7 +423,7 @@ class Communicator::Impl {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     Lane& lane = LaneOf(seq);
-    if (!Ready(lane) || lane.queue.front().seq != seq) return;
+    if (lane.running || lane.queue.empty() || lane.queue.front().seq != seq || WaitsForEarlier(seq)) return;
     RunFront(lane);
   }
 
