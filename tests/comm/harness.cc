@@ -15,12 +15,30 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "comm/errors.h"
 #include "gtest/gtest.h"
 
 namespace gossipcc {
 namespace testing {
 
 std::string LaunchModeName(LaunchMode mode) { return mode == LaunchMode::kThreads ? "threads" : "processes"; }
+
+void ExpectCreateFailsOnEveryRank(int n, const std::function<CommunicatorOptions(int)>& options_for,
+                                  const std::string& setting, const std::function<std::string(int)>& expected_for) {
+  RunRanksWithStore(n, LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store> store) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      Communicator::Create(store, rank, n, options_for(rank));
+      ADD_FAILURE() << "rank " << rank << ": created a communicator with a disagreeing peer";
+    } catch (const InvalidArgumentError& e) {
+      const std::string what = e.what();
+      for (const std::string& part : {absl::StrCat("rank ", rank, " of ", n), setting, expected_for(rank)}) {
+        EXPECT_NE(what.find(part), std::string::npos) << "rank " << rank << ": no \"" << part << "\" in: " << what;
+      }
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << "rank " << rank;
+  });
+}
 
 std::string FreshTempDir() {
   static std::atomic<int> counter{0};

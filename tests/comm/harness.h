@@ -25,6 +25,13 @@ void RunRanks(int n, LaunchMode mode, const std::function<void(Communicator&)>& 
 void RunRanksWithStore(int n, LaunchMode mode, const std::function<void(int, std::shared_ptr<Store>)>& body,
                        std::chrono::milliseconds deadline = std::chrono::seconds(120));
 
+// Ranks that disagree on a setting that decides the connections: creates a communicator on
+// each of n ranks (threads) with options_for(rank) and expects every rank to fail with
+// InvalidArgumentError naming "rank r of n", `setting` and expected_for(rank), within 10 s (a
+// disagreement must not wait out the timeout).
+void ExpectCreateFailsOnEveryRank(int n, const std::function<CommunicatorOptions(int)>& options_for,
+                                  const std::string& setting, const std::function<std::string(int)>& expected_for);
+
 // A directory unique to this call, under the test's temporary directory.
 std::string FreshTempDir();
 

@@ -328,19 +328,10 @@ TEST(P2PSegmentOptionTest, OutOfRangeSegmentSizesAreRejected) {
 // Ranks that disagree on p2p_connection_per_direction would connect different meshes: every
 // rank fails at creation, naming the setting and the ranks that differ, within the timeout.
 TEST(P2PConnectionOptionTest, RanksThatDisagreeFailAtCreation) {
-  RunRanksWithStore(3, LaunchMode::kThreads, [](int rank, std::shared_ptr<Store> store) {
-    const bool per_direction = rank != 2;
-    const auto start = std::chrono::steady_clock::now();
-    try {
-      Communicator::Create(store, rank, 3, Segmented(kSegment, per_direction));
-      ADD_FAILURE() << "rank " << rank << ": created a communicator with a disagreeing peer";
-    } catch (const InvalidArgumentError& e) {
-      EXPECT_THAT(std::string(e.what()),
-                  AllOf(HasSubstr(absl::StrCat("rank ", rank, " of 3")), HasSubstr("p2p_connection_per_direction"),
-                        HasSubstr(rank == 2 ? "false here but true on rank(s) 0, 1" : "true here but false on rank(s) 2")));
-    }
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
-  });
+  ExpectCreateFailsOnEveryRank(
+      3, [](int rank) { return Segmented(kSegment, /*connection_per_direction=*/rank != 2); },
+      "p2p_connection_per_direction",
+      [](int rank) { return rank == 2 ? "false here but true on rank(s) 0, 1" : "true here but false on rank(s) 2"; });
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, P2PSegmentsTest,
