@@ -33,6 +33,24 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The lane's handshake in stages, for a collective that runs its own signature check
+// (GlooCall::check).
+class StagedHandshake final : public DeferredSignatureCheck {
+ public:
+  StagedHandshake(CollectiveHandshake& handshake, gloo::Context& context, const OpSpec& spec,
+                  std::chrono::milliseconds timeout)
+      : handshake_(handshake), context_(context), spec_(spec), timeout_(timeout) {}
+  void Begin() override { handshake_.Begin(context_, spec_, {}, timeout_); }
+  bool PeerAgrees(int peer) override { return handshake_.PeerAgrees(peer); }
+  void Finish() override { handshake_.Finish(); }
+
+ private:
+  CollectiveHandshake& handshake_;
+  gloo::Context& context_;
+  const OpSpec& spec_;
+  const std::chrono::milliseconds timeout_;
+};
+
 // A CUDA collective's Work: first the CPU stage (signature check, then the NCCL launch on
 // its lane's worker thread), then the launched operation's own completion.
 class StagedWork : public Work {
@@ -345,7 +363,7 @@ class Communicator::Impl {
   // collective completes within the check instead. `footprint`: the memory it touches.
   std::shared_ptr<Work> Submit(OpSpec spec, Footprint footprint, std::function<void(const GlooCall&)> cpu,
                                std::function<std::shared_ptr<Work>(NcclTransport&, std::string)> cuda,
-                               uint64_t payload_bytes, EagerPlan eager = {}) {
+                               uint64_t payload_bytes, EagerPlan eager = {}, bool checks_itself = false) {
     absl::MutexLock lock(&mu_);
     if (stopping_) throw AbortedError(absl::StrCat(Where(OpKindName(spec.kind)), ": ", stop_reason_));
     if (first_failure_) {
@@ -365,19 +383,23 @@ class Communicator::Impl {
         absl::ReaderMutexLock lock(&gate->mu);
         if (gate->impl) gate->impl->TryRunInline(seq);
       });
-      lane->queue.push_back({spec.seq, [this, lane, spec, work, cpu = std::move(cpu), eager = std::move(eager)] {
-        work->Complete(Run(
-            spec, *lane,
-            [&] {
-              if (eager.finish) {
-                eager.finish(*lane->handshake, lane->scratch);
-              } else {
-                cpu(GlooCall{lane->context, static_cast<uint32_t>(spec.seq), options_.timeout, &lane->scratch,
-                             &retired_buffers_});
-              }
-            },
-            eager));
-      }});
+      // `cpu` runs the signature check itself, overlapped with its first messages.
+      const bool deferred = checks_itself && options_.verify_collectives && !eager.finish;
+      lane->queue.push_back(
+          {spec.seq, [this, lane, spec, work, deferred, cpu = std::move(cpu), eager = std::move(eager)] {
+             work->Complete(Run(
+                 spec, *lane,
+                 [&] {
+                   if (eager.finish) {
+                     eager.finish(*lane->handshake, lane->scratch);
+                   } else {
+                     StagedHandshake staged(*lane->handshake, *lane->context, spec, options_.timeout);
+                     cpu(GlooCall{lane->context, static_cast<uint32_t>(spec.seq), options_.timeout, &lane->scratch,
+                                  &retired_buffers_, deferred ? &staged : nullptr});
+                   }
+                 },
+                 eager, deferred));
+           }});
       return work;
     }
     auto work = std::make_shared<StagedWork>(description);
@@ -444,7 +466,7 @@ class Communicator::Impl {
   // Runs one queued collective on `lane`; returns its error. Transport failures poison the
   // communicator; mismatches do not (no data moved).
   std::exception_ptr Run(const OpSpec& spec, Lane& lane, const std::function<void()>& body,
-                         const EagerPlan& eager = {}) {
+                         const EagerPlan& eager = {}, bool body_runs_check = false) {
     {
       absl::MutexLock lock(&mu_);
       if (first_failure_) {
@@ -456,7 +478,7 @@ class Communicator::Impl {
     const std::string where = absl::StrCat(spec.Describe(), " on rank ", rank_, " of ", size_);
     try {
       // An eager collective's data travels in the handshake, so it always runs.
-      if (options_.verify_collectives || eager.finish) {
+      if ((options_.verify_collectives || eager.finish) && !body_runs_check) {
         lane.handshake->Run(*lane.context, spec, eager.payload, options_.timeout);
       }
       body();
@@ -951,9 +973,16 @@ std::shared_ptr<Work> Communicator::allreduce(Buffer data, ReduceOp op) {
                                          EagerAllreduce(h, size(), data, op, scratch.wide);
                                        });
   return impl_->Submit(
-      spec, Impl::Footprint::Of({data}), [=](const GlooCall& call) { if (data.count) GlooAllreduce(call, data, op); },
+      spec, Impl::Footprint::Of({data}),
+      [=](const GlooCall& call) {
+        if (data.count) {
+          GlooAllreduce(call, data, op);
+        } else {
+          RunCheck(call);
+        }
+      },
       [=](NcclTransport& n, std::string d) { return n.Allreduce(data, op, std::move(d)); }, data.bytes(),
-      std::move(eager));
+      std::move(eager), /*checks_itself=*/true);
 }
 
 std::shared_ptr<Work> Communicator::broadcast(Buffer data, int root) {

@@ -117,8 +117,13 @@ size_t CollectiveHandshake::payload_bytes(int rank) const {
 
 std::vector<std::shared_ptr<void>> CollectiveHandshake::TakeRetiredBuffers() {
   std::vector<std::shared_ptr<void>> retired;
-  for (auto* ub : {&in_[0], &in_[1], &out_, &verdicts_in_ub_, &verdict_out_ub_}) {
+  for (auto* ub : {&out_, &verdicts_in_ub_, &verdict_out_ub_}) {
     if (*ub) retired.push_back(std::move(*ub));
+  }
+  for (auto& parity : in_) {
+    for (auto& ub : parity) {
+      if (ub) retired.push_back(std::move(ub));
+    }
   }
   return retired;
 }
@@ -151,10 +156,9 @@ static void ExchangeWithAll(gloo::Context& context, gloo::transport::UnboundBuff
 }
 
 void CollectiveHandshake::PostReceives(gloo::Context& context, uint64_t index) {
-  gloo::transport::UnboundBuffer& in = *in_[index % 2];
   const uint64_t slot = MakeSlot(kFingerprintSlotPrefix, static_cast<uint32_t>(index));
   for (int p = 0; p < size_; ++p) {
-    if (p != context.rank) in.recv(p, slot, static_cast<size_t>(p) * stride_, stride_);
+    if (p != context.rank) in_[index % 2][static_cast<size_t>(p)]->recv(p, slot, 0, stride_);
   }
 }
 
@@ -179,12 +183,21 @@ void CollectiveHandshake::ExchangeVerdicts(gloo::Context& context, const OpSpec&
 
 void CollectiveHandshake::Run(gloo::Context& context, const OpSpec& spec, absl::Span<const uint8_t> payload,
                               std::chrono::milliseconds timeout) {
+  Begin(context, spec, payload, timeout);
+  Finish();
+}
+
+void CollectiveHandshake::Begin(gloo::Context& context, const OpSpec& spec, absl::Span<const uint8_t> payload,
+                                std::chrono::milliseconds timeout) {
   const int n = size_;
   const int me = context.rank;
   if (payload.size() > EagerCollectiveMaxBytes(n)) {
     throw InvalidArgumentError(absl::StrCat(spec.Describe(), " on rank ", me, ": eager payload of ", payload.size(),
                                             " bytes exceeds the limit of ", EagerCollectiveMaxBytes(n)));
   }
+  context_ = &context;
+  spec_ = &spec;
+  timeout_ = timeout;
   // This rank's own header (and payload) stays in outgoing_, where Header(me) finds it.
   const bool per_peer = spec.kind == OpKind::kAlltoallv;
   own_rank_ = me;
@@ -201,12 +214,21 @@ void CollectiveHandshake::Run(gloo::Context& context, const OpSpec& spec, absl::
     if (!payload.empty()) std::memcpy(outgoing_.data() + kHeaderBytes, payload.data(), payload.size());
     send_bytes += payload.size();
   }
+  arrived_.assign(static_cast<size_t>(n), false);
+  arrived_[static_cast<size_t>(me)] = true;
   if (n == 1) return;
   const uint64_t index = runs_++;
   current_ = static_cast<int>(index % 2);
   try {
     for (int i = 0; i < 2; ++i) {
-      if (!in_[i]) in_[i] = context.createUnboundBuffer(incoming_[i].data(), incoming_[i].size());
+      if (!in_[i].empty()) continue;
+      in_[i].resize(static_cast<size_t>(n));
+      for (int p = 0; p < n; ++p) {
+        if (p != me) {
+          in_[i][static_cast<size_t>(p)] =
+              context.createUnboundBuffer(incoming_[i].data() + static_cast<size_t>(p) * stride_, stride_);
+        }
+      }
     }
     if (!out_) out_ = context.createUnboundBuffer(outgoing_.data(), outgoing_.size());
     // Every receive has room for header + the eager maximum (stride_), whatever this rank
@@ -216,10 +238,42 @@ void CollectiveHandshake::Run(gloo::Context& context, const OpSpec& spec, absl::
     // before this rank's own header leaves.
     if (index == 0) PostReceives(context, index);
     PostReceives(context, index + 1);
-    SendToAllAndWait(
-        context, *in_[current_], *out_,
-        [&](int p) { return per_peer ? static_cast<size_t>(p) * kHeaderBytes : size_t{0}; }, send_bytes,
-        MakeSlot(kFingerprintSlotPrefix, static_cast<uint32_t>(index)), timeout);
+    const uint64_t slot = MakeSlot(kFingerprintSlotPrefix, static_cast<uint32_t>(index));
+    for (int p = 0; p < n; ++p) {
+      if (p != me) out_->send(p, slot, per_peer ? static_cast<size_t>(p) * kHeaderBytes : size_t{0}, send_bytes);
+    }
+  } catch (const std::exception& e) {
+    RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", me, " of ", n, ": exchanging signatures"), e);
+  }
+}
+
+void CollectiveHandshake::AwaitHeader(int peer) {
+  if (arrived_[static_cast<size_t>(peer)]) return;
+  in_[current_][static_cast<size_t>(peer)]->waitRecv(timeout_);
+  arrived_[static_cast<size_t>(peer)] = true;
+}
+
+bool CollectiveHandshake::PeerAgrees(int peer) {
+  try {
+    AwaitHeader(peer);
+  } catch (const std::exception& e) {
+    RethrowGlooError(absl::StrCat(spec_->Describe(), " on rank ", own_rank_, " of ", size_,
+                                  ": exchanging signatures (waiting for rank ", peer, ")"),
+                     e);
+  }
+  return std::memcmp(Header(peer), Header(own_rank_), kHeaderBytes) == 0;
+}
+
+void CollectiveHandshake::Finish() {
+  const OpSpec& spec = *spec_;
+  gloo::Context& context = *context_;
+  const std::chrono::milliseconds timeout = timeout_;
+  const int n = size_;
+  const int me = own_rank_;
+  if (n == 1) return;
+  try {
+    for (int p = 0; p < n; ++p) AwaitHeader(p);
+    for (int p = 0; p < n - 1; ++p) out_->waitSend(timeout);
   } catch (const std::exception& e) {
     RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", me, " of ", n, ": exchanging signatures"), e);
   }

@@ -54,6 +54,16 @@ class CollectiveHandshake {
   void Run(gloo::Context& context, const OpSpec& spec, absl::Span<const uint8_t> payload,
            std::chrono::milliseconds timeout);
 
+  // Run in stages, for a collective that sends its first messages while the check is still
+  // in flight (ring_allreduce.h). Begin sends this rank's header (spec must outlive Finish);
+  // PeerAgrees waits for `peer`'s header only and says whether it is identical to this
+  // rank's (then the peer takes the same path with the same buffer layout); Finish waits for
+  // the rest and throws as Run does. Begin, then any PeerAgrees, then Finish, exactly once.
+  void Begin(gloo::Context& context, const OpSpec& spec, absl::Span<const uint8_t> payload,
+             std::chrono::milliseconds timeout);
+  bool PeerAgrees(int peer);
+  void Finish();
+
   // After a successful Run: rank r's payload and its length (this rank's own is the copy
   // that was sent, so it stays valid even if the caller's input aliases its output).
   const uint8_t* payload(int rank) const;
@@ -65,6 +75,7 @@ class CollectiveHandshake {
   std::vector<std::shared_ptr<void>> TakeRetiredBuffers();
 
  private:
+  void AwaitHeader(int peer);  // returns once peer's header of the current check is in
   void ExchangeVerdicts(gloo::Context& context, const OpSpec& spec, const void* mine, size_t bytes,
                         std::chrono::milliseconds timeout);
   const uint8_t* Header(int rank) const;  // rank's header, then its payload
@@ -81,10 +92,18 @@ class CollectiveHandshake {
   uint64_t runs_ = 0;  // handshakes started on a mesh of more than one rank; the next one's index
   int current_ = 0;    // the last handshake's parity: the incoming_ that Header reads
   int own_rank_ = 0;
+  // The check in progress (Begin .. Finish).
+  gloo::Context* context_ = nullptr;
+  const OpSpec* spec_ = nullptr;
+  std::chrono::milliseconds timeout_{0};
+  std::vector<bool> arrived_;  // per rank: its header is in (this rank's own: always)
   size_t own_offset_ = 0;  // this rank's header in outgoing_
   std::vector<uint8_t> verdicts_in_, verdict_out_;  // alltoallv's second round
-  // Registered once, reused by every Run.
-  std::shared_ptr<gloo::transport::UnboundBuffer> in_[2], out_, verdicts_in_ub_, verdict_out_ub_;
+  // Registered once, reused by every Run. in_[parity][p]: peer p's slot of incoming_[parity],
+  // a buffer of its own so that a wait names the peer (Gloo's waitRecv cannot say which of
+  // several completed receives it returned).
+  std::vector<std::shared_ptr<gloo::transport::UnboundBuffer>> in_[2];
+  std::shared_ptr<gloo::transport::UnboundBuffer> out_, verdicts_in_ub_, verdict_out_ub_;
 };
 
 }  // namespace gossipcc

@@ -2,7 +2,6 @@
 
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
-#include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
 #include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
@@ -15,6 +14,7 @@
 #include "comm/direct_allreduce.h"
 #include "comm/gloo_util.h"
 #include "comm/reduce.h"
+#include "comm/ring_allreduce.h"
 #include "comm/ring_reduce_scatter.h"
 
 namespace gossipcc {
@@ -44,40 +44,25 @@ void RunOrRetire(const GlooCall& call, std::shared_ptr<Options> opts, Collective
   }
 }
 
-// Gloo's allreduce is typed only by element size; the reduction is our kernel. Works on
-// the caller's memory in place: no staging copy.
-template <typename Word>
-void AllreduceWords(const GlooCall& call, void* data, size_t count, ReduceFn fn) {
-  auto opts = NewOptions<gloo::AllreduceOptions>(call);
-  opts->setOutput(static_cast<Word*>(data), count);
-  opts->setReduceFunction([fn](void* c, const void* a, const void* b, size_t n) { fn(c, a, b, n); });
-  RunOrRetire(call, std::move(opts), gloo::allreduce);
-}
-
-void AllreduceRaw(const GlooCall& call, void* data, size_t count, DType dtype, ReduceFn fn) {
-  switch (ElementSize(dtype)) {
-    case 1: AllreduceWords<uint8_t>(call, data, count, fn); break;
-    case 2: AllreduceWords<uint16_t>(call, data, count, fn); break;
-    case 4: AllreduceWords<uint32_t>(call, data, count, fn); break;
-    case 8: AllreduceWords<uint64_t>(call, data, count, fn); break;
-  }
-}
-
 uint8_t* Bytes(const Buffer& b) { return static_cast<uint8_t*>(b.data); }
 
 }  // namespace
+
+void RunCheck(const GlooCall& call) {
+  if (call.check == nullptr) return;
+  call.check->Begin();
+  call.check->Finish();
+}
 
 void GlooAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
   // Half precision always goes direct: it accumulates wide with the wire in half width,
   // where a ring would have to send float32 partial sums (direct_allreduce.h).
   if (data.bytes() <= kDirectAllreduceMaxBytes || IsHalfPrecision(data.dtype)) {
+    RunCheck(call);
     DirectAllreduce(call, data, op);
     return;
   }
-  AllreduceRaw(call, data.data, data.count, data.dtype, GetReduceFn(data.dtype, op));
-  if (op == ReduceOp::kAvg) {
-    ScaleInPlace(data.data, data.count, data.dtype, 1.0 / static_cast<double>(call.context->size));
-  }
+  RingAllreduce(call, data, op);
 }
 
 void GlooReduceScatter(const GlooCall& call, Buffer input, Buffer output, ReduceOp op) {

@@ -25,6 +25,17 @@ struct CollectiveScratch {
   WideScratch wide;
 };
 
+// The signature check (consistency_check.h) of a collective that runs it itself, so that its
+// first messages can travel while the check is in flight (ring_allreduce.h). The staged
+// interface of CollectiveHandshake, bound to the collective.
+class DeferredSignatureCheck {
+ public:
+  virtual ~DeferredSignatureCheck() = default;
+  virtual void Begin() = 0;
+  virtual bool PeerAgrees(int peer) = 0;
+  virtual void Finish() = 0;  // throws MismatchError (the same on every rank)
+};
+
 struct GlooCall {
   std::shared_ptr<gloo::Context> context;
   uint32_t tag;
@@ -34,7 +45,13 @@ struct GlooCall {
   // poisons the communicator, so scratch->bytes, which such buffers may point into, is never
   // resized after one.
   RetiredBuffers* retired;  // the communicator's; never null
+  // Not null: the signature check has not run yet; the collective must run it (RunCheck)
+  // before it touches the caller's memory or sends to a peer that may disagree.
+  DeferredSignatureCheck* check = nullptr;
 };
+
+// Runs call.check, if any, to completion.
+void RunCheck(const GlooCall& call);
 
 void GlooAllreduce(const GlooCall& call, Buffer data, ReduceOp op);
 // input: size * output.count elements; output: this rank's reduced block.

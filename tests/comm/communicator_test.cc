@@ -315,32 +315,46 @@ TEST(PointToPointProgressTest, ReceiveFromAnySourceReportsTheSender) {
 
 // Above kDirectAllreduceMaxBytes all-reduce takes Gloo's ring (float16/bfloat16: the direct
 // algorithm, one slice): every dtype once there.
-TEST_P(CollectivesTest, AllreduceOnGlooRingEveryDtype) {
-  if (n() != 3 && n() != 8) GTEST_SKIP() << "ring sizes run on 3 and 8 ranks only (the path does not depend on n)";
+// Above kDirectAllreduceMaxBytes all-reduce runs gossipcc's pipelined ring
+// (comm/ring_allreduce.h). Its layout depends on n (n chunks of S segments each), so it runs
+// at every n: a count just past the line (chunks and segments of unequal length) and one of
+// several segments per chunk, every element checked. Every dtype with sum (and avg for
+// floating point), every op on float32 and int32.
+TEST_P(CollectivesTest, AllreduceOnTheRingEveryDtypeOpAndSegmentation) {
   RunRanks(n(), mode(), [](Communicator& comm) {
+    const int n = comm.size();
     for (DType dtype : AllDTypes()) {
-      const ReduceOp op = IsFloatingPoint(dtype) ? ReduceOp::kAvg : ReduceOp::kSum;
-      const size_t count = kDirectAllreduceMaxBytes / ElementSize(dtype) + 3;
-      TypedArray a(dtype, count);
-      Fill(a, comm.rank(), op);
-      comm.allreduce(a.buffer(), op)->wait();
-      for (size_t i = 0; i < count; i += 997) {
-        const double want = Reference(comm.size(), i, dtype, op);
-        ASSERT_NEAR(a.get(i), want, Tolerance(dtype, want)) << DTypeName(dtype) << " index " << i;
+      if (dtype == DType::kFloat16 || dtype == DType::kBFloat16) continue;  // direct at every size
+      std::vector<ReduceOp> ops = {ReduceOp::kSum};
+      if (IsFloatingPoint(dtype)) ops.push_back(ReduceOp::kAvg);
+      if (dtype == DType::kFloat32 || dtype == DType::kInt32) ops = kOps;
+      if (dtype == DType::kInt32) ops.erase(std::find(ops.begin(), ops.end(), ReduceOp::kAvg));
+      const size_t element = ElementSize(dtype);
+      for (size_t count : {kDirectAllreduceMaxBytes / element + 3, (size_t{3} << 20) / element + 2 * n + 1}) {
+        for (ReduceOp op : ops) {
+          TypedArray a(dtype, count);
+          Fill(a, comm.rank(), op);
+          comm.allreduce(a.buffer(), op)->wait();
+          for (size_t i = 0; i < count; ++i) {
+            const double want = Reference(n, i, dtype, op);
+            ASSERT_NEAR(a.get(i), want, Tolerance(dtype, want))
+                << DTypeName(dtype) << " " << ReduceOpName(op) << " count " << count << " index " << i;
+          }
+        }
       }
-      const double last = Reference(comm.size(), count - 1, dtype, op);
-      ASSERT_NEAR(a.get(count - 1), last, Tolerance(dtype, last)) << DTypeName(dtype);
     }
   });
 }
 
 // Floating-point sums depend on the order of the terms; every rank must still hold the same
-// bits, on the eager path (ranks combined in rank order) and on Gloo's ring alike.
+// bits, on the eager path (ranks combined in rank order) and on the ring alike.
 TEST_P(CollectivesTest, AllreduceResultsAreBitwiseEqualOnEveryRank) {
   RunRanks(n(), mode(), [](Communicator& comm) {
     const int n = comm.size();
     for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
-      for (size_t count : Sizes(n, dtype)) {
+      std::vector<size_t> counts = Sizes(n, dtype);
+      counts.push_back(kDirectAllreduceMaxBytes / ElementSize(dtype) + 3);  // the ring (direct for half)
+      for (size_t count : counts) {
         TypedArray a(dtype, count);
         for (size_t i = 0; i < count; ++i) a.set(i, std::sin(0.37 * static_cast<double>(i) + comm.rank()) / 3.0);
         comm.allreduce(a.buffer(), ReduceOp::kAvg)->wait();

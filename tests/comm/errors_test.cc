@@ -137,6 +137,65 @@ TEST_P(ErrorsTest, DisagreementsAcrossTheEagerLimitAreDetected) {
   }, Quick());
 }
 
+// Above kDirectAllreduceMaxBytes the ring sends its first segments while the signature check
+// is still in flight, to any neighbour whose signature matches (comm/ring_allreduce.h). A
+// disagreement must still fail every rank the same way, leave every caller's buffer as it
+// was, and leave no message behind that could land in a later collective: each case is
+// followed by a ring all-reduce whose result is checked. 2, 3 and 4 ranks: on 2 the left and
+// right neighbour are the same rank; on 4 some neighbour pairs agree and speculate.
+TEST_P(ErrorsTest, RingDisagreementsFailEveryRankAndLeaveTheBuffersAlone) {
+  for (int ranks : {2, 3, 4}) {
+    RunRanks(ranks, GetParam(), [](Communicator& comm) {
+      const int me = comm.rank();
+      const int n = comm.size();
+      const int odd = n - 1;  // the rank that disagrees
+      const size_t ring = kDirectAllreduceMaxBytes / sizeof(float) + 5;
+      std::vector<float> data(ring + 1, 1.0f);
+      auto untouched = [&](const std::string& what) {
+        for (size_t i = 0; i < data.size(); ++i) {
+          ASSERT_EQ(data[i], 1.0f) << what << ": element " << i << " of rank " << me << " was modified";
+        }
+      };
+      auto ring_still_works = [&](const std::string& what) {
+        std::vector<float> v(ring, static_cast<float>(me + 1));
+        comm.allreduce(CpuBuffer(v.data(), v.size()))->wait();
+        const float want = static_cast<float>(n * (n + 1) / 2);
+        for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], want) << "after " << what << ": element " << i;
+      };
+
+      // Element count, one element apart: every chunk boundary on the odd rank shifts.
+      auto w = comm.allreduce(CpuBuffer(data.data(), me == odd ? ring + 1 : ring));
+      EXPECT_THAT(ExpectFailure<MismatchError>(w),
+                  AllOf(HasSubstr("element count"), HasSubstr(absl::StrCat("rank ", odd, ": ", ring + 1)),
+                        HasSubstr(absl::StrCat("rank 0: ", ring))));
+      untouched("count");
+      ring_still_works("count");
+
+      // Across the direct line: the odd rank takes the direct path, the others the ring.
+      const size_t direct = kDirectAllreduceMaxBytes / sizeof(float);
+      w = comm.allreduce(CpuBuffer(data.data(), me == odd ? direct : ring));
+      EXPECT_THAT(ExpectFailure<MismatchError>(w), HasSubstr("element count"));
+      untouched("direct vs ring");
+      ring_still_works("direct vs ring");
+
+      // Same width, different dtype: raw Gloo would reduce the bits as the wrong type.
+      std::vector<int32_t> ints(ring, 1);
+      w = me == odd ? comm.allreduce(CpuBuffer(ints.data(), ring)) : comm.allreduce(CpuBuffer(data.data(), ring));
+      EXPECT_THAT(ExpectFailure<MismatchError>(w), AllOf(HasSubstr("dtype"), HasSubstr(absl::StrCat("rank ", odd, ": int32"))));
+      untouched("dtype");
+      for (int32_t v : ints) ASSERT_EQ(v, 1);
+
+      // Reduce op, then the operation itself (a broadcast of the same size).
+      w = comm.allreduce(CpuBuffer(data.data(), ring), me == odd ? ReduceOp::kMax : ReduceOp::kSum);
+      EXPECT_THAT(ExpectFailure<MismatchError>(w), AllOf(HasSubstr("reduce op"), HasSubstr(absl::StrCat("rank ", odd, ": max"))));
+      w = me == odd ? comm.broadcast(CpuBuffer(data.data(), ring), 0) : comm.allreduce(CpuBuffer(data.data(), ring));
+      EXPECT_THAT(ExpectFailure<MismatchError>(w), AllOf(HasSubstr("operation"), HasSubstr(absl::StrCat("rank ", odd, ": broadcast"))));
+      untouched("op and kind");
+      ring_still_works("op and kind");
+    }, Quick());
+  }
+}
+
 // verify_collectives = false drops the cross-rank check for collectives above the eager line
 // (docs/comm.md: a disagreement is then the caller's to avoid, as in raw Gloo). Eager ones
 // carry their data in the check's exchange, so they are checked either way. A dtype
