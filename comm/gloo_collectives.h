@@ -23,6 +23,10 @@ class RetiredBuffers;
 struct CollectiveScratch {
   std::vector<uint8_t> bytes;
   WideScratch wide;
+  // The ring all-reduce's receive slots, kept between calls (a fresh allocation would fault
+  // its pages in on every call). A call that fails hands it to RetiredBuffers instead, since
+  // a receive may still be posted on it; the next call allocates anew.
+  std::shared_ptr<std::vector<uint8_t>> ring;
 };
 
 // The signature check (consistency_check.h) of a collective that runs it itself, so that its

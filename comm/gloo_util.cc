@@ -69,8 +69,10 @@ gloo::transport::UnboundBuffer& PostedBuffers::Create(void* data, size_t bytes) 
 }
 
 uint8_t* PostedBuffers::Allocate(size_t bytes) {
-  auto memory = std::make_shared<std::vector<uint8_t>>(bytes);
-  uint8_t* data = memory->data();
+  // Not zeroed: every user receives into it before reading, and zeroing a ring's scratch
+  // would cost a pass over memory per call.
+  std::shared_ptr<uint8_t> memory(new uint8_t[bytes], std::default_delete<uint8_t[]>());
+  uint8_t* data = memory.get();
   owned_.push_back(std::move(memory));
   return data;
 }

@@ -73,7 +73,7 @@ class PostedBuffers {
   PostedBuffers& operator=(const PostedBuffers&) = delete;
 
   gloo::transport::UnboundBuffer& Create(void* data, size_t bytes);
-  // Scratch memory of `bytes` that lives as long as the buffers do.
+  // Scratch memory of `bytes` (uninitialised) that lives as long as the buffers do.
   uint8_t* Allocate(size_t bytes);
 
  private:

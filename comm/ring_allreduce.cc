@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "comm/errors.h"
 #include "comm/gloo_util.h"
@@ -13,10 +15,11 @@
 namespace gossipcc {
 namespace {
 
-// A segment is at most this large, and a chunk has at least kMinSegmentsPerChunk of them: big
-// enough that per-message costs vanish against 125 MB/s, small enough that the pipeline fills
-// quickly (the first forward waits for one segment, not a chunk).
-constexpr size_t kMaxSegmentBytes = size_t{256} << 10;
+// A segment is at most this large, and a chunk has at least kMinSegmentsPerChunk of them (so
+// that reducing one overlaps receiving the next). Large enough that per-message costs (a
+// wake-up of the waiting thread each) stay small on loopback, small enough that the ring's
+// tail, about one segment's transfer, stays ~1% of a large buffer's time at 1 Gbit/s.
+constexpr size_t kMaxSegmentBytes = size_t{1} << 20;
 constexpr size_t kMinSegmentsPerChunk = 2;
 // Receives posted ahead of the one being waited for; the reduce-scatter's land in as many
 // scratch slots.
@@ -76,19 +79,13 @@ class RingPlan {
   size_t max_segment_ = 0;
 };
 
-}  // namespace
-
-void RingAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
+// The ring on `data`, with this rank's receive slots at `scratch` (kWindow x max segment).
+void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& plan, uint8_t* scratch) {
   gloo::Context& ctx = *call.context;
   const int n = ctx.size;
-  if (n == 1 || data.count == 0) {
-    RunCheck(call);
-    return;
-  }
   const int right = (ctx.rank + 1) % n;
   const int left = (ctx.rank + n - 1) % n;
   const size_t element = ElementSize(data.dtype);
-  const RingPlan plan(n, ctx.rank, data.count, element);
   const int S = plan.segments();
   const int P = plan.phase_messages();
   const int U = plan.messages();
@@ -98,7 +95,6 @@ void RingAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
   auto* bytes = static_cast<uint8_t*>(data.data);
 
   PostedBuffers buffers(ctx, *call.retired);
-  uint8_t* scratch = buffers.Allocate(slot_bytes * kWindow);
   gloo::transport::UnboundBuffer& scratch_ub = buffers.Create(scratch, slot_bytes * kWindow);
   gloo::transport::UnboundBuffer& data_ub = buffers.Create(bytes, data.bytes());
 
@@ -173,6 +169,29 @@ void RingAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
     if (u + S < U) send(u + S);
   }
   for (int i = 0; i < sends; ++i) data_ub.waitSend(call.timeout);
+}
+
+}  // namespace
+
+void RingAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
+  const int n = call.context->size;
+  if (n == 1 || data.count == 0) {
+    RunCheck(call);
+    return;
+  }
+  const RingPlan plan(n, call.context->rank, data.count, ElementSize(data.dtype));
+  const size_t scratch_bytes = plan.max_segment() * ElementSize(data.dtype) * kWindow;
+  std::shared_ptr<std::vector<uint8_t>>& kept = call.scratch->ring;
+  if (!kept || kept->size() < scratch_bytes) kept = std::make_shared<std::vector<uint8_t>>(scratch_bytes);
+  std::shared_ptr<std::vector<uint8_t>> slots = kept;
+  try {
+    RunRing(call, data, op, plan, slots->data());
+  } catch (...) {
+    // A receive may still be posted on the slots: they go with the failed call's buffers.
+    kept.reset();
+    call.retired->Add(std::move(slots));
+    throw;
+  }
 }
 
 }  // namespace gossipcc

@@ -313,8 +313,6 @@ TEST(PointToPointProgressTest, ReceiveFromAnySourceReportsTheSender) {
   });
 }
 
-// Above kDirectAllreduceMaxBytes all-reduce takes Gloo's ring (float16/bfloat16: the direct
-// algorithm, one slice): every dtype once there.
 // Above kDirectAllreduceMaxBytes all-reduce runs gossipcc's pipelined ring
 // (comm/ring_allreduce.h). Its layout depends on n (n chunks of S segments each), so it runs
 // at every n: a count just past the line (chunks and segments of unequal length) and one of

@@ -79,7 +79,7 @@ std::vector<OpCase> Cases() {
            if (first) std::rethrow_exception(first);
          };
        }},
-      // Half precision takes gossipcc's own direct all-reduce (not Gloo's ring) at every size.
+      // Half precision takes gossipcc's own direct all-reduce (not the ring) at every size.
       {"allreduce_float16",
        [](int) {
          auto data = std::make_shared<std::vector<uint16_t>>(1 << 20, 0x3c00);  // 1.0

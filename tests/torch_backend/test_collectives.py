@@ -185,7 +185,7 @@ def async_chain_worker(rank, world_size):
     init(rank, world_size)
     ws = world_size
     s = ws * (ws + 1) / 2
-    n = 200_000  # above the eager and the direct sizes: Gloo's ring
+    n = 200_000  # above the eager and the direct sizes: the ring
     x = torch.full((n,), float(rank + 1), dtype=torch.float64)
     y = torch.full((n,), 10.0 * (rank + 1), dtype=torch.float64)
     gathered = [torch.empty(n // 2, dtype=torch.float64) for _ in range(ws)]
