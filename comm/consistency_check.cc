@@ -287,7 +287,7 @@ void CollectiveHandshake::Finish() {
     return false;
   };
   auto fail = [&](const std::string& what) {
-    throw MismatchError(absl::StrCat(where, ": ranks disagree on ", what, "; no data was exchanged"));
+    throw MismatchError(absl::StrCat(where, ": ranks disagree on ", what, "; no buffer was modified"));
   };
   if (differs([](const Fingerprint& f) { return f.seq; }))
     fail(absl::StrCat("the collective sequence number (did some rank skip or add a collective?): ",
@@ -338,7 +338,7 @@ void CollectiveHandshake::Finish() {
       if (v.bad) {
         throw MismatchError(absl::StrCat(where, ": rank ", v.sender, " sends ", v.sends, " elements to rank ",
                                          v.receiver, " but rank ", v.receiver, " expects ", v.expects,
-                                         "; no data was exchanged"));
+                                         "; no buffer was modified"));
       }
     }
   }
