@@ -90,3 +90,32 @@ def bad_input_worker(rank, world_size):
 
 def test_bad_input_cases():
     assert run_ranks(bad_input_worker, 2) == [4, 4]
+
+
+def ring_disagreement_worker(rank, world_size):
+    # All-reduces above 512 KiB run gossipcc's ring, which sends its first segments to a
+    # neighbour whose signature matches before the whole check is in (docs/comm.md, "The
+    # ring"). On 3 ranks with rank 2 odd, ranks 0 and 1 agree and speculate; every rank must
+    # still raise, leave its tensor alone, and run the next ring all-reduce correctly.
+    import gossipcc  # noqa: F401
+    dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=20))
+    n = (512 << 10) // 4 + 5  # float32 elements: just past the direct line
+    odd = world_size - 1
+    t = torch.ones(n + 1 if rank == odd else n)
+    msg = expect_error("ring count", lambda: dist.all_reduce(t), "ranks disagree on the element count",
+                       f"rank {odd}: {n + 1}", "rank 0: " + str(n), "no buffer was modified")
+    assert t.eq(1.0).all(), "a rank's tensor was modified by a failed all-reduce"
+    mixed = torch.ones(n, dtype=torch.int32 if rank == odd else torch.float32)
+    expect_error("ring dtype", lambda: dist.all_reduce(mixed), "ranks disagree on the dtype", f"rank {odd}: int32")
+    assert mixed.eq(1).all()
+    good = torch.full((n,), float(rank + 1))
+    dist.all_reduce(good)
+    assert good.eq(world_size * (world_size + 1) / 2).all()
+    dist.destroy_process_group()
+    return msg.split(":")[0]
+
+
+def test_ring_disagreements_fail_every_rank_and_leave_tensors_alone():
+    results = run_ranks(ring_disagreement_worker, 3)
+    assert all(r.startswith("allreduce #") for r in results), results
