@@ -15,10 +15,11 @@
 namespace gossipcc {
 namespace {
 
-// A segment is at most this large, and a chunk has at least kMinSegmentsPerChunk of them (so
-// that reducing one overlaps receiving the next). Large enough that per-message costs (a
-// wake-up of the waiting thread each) stay small on loopback, small enough that the ring's
-// tail, about one segment's transfer, stays ~1% of a large buffer's time at 1 Gbit/s.
+// A segment is at most this large, and a chunk has at least kMinSegmentsPerChunk of them, so
+// that a segment is forwarded while the next one is still arriving and no link waits for a
+// whole chunk. Large enough that per-message costs (a wake-up of the waiting thread each)
+// stay small on loopback (256 KiB took 1.1-1.7x Gloo's time there, docs/benchmarks.md), small
+// enough to bound the receive slots to kWindow MiB.
 constexpr size_t kMaxSegmentBytes = size_t{1} << 20;
 constexpr size_t kMinSegmentsPerChunk = 2;
 // Receives posted ahead of the one being waited for; the reduce-scatter's land in as many
