@@ -67,6 +67,19 @@ void Fill(TypedArray& a, int rank, ReduceOp op, size_t offset = 0) {
   for (size_t i = 0; i < a.size(); ++i) a.set(i, InputValue(rank, i + offset, a.dtype(), op));
 }
 
+// All-reduces Fill()'s values of this rank (`count` elements of `dtype`) with `op` and checks
+// every element against Reference.
+void AllreduceAndCheckEveryElement(Communicator& comm, DType dtype, ReduceOp op, size_t count) {
+  TypedArray a(dtype, count);
+  Fill(a, comm.rank(), op);
+  comm.allreduce(a.buffer(), op)->wait();
+  for (size_t i = 0; i < count; ++i) {
+    const double want = Reference(comm.size(), i, dtype, op);
+    ASSERT_NEAR(a.get(i), want, Tolerance(dtype, want))
+        << DTypeName(dtype) << " " << ReduceOpName(op) << " count " << count << " index " << i;
+  }
+}
+
 using Param = std::tuple<LaunchMode, int>;
 
 class CollectivesTest : public ::testing::TestWithParam<Param> {
@@ -82,14 +95,7 @@ TEST_P(CollectivesTest, AllreduceEveryDtypeOpAndSize) {
       for (ReduceOp op : kOps) {
         if (op == ReduceOp::kAvg && !IsFloatingPoint(dtype)) continue;  // rejected: see errors test
         for (size_t count : Sizes(n, dtype)) {
-          TypedArray a(dtype, count);
-          Fill(a, comm.rank(), op);
-          comm.allreduce(a.buffer(), op)->wait();
-          for (size_t i = 0; i < count; ++i) {
-            const double want = Reference(n, i, dtype, op);
-            ASSERT_NEAR(a.get(i), want, Tolerance(dtype, want))
-                << DTypeName(dtype) << " " << ReduceOpName(op) << " count " << count << " index " << i;
-          }
+          ASSERT_NO_FATAL_FAILURE(AllreduceAndCheckEveryElement(comm, dtype, op, count));
         }
       }
     }
@@ -322,24 +328,18 @@ TEST(PointToPointProgressTest, ReceiveFromAnySourceReportsTheSender) {
 TEST_P(CollectivesTest, AllreduceOnTheRingEveryDtypeOpAndSegmentation) {
   RunRanks(n(), mode(), [](Communicator& comm) {
     const int n = comm.size();
-    auto check = [&](DType dtype, ReduceOp op, size_t count) {
-      TypedArray a(dtype, count);
-      Fill(a, comm.rank(), op);
-      comm.allreduce(a.buffer(), op)->wait();
-      for (size_t i = 0; i < count; ++i) {
-        const double want = Reference(n, i, dtype, op);
-        ASSERT_NEAR(a.get(i), want, Tolerance(dtype, want))
-            << DTypeName(dtype) << " " << ReduceOpName(op) << " count " << count << " index " << i;
-      }
-    };
     for (DType dtype : AllDTypes()) {
       if (dtype == DType::kFloat16 || dtype == DType::kBFloat16) continue;  // direct at every size
       for (ReduceOp op : kOps) {
         if (op == ReduceOp::kAvg && !IsFloatingPoint(dtype)) continue;  // rejected: see errors test
-        check(dtype, op, kDirectAllreduceMaxBytes / ElementSize(dtype) + 3);
+        ASSERT_NO_FATAL_FAILURE(
+            AllreduceAndCheckEveryElement(comm, dtype, op, kDirectAllreduceMaxBytes / ElementSize(dtype) + 3));
       }
     }
-    if (n <= 4) check(DType::kFloat32, ReduceOp::kSum, (size_t{5} << 19) * n / sizeof(float) + 2 * n + 1);
+    if (n <= 4) {
+      const size_t three_segments = (size_t{5} << 19) * n / sizeof(float) + 2 * n + 1;  // 2.5 MiB chunks
+      ASSERT_NO_FATAL_FAILURE(AllreduceAndCheckEveryElement(comm, DType::kFloat32, ReduceOp::kSum, three_segments));
+    }
   });
 }
 
