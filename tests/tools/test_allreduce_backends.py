@@ -53,6 +53,19 @@ def test_link_bound_is_the_rings_bytes_at_the_link_rate():
     assert "link bound (ms)" in table
 
 
+def test_quantiles_are_of_the_slowest_rank_per_iteration():
+    m = load()
+    rows = m.summarize(DOCS, n=2, bps=None)
+    assert rows[0]["slowest_gloo"] == [3.0, 5.0, 4.0]
+    assert rows[0]["slowest_gossipcc"] == [2.0, 9.0, 1.0]
+    table = m.quantile_table(rows)
+    # gloo sorted 3, 4, 5: p10 3.2, p25 3.5, median 4, p75 4.5, p90 4.8, mean 4 (s -> ms).
+    assert "| 1 MB | gloo | 3 | 3200.00 | 3500.00 | 4000.00 | 4500.00 | 4800.00 | 4000.00 |" in table
+    # gossipcc sorted 1, 2, 9: median 2, p75 5.5, mean 4.
+    assert "| 1 MB | gossipcc | 3 | 1200.00 | 1500.00 | 2000.00 | 5500.00 | 7600.00 | 4000.00 |" in table
+    assert m.iterations(1 << 20) == 20 and m.iterations(1 << 20, 60) == 60
+
+
 def test_plot_writes_a_png(tmp_path):
     m = load()
     results = {"none": m.summarize(DOCS, 2, None), "1gbit": m.summarize(DOCS, 2, 125e6)}

@@ -4,6 +4,7 @@ ProcessGroupGloo), same processes and tensors, N ranks (default 4), 4 KB .. 256 
 unshaped emulated network and at 1 Gbit/s per host.
 
     tools/bench/run.sh allreduce_backends [--ranks 4] [--networks none,1gbit] [--max-bytes 268435456] [--plot PNG]
+                                          [--iterations K] [--quantiles]
 
 Every rank is its own host (tools/emulated_cluster.py). Per size, the two backends alternate
 iteration by iteration (which goes first alternates too), each op preceded by an untimed
@@ -12,11 +13,14 @@ NIC tx counters (frames with headers, TCP ACKs included) from just before the op
 barrier that follows it (so the op's last queued segments count; the barrier adds a few
 hundred bytes), averaged over ranks. Link bound: the
 ring all-reduce's 2(n-1)/n * bytes at the link rate. Every result is checked against the
-expected sum.
+expected sum. --quantiles adds a table of the per-iteration distribution (the slowest rank's
+time per iteration: p10, p25, median, p75, p90, mean), to tell a shift of every call from a
+few slow ones.
 """
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -24,7 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 
-def iterations(nbytes):
+def iterations(nbytes, override=None):
+    if override:
+        return override
     return 20 if nbytes <= (1 << 20) else 10 if nbytes <= (4 << 20) else 5 if nbytes <= (16 << 20) else 3
 
 
@@ -46,7 +52,7 @@ def worker(args):
     out = []
     for nbytes in sizes:
         t = torch.empty(nbytes // 4, dtype=torch.float32)
-        k = iterations(nbytes)
+        k = iterations(nbytes, args.iterations)
         times = {name: [] for name in groups}
         sent = {name: 0 for name in groups}
         for i in range(-1, k):  # i = -1: warm-up, not recorded
@@ -91,7 +97,8 @@ def summarize(docs, n, bps):
         nbytes, k = entry["bytes"], entry["k"]
         row = {"bytes": nbytes, "k": k, "bound": 2 * (n - 1) / n * nbytes / bps if bps else None}
         for name in ("gloo", "gossipcc"):
-            row[name] = common.median([max(doc[i]["times"][name][j] for doc in docs) for j in range(k)])
+            row["slowest_" + name] = [max(doc[i]["times"][name][j] for doc in docs) for j in range(k)]
+            row[name] = common.median(row["slowest_" + name])
             row["tx_" + name] = sum(doc[i]["tx_per_op"][name] for doc in docs) / len(docs)
         rows.append(row)
     return rows
@@ -112,6 +119,23 @@ def table(rows, network):
         header += ["link bound (ms)", "gloo/bound", "gossipcc/bound"]
     header += ["sent/rank/op ÷ size, gloo", "gossipcc"]
     return common.markdown_table(header, body)
+
+
+QUANTILES = (("p10", 2), ("p25", 5), ("median", 10), ("p75", 15), ("p90", 18))  # 5% cut points
+
+
+def quantile_table(rows):
+    """Per size and backend: quantiles (linear interpolation between the sorted times) and the
+    mean of the slowest rank's time per iteration, in ms."""
+    body = []
+    for r in rows:
+        for name in ("gloo", "gossipcc"):
+            xs = r["slowest_" + name]
+            cuts = statistics.quantiles(xs, n=20, method="inclusive") if len(xs) > 1 else [xs[0]] * 19
+            body.append([common.human_bytes(r["bytes"]), name, len(xs)]
+                        + [f"{1e3 * cuts[i - 1]:.2f}" for _, i in QUANTILES]
+                        + [f"{1e3 * statistics.mean(xs):.2f}"])
+    return common.markdown_table(["size", "backend", "k"] + [q for q, _ in QUANTILES] + ["mean"], body)
 
 
 def plot(results, path, title):
@@ -148,6 +172,10 @@ def main():
     p.add_argument("--min-bytes", type=int, default=4096)
     p.add_argument("--max-bytes", type=int, default=256 << 20)
     p.add_argument("--plot", metavar="PNG", help="also write a plot of the tables (time and ratio per size) here")
+    p.add_argument("--iterations", type=int, help="timed iterations per size and backend (default: 20 up to 1 MB, "
+                   "10 up to 4 MB, 5 up to 16 MB, then 3)")
+    p.add_argument("--quantiles", action="store_true",
+                   help="also print the per-iteration distribution of the slowest rank's time")
     args = p.parse_args()
     if args.worker:
         return worker(args)
@@ -160,13 +188,17 @@ def main():
         try:
             with common.make_cluster(args.ranks, network) as cluster:
                 docs = common.run_ranks(cluster, os.path.abspath(__file__),
-                                        ["--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes)],
+                                        ["--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes)]
+                                        + (["--iterations", str(args.iterations)] if args.iterations else []),
                                         timeout=1200)
         except common.NamespacesUnavailable as e:
             common.fail(f"allreduce_backends: emulated network not available: {e}")
         print(f"\nnetwork {network} (load average before {load0}, after {common.load_average()}):\n")
         results[network] = summarize(docs, args.ranks, link_bytes_per_second(network))
         print(table(results[network], network), flush=True)
+        if args.quantiles:
+            print(f"\nper-iteration distribution, network {network} (ms, slowest rank per iteration):\n")
+            print(quantile_table(results[network]), flush=True)
     if args.plot:
         plot(results, args.plot, title)
         print(f"\nplot: {args.plot}")
