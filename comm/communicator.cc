@@ -184,6 +184,7 @@ class Communicator::Impl {
     explicit Lane(Impl* owner) : impl(owner) {}
     Impl* const impl;  // for the worker's wait condition
     std::shared_ptr<gloo::Context> context;  // lane 0: the communicator's first mesh
+    std::shared_ptr<gloo::Context> signature_context;  // the handshake's mesh (headers only)
     // Its staging memory outlives context (see Shutdown).
     std::unique_ptr<CollectiveHandshake> handshake;
     CollectiveScratch scratch;  // for the one collective this lane runs at a time
@@ -219,7 +220,15 @@ class Communicator::Impl {
                              : ConnectGlooMesh(std::make_shared<PrefixStore>(absl::StrCat("gloo_lane", i), store_),
                                                rank_, size_, mesh, context_->getDevice());
       if (i > 0) meshes_.push_back(lane->context);
-      lane->handshake = std::make_unique<CollectiveHandshake>(size_);
+      // The signature check on a mesh of its own: its headers are writes into bound buffers,
+      // and Gloo sizes a socket's send buffer to the first such write (and so pins it, ending
+      // the kernel's autotuning), which would throttle any payload sharing that socket.
+      lane->signature_context =
+          size_ == 1 ? lane->context
+                     : ConnectGlooMesh(std::make_shared<PrefixStore>(absl::StrCat("gloo_signatures", i), store_),
+                                       rank_, size_, mesh, context_->getDevice());
+      if (size_ > 1) meshes_.push_back(lane->signature_context);
+      lane->handshake = std::make_unique<CollectiveHandshake>(*lane->signature_context);
       lanes_.push_back(std::move(lane));
     }
     std::array<std::shared_ptr<gloo::Context>, 2> payload_contexts;
@@ -393,7 +402,7 @@ class Communicator::Impl {
                    if (eager.finish) {
                      eager.finish(*lane->handshake, lane->scratch);
                    } else {
-                     StagedHandshake staged(*lane->handshake, *lane->context, spec, options_.timeout);
+                     StagedHandshake staged(*lane->handshake, *lane->signature_context, spec, options_.timeout);
                      cpu(GlooCall{lane->context, static_cast<uint32_t>(spec.seq), options_.timeout, &lane->scratch,
                                   &retired_buffers_, deferred ? &staged : nullptr});
                    }
@@ -479,7 +488,7 @@ class Communicator::Impl {
     try {
       // An eager collective's data travels in the handshake, so it always runs.
       if ((options_.verify_collectives || eager.finish) && !body_runs_check) {
-        lane.handshake->Run(*lane.context, spec, eager.payload, options_.timeout);
+        lane.handshake->Run(*lane.signature_context, spec, eager.payload, options_.timeout);
       }
       body();
       return nullptr;
@@ -836,7 +845,10 @@ class Communicator::Impl {
     nccl_.reset();
     for (const auto& mesh : meshes_) DestroyPairs(*mesh);
     meshes_.clear();
-    for (auto& lane : lanes_) lane->context.reset();
+    for (auto& lane : lanes_) {
+      lane->context.reset();
+      lane->signature_context.reset();
+    }
     context_.reset();
     retired.clear();
   }

@@ -1,6 +1,8 @@
 #include "comm/consistency_check.h"
 
 #include <gloo/context.h>
+#include <gloo/transport/buffer.h>
+#include <gloo/transport/pair.h>
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
@@ -84,6 +86,10 @@ struct PairVerdict {
 };
 static_assert(sizeof(PairVerdict) <= kHeaderBytes, "a verdict travels in a header slot");
 
+// The bound buffers' slots, per parity (Gloo keeps bound and unbound slots apart; no other
+// bound buffer lives on a lane's mesh).
+constexpr int kHeaderBufferSlot[2] = {kFingerprintSlotPrefix << 8, (kFingerprintSlotPrefix << 8) | 1};
+
 }  // namespace
 
 size_t EagerCollectiveMaxBytes(int size) {
@@ -91,14 +97,32 @@ size_t EagerCollectiveMaxBytes(int size) {
   return (kEagerFanoutBytes / static_cast<size_t>(size - 1)) & ~size_t{63};
 }
 
-CollectiveHandshake::CollectiveHandshake(int size)
-    : size_(size),
-      stride_(kHeaderBytes + EagerCollectiveMaxBytes(size)),
-      outgoing_(std::max(kHeaderBytes * static_cast<size_t>(size), stride_)),
-      incoming_{std::vector<uint8_t>(stride_ * static_cast<size_t>(size)),
-                std::vector<uint8_t>(stride_ * static_cast<size_t>(size))},
-      verdicts_in_(kHeaderBytes * static_cast<size_t>(size)),
-      verdict_out_(kHeaderBytes) {}
+CollectiveHandshake::CollectiveHandshake(gloo::Context& context)
+    : size_(context.size),
+      stride_(kHeaderBytes + EagerCollectiveMaxBytes(context.size)),
+      outgoing_(std::max(kHeaderBytes * static_cast<size_t>(context.size), stride_)),
+      incoming_{std::vector<uint8_t>(stride_ * static_cast<size_t>(context.size)),
+                std::vector<uint8_t>(stride_ * static_cast<size_t>(context.size))},
+      verdicts_in_(kHeaderBytes * static_cast<size_t>(context.size)),
+      verdict_out_(kHeaderBytes) {
+  if (size_ == 1) return;
+  try {
+    for (int i = 0; i < 2; ++i) {
+      in_[i].resize(static_cast<size_t>(size_));
+      out_[i].resize(static_cast<size_t>(size_));
+      for (int p = 0; p < size_; ++p) {
+        if (p == context.rank) continue;
+        auto& pair = context.getPair(p);
+        in_[i][static_cast<size_t>(p)] = pair->createRecvBuffer(
+            kHeaderBufferSlot[i], incoming_[i].data() + static_cast<size_t>(p) * stride_, stride_);
+        out_[i][static_cast<size_t>(p)] =
+            pair->createSendBuffer(kHeaderBufferSlot[i], outgoing_.data(), outgoing_.size());
+      }
+    }
+  } catch (const std::exception& e) {
+    RethrowGlooError(absl::StrCat("rank ", context.rank, " of ", size_, ": registering the signature buffers"), e);
+  }
+}
 
 CollectiveHandshake::~CollectiveHandshake() = default;
 
@@ -116,14 +140,13 @@ size_t CollectiveHandshake::payload_bytes(int rank) const {
 }
 
 std::vector<std::shared_ptr<void>> CollectiveHandshake::TakeRetiredBuffers() {
-  std::vector<std::shared_ptr<void>> retired;
-  for (auto* ub : {&out_, &verdicts_in_ub_, &verdict_out_ub_}) {
-    if (*ub) retired.push_back(std::move(*ub));
+  for (int i = 0; i < 2; ++i) {
+    in_[i].clear();
+    out_[i].clear();
   }
-  for (auto& parity : in_) {
-    for (auto& ub : parity) {
-      if (ub) retired.push_back(std::move(ub));
-    }
+  std::vector<std::shared_ptr<void>> retired;
+  for (auto* ub : {&verdicts_in_ub_, &verdict_out_ub_}) {
+    if (*ub) retired.push_back(std::move(*ub));
   }
   return retired;
 }
@@ -153,13 +176,6 @@ static void ExchangeWithAll(gloo::Context& context, gloo::transport::UnboundBuff
     if (p != context.rank) in.recv(p, slot, static_cast<size_t>(p) * recv_bytes, recv_bytes);
   }
   SendToAllAndWait(context, in, out, send_offset, send_bytes, slot, timeout);
-}
-
-void CollectiveHandshake::PostReceives(gloo::Context& context, uint64_t index) {
-  const uint64_t slot = MakeSlot(kFingerprintSlotPrefix, static_cast<uint32_t>(index));
-  for (int p = 0; p < size_; ++p) {
-    if (p != context.rank) in_[index % 2][static_cast<size_t>(p)]->recv(p, slot, 0, stride_);
-  }
 }
 
 // alltoallv's second round: every rank's verdict (`bytes` <= kHeaderBytes) to every peer;
@@ -220,27 +236,13 @@ void CollectiveHandshake::Begin(gloo::Context& context, const OpSpec& spec, absl
   const uint64_t index = runs_++;
   current_ = static_cast<int>(index % 2);
   try {
-    for (int i = 0; i < 2; ++i) {
-      if (!in_[i].empty()) continue;
-      in_[i].resize(static_cast<size_t>(n));
-      for (int p = 0; p < n; ++p) {
-        if (p != me) {
-          in_[i][static_cast<size_t>(p)] =
-              context.createUnboundBuffer(incoming_[i].data() + static_cast<size_t>(p) * stride_, stride_);
-        }
-      }
-    }
-    if (!out_) out_ = context.createUnboundBuffer(outgoing_.data(), outgoing_.size());
-    // Every receive has room for header + the eager maximum (stride_), whatever this rank
-    // was asked to do, so no peer's message can overflow it. This handshake's receives were
-    // announced by the one before (the first announces its own); the other buffer's payloads
-    // have been consumed (collectives run one at a time), so the next handshake's go up now,
-    // before this rank's own header leaves.
-    if (index == 0) PostReceives(context, index);
-    PostReceives(context, index + 1);
-    const uint64_t slot = MakeSlot(kFingerprintSlotPrefix, static_cast<uint32_t>(index));
+    // Every receive buffer has room for header + the eager maximum (stride_), whatever this
+    // rank was asked to do, so no peer's message can overflow it.
     for (int p = 0; p < n; ++p) {
-      if (p != me) out_->send(p, slot, per_peer ? static_cast<size_t>(p) * kHeaderBytes : size_t{0}, send_bytes);
+      if (p != me) {
+        out_[current_][static_cast<size_t>(p)]->send(per_peer ? static_cast<size_t>(p) * kHeaderBytes : size_t{0},
+                                                     send_bytes);
+      }
     }
   } catch (const std::exception& e) {
     RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", me, " of ", n, ": exchanging signatures"), e);
@@ -249,7 +251,7 @@ void CollectiveHandshake::Begin(gloo::Context& context, const OpSpec& spec, absl
 
 void CollectiveHandshake::AwaitHeader(int peer) {
   if (arrived_[static_cast<size_t>(peer)]) return;
-  in_[current_][static_cast<size_t>(peer)]->waitRecv(timeout_);
+  in_[current_][static_cast<size_t>(peer)]->waitRecv();  // the mesh's timeout, timeout_
   arrived_[static_cast<size_t>(peer)] = true;
 }
 
@@ -273,7 +275,9 @@ void CollectiveHandshake::Finish() {
   if (n == 1) return;
   try {
     for (int p = 0; p < n; ++p) AwaitHeader(p);
-    for (int p = 0; p < n - 1; ++p) out_->waitSend(timeout);
+    for (int p = 0; p < n; ++p) {
+      if (p != me) out_[current_][static_cast<size_t>(p)]->waitSend();
+    }
   } catch (const std::exception& e) {
     RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", me, " of ", n, ": exchanging signatures"), e);
   }

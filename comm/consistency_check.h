@@ -14,13 +14,18 @@
 // reduce-scatter then completes in this one exchange (eager_collectives.h) instead of paying
 // the signature round trip plus Gloo's 2(n-1) (ring) or log n (tree) message latencies.
 //
-// Gloo sends a message only once its receiver has announced the matching receive. Posted
-// when the handshake starts, a receive's announcement and the peer's reply would be two
-// message latencies after the last rank arrives. So each handshake also announces the
-// receives of the next one (into a second incoming buffer, alternating): a peer's header then
-// leaves the moment the peer arrives, and the exchange costs one latency. The handshakes are
-// numbered by this object (the slot), not by the collective's sequence number, because not
-// every collective runs one (CommunicatorOptions::verify_collectives).
+// The headers travel in Gloo's bound buffers: each rank registers, per peer, two receive
+// buffers (header + the eager maximum, alternating between handshakes) once, when the lane's
+// mesh is connected, and a header is one write into the peer's buffer. Gloo's unbound
+// buffers would need the receiver to announce every receive and the sender to announce every
+// send first: three writes per header instead of one, each a trip through the network stack
+// (on 4 ranks of the emulated network, 70-150 us of CPU per check; docs/benchmarks.md (a)).
+// No announcement is needed because a rank overwrites a peer's buffer of parity i % 2 (with
+// header i + 2) only after the peer has finished handshake i: this rank must first have
+// received the peer's header i + 1, which the peer sends only once collective i is done,
+// payloads read. The handshakes are numbered by this object, not by the collective's
+// sequence number, because not every collective runs one (CommunicatorOptions::
+// verify_collectives).
 #pragma once
 
 #include <chrono>
@@ -34,6 +39,7 @@
 namespace gloo {
 class Context;
 namespace transport {
+class Buffer;
 class UnboundBuffer;
 }  // namespace transport
 }  // namespace gloo
@@ -42,9 +48,11 @@ namespace gossipcc {
 
 class CollectiveHandshake {
  public:
-  // One per lane of a communicator; used by one thread at a time (a lane runs one collective
-  // at a time). Lanes have meshes of their own, so their handshakes use the same slots.
-  explicit CollectiveHandshake(int size);
+  // One per lane of a communicator, on the lane's mesh, created as soon as the mesh is
+  // connected (its receive buffers must be registered before any peer's first header
+  // arrives); used by one thread at a time (a lane runs one collective at a time). Lanes
+  // have meshes of their own, so their handshakes use the same slots.
+  explicit CollectiveHandshake(gloo::Context& context);
   ~CollectiveHandshake();
 
   // Sends this rank's header for `spec`, followed by `payload` (at most
@@ -69,9 +77,11 @@ class CollectiveHandshake {
   const uint8_t* payload(int rank) const;
   size_t payload_bytes(int rank) const;
 
-  // Every Gloo buffer this object registered (after a failed exchange Gloo may still
-  // reference them; their memory is this object's): the owner destroys them only once the
-  // Gloo context is gone. Call once, at shutdown; Run must not be called afterwards.
+  // At shutdown, while the mesh's pairs still exist: unregisters the bound buffers from them
+  // (after this no peer's message lands in this object's memory) and returns the unbound
+  // ones (after a failed exchange Gloo may still reference them; their memory is this
+  // object's), which the owner destroys only once the pairs are gone. Call once; Run must
+  // not be called afterwards.
   std::vector<std::shared_ptr<void>> TakeRetiredBuffers();
 
  private:
@@ -79,10 +89,6 @@ class CollectiveHandshake {
   void ExchangeVerdicts(gloo::Context& context, const OpSpec& spec, const void* mine, size_t bytes,
                         std::chrono::milliseconds timeout);
   const uint8_t* Header(int rank) const;  // rank's header, then its payload
-
-  // Announces this rank's receives of handshake `index` from every peer, into incoming_[index % 2].
-  // A failure here poisons the communicator, so no later Run finds the announcements short.
-  void PostReceives(gloo::Context& context, uint64_t index);
 
   const int size_;
   const size_t stride_;  // bytes per peer in incoming_: header + the eager maximum
@@ -99,11 +105,10 @@ class CollectiveHandshake {
   std::vector<bool> arrived_;  // per rank: its header is in (this rank's own: always)
   size_t own_offset_ = 0;  // this rank's header in outgoing_
   std::vector<uint8_t> verdicts_in_, verdict_out_;  // alltoallv's second round
-  // Registered once, reused by every Run. in_[parity][p]: peer p's slot of incoming_[parity],
-  // a buffer of its own so that a wait names the peer (Gloo's waitRecv cannot say which of
-  // several completed receives it returned).
-  std::vector<std::shared_ptr<gloo::transport::UnboundBuffer>> in_[2];
-  std::shared_ptr<gloo::transport::UnboundBuffer> out_, verdicts_in_ub_, verdict_out_ub_;
+  // Registered at construction, reused by every Run. in_[parity][p]: peer p's slot of
+  // incoming_[parity]; out_[parity][p]: outgoing_, written into peer p's in_[parity][me].
+  std::vector<std::unique_ptr<gloo::transport::Buffer>> in_[2], out_[2];
+  std::shared_ptr<gloo::transport::UnboundBuffer> verdicts_in_ub_, verdict_out_ub_;
 };
 
 }  // namespace gossipcc
