@@ -87,7 +87,8 @@ struct PairVerdict {
 static_assert(sizeof(PairVerdict) <= kHeaderBytes, "a verdict travels in a header slot");
 
 // The bound buffers' slots, per parity (Gloo keeps bound and unbound slots apart; no other
-// bound buffer lives on a lane's mesh).
+// bound buffer lives on a lane's signature mesh). A send buffer's destructor unregisters its
+// slot too, so TakeRetiredBuffers drops the receive buffers first.
 constexpr int kHeaderBufferSlot[2] = {kFingerprintSlotPrefix << 8, (kFingerprintSlotPrefix << 8) | 1};
 
 }  // namespace
