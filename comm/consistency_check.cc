@@ -252,7 +252,7 @@ void CollectiveHandshake::Begin(gloo::Context& context, const OpSpec& spec, absl
 
 void CollectiveHandshake::AwaitHeader(int peer) {
   if (arrived_[static_cast<size_t>(peer)]) return;
-  in_[current_][static_cast<size_t>(peer)]->waitRecv();  // the mesh's timeout, timeout_
+  in_[current_][static_cast<size_t>(peer)]->waitRecv();  // the mesh's timeout (see the constructor's comment)
   arrived_[static_cast<size_t>(peer)] = true;
 }
 

@@ -16,7 +16,7 @@
 //
 // The headers travel in Gloo's bound buffers: each rank registers, per peer, two receive
 // buffers (header + the eager maximum, alternating between handshakes) once, when the lane's
-// mesh is connected, and a header is one write into the peer's buffer. Gloo's unbound
+// signature mesh is connected, and a header is one write into the peer's buffer. Gloo's unbound
 // buffers would need the receiver to announce every receive and the sender to announce every
 // send first: three writes per header instead of one, each a trip through the network stack
 // (on 4 ranks of the emulated network, 70-150 us of CPU per check; docs/benchmarks.md (a)).
@@ -48,10 +48,12 @@ namespace gossipcc {
 
 class CollectiveHandshake {
  public:
-  // One per lane of a communicator, on the lane's mesh, created as soon as the mesh is
-  // connected (its receive buffers must be registered before any peer's first header
-  // arrives); used by one thread at a time (a lane runs one collective at a time). Lanes
-  // have meshes of their own, so their handshakes use the same slots.
+  // One per lane of a communicator, on the lane's signature mesh (a mesh that carries nothing
+  // else: a bound send pins its socket's send buffer, docs/comm.md), created as soon as that
+  // mesh is connected (its receive buffers must be registered before any peer's first header
+  // arrives); used by one thread at a time (a lane runs one collective at a time). Header
+  // waits use the mesh's timeout (Gloo's bound buffers take no other), which the
+  // communicator sets to the same CommunicatorOptions::timeout it passes to Begin and Run.
   explicit CollectiveHandshake(gloo::Context& context);
   ~CollectiveHandshake();
 
