@@ -6,7 +6,9 @@ own host with a 1 Gbit/s link; compared with one message time, bytes / rate.
     tools/bench/run.sh gossip_vs_allreduce [--sizes-n 2,4,8] [--network 1gbit] [--bytes 16777216]
 
 Per n, in the same processes and on the same tensor: gossipcc's push_sum_round on the process
-group, all-reduce through backend gossipcc and through gloo, alternating iteration by
+group, all-reduce through backend gossipcc and through gloo, and the round's exchange done
+with plain TCP sockets (the same peers, a connection per direction, nothing else: what this
+machine's network stack gives a round with no library at all), alternating iteration by
 iteration, each op preceded by an untimed barrier; a cell is the median over --iters of the
 slowest rank's time. Bytes: NIC tx counters per rank per op (until after the next barrier).
 A push-sum round must send every rank's share to its peer and receive one: its floor is one
@@ -14,14 +16,90 @@ message time, flat in n; a ring all-reduce's is 2(n-1)/n message times.
 """
 import argparse
 import json
+import math
 import os
+import socket
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-OPS = ("push-sum round", "all-reduce gossipcc", "all-reduce gloo")
+OPS = ("push-sum round", "all-reduce gossipcc", "all-reduce gloo", "plain TCP exchange")
+
+
+def exponential_peer_offsets(n):
+    """The one-peer exponential graph's offsets by phase: at step k a rank sends to rank + 2^(k mod
+    T) and receives from rank - 2^(k mod T), T = floor(log2(n - 1)) + 1 (algorithms/peer_graph.h)."""
+    if n == 1:
+        return []
+    return [1 << m for m in range(int(math.floor(math.log2(n - 1))) + 1)]
+
+
+class PlainTcpExchange:
+    """The push-sum round's traffic with nothing but the kernel's TCP: one connection per
+    (phase, direction), made before timing; exchange(step, buffer) sends the whole buffer to
+    this step's out-peer while receiving as many bytes from its in-peer into scratch."""
+
+    def __init__(self, dist, rank, n, nbytes):
+        self.rank, self.n = rank, n
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        probe.connect((os.environ["MASTER_ADDR"], 9))  # no packet sent: picks this host's address
+        address = probe.getsockname()[0]
+        probe.close()
+        listener = socket.socket()
+        listener.bind((address, 0))
+        listener.listen(16)
+        addresses = [None] * n
+        dist.all_gather_object(addresses, (address, listener.getsockname()[1]))
+        offsets = exponential_peer_offsets(n)
+        self.out_socks, self.in_socks = [None] * len(offsets), [None] * len(offsets)
+
+        def accept_all():
+            for _ in offsets:
+                conn, _ = listener.accept()
+                phase = conn.recv(1, socket.MSG_WAITALL)[0]
+                self.in_socks[phase] = conn
+
+        acceptor = threading.Thread(target=accept_all)
+        acceptor.start()
+        for phase, offset in enumerate(offsets):
+            s = socket.create_connection(addresses[(rank + offset) % n])
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.sendall(bytes([phase]))
+            self.out_socks[phase] = s
+        acceptor.join()
+        listener.close()
+        self.scratch = bytearray(nbytes)
+
+    def exchange(self, step, payload):
+        if not self.out_socks:
+            return
+        phase = step % len(self.out_socks)
+        error = []
+
+        def send():
+            try:
+                self.out_socks[phase].sendall(payload)
+            except OSError as e:
+                error.append(e)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        view, got = memoryview(self.scratch), 0
+        while got < len(view):
+            k = self.in_socks[phase].recv_into(view[got:])
+            if k == 0:
+                raise ConnectionError(f"rank {self.rank}: peer closed the plain TCP exchange after {got} bytes")
+            got += k
+        sender.join()
+        if error:
+            raise error[0]
+
+    def close(self):
+        for s in self.out_socks + self.in_socks:
+            s.close()
 
 
 def worker(args):
@@ -37,6 +115,8 @@ def worker(args):
     backend = gossipcc.get_backend_object(gcc)
     x = torch.empty(args.bytes // 4, dtype=torch.float32)
     w = torch.ones(1, dtype=torch.float64)
+    plain = PlainTcpExchange(dist, rank, n, args.bytes)
+    plain_step = 0
     times = {op: [] for op in OPS}
     sent = {op: 0 for op in OPS}
     step = 0
@@ -53,12 +133,15 @@ def worker(args):
                 step += 1
             elif op == "all-reduce gossipcc":
                 dist.all_reduce(x, group=gcc)
-            else:
+            elif op == "all-reduce gloo":
                 dist.all_reduce(x, group=gloo)
+            else:
+                plain.exchange(plain_step, memoryview(x.numpy()).cast("B"))
+                plain_step += 1
             dt = time.perf_counter() - t0
             dist.barrier()
             c1 = common.rank_tx_bytes()
-            if op != "push-sum round" and x[0].item() != n * (n + 1) / 2:
+            if op.startswith("all-reduce") and x[0].item() != n * (n + 1) / 2:
                 raise AssertionError(f"{op}: got {x[0].item()}, expected {n * (n + 1) / 2}")
             if i >= 0:
                 times[op].append(dt)
@@ -73,6 +156,7 @@ def worker(args):
     if abs(check[0].item() - n * (n + 1) / 2) > 1e-3 or abs(check[1].item() - n) > 1e-9:
         raise AssertionError(f"push-sum round did not conserve mass: sum x {check[0].item()}, sum w {check[1].item()}")
     dist.barrier()
+    plain.close()
     dist.destroy_process_group()
     with open(args.out, "w") as f:
         json.dump({"times": times, "tx_per_op": {op: sent[op] / args.iters for op in OPS}}, f)
@@ -108,20 +192,23 @@ def main():
             common.fail(f"gossip_vs_allreduce: emulated network not available: {e}")
         med = {op: common.median([max(d["times"][op][j] for d in docs) for j in range(args.iters)]) for op in OPS}
         tx = {op: sum(d["tx_per_op"][op] for d in docs) / len(docs) for op in OPS}
-        g, a, b = med["push-sum round"], med["all-reduce gossipcc"], med["all-reduce gloo"]
+        g, a, b, t = (med[op] for op in OPS)
         row = [n, f"{1e3 * g:.1f}"]
         row += [f"{g / msg:.2f}"] if msg else ["-"]
+        row += [f"{1e3 * t:.1f}", f"{t / msg:.2f}" if msg else "-", f"{g / t:.2f}"]
         row += [f"{1e3 * a:.1f}", f"{1e3 * b:.1f}", f"{a / g:.2f}", f"{b / g:.2f}"]
         row += [f"{2 * (n - 1) / n * args.bytes / bps / g:.2f}" if msg else "-"]
         row += [f"{tx[op] / args.bytes:.3f}" if docs[0]["tx_per_op"][op] else "-" for op in OPS]
         row += [f"{load0} -> {common.load_average()}"]
         rows.append(row)
-        print(f"  n = {n}: round {1e3 * g:.1f} ms, all-reduce gossipcc {1e3 * a:.1f} ms, gloo {1e3 * b:.1f} ms", flush=True)
+        print(f"  n = {n}: round {1e3 * g:.1f} ms, plain TCP exchange {1e3 * t:.1f} ms, "
+              f"all-reduce gossipcc {1e3 * a:.1f} ms, gloo {1e3 * b:.1f} ms", flush=True)
     print()
     print(common.markdown_table(
-        ["n", "push-sum round (ms)", "round / message time", "all-reduce gossipcc (ms)", "all-reduce gloo (ms)",
+        ["n", "push-sum round (ms)", "round / message time", "plain TCP exchange (ms)", "plain TCP / message time",
+         "round / plain TCP", "all-reduce gossipcc (ms)", "all-reduce gloo (ms)",
          "gossipcc all-reduce / round", "gloo all-reduce / round", "ring bound / round",
-         "sent/rank ÷ size: round", "all-reduce gossipcc", "all-reduce gloo", "load average"], rows))
+         "sent/rank ÷ size: round", "all-reduce gossipcc", "all-reduce gloo", "plain TCP", "load average"], rows))
 
 
 if __name__ == "__main__":
