@@ -79,8 +79,9 @@ class CollectiveHandshake {
   const uint8_t* payload(int rank) const;
   size_t payload_bytes(int rank) const;
 
-  // At shutdown, while the mesh's pairs still exist: unregisters the bound buffers from them
-  // (after this no peer's message lands in this object's memory) and returns the unbound
+  // At shutdown, after TakePairsOffTheDeviceThread on the mesh (before it, Gloo may be half-way
+  // through reading a peer's header into a bound buffer, and would finish on a destroyed one)
+  // and while its pairs still exist: destroys the bound buffers, and returns the unbound
   // ones (after a failed exchange Gloo may still reference them; their memory is this
   // object's), which the owner destroys only once the pairs are gone. Call once; Run must
   // not be called afterwards.

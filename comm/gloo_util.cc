@@ -52,6 +52,18 @@ void DestroyPairs(gloo::Context& context) {
   }
 }
 
+void TakePairsOffTheDeviceThread(gloo::Context& context) {
+  for (int peer = 0; peer < context.size; ++peer) {
+    if (peer == context.rank || !context.getPair(peer)) continue;
+    try {
+      context.getPair(peer)->setSync(/*sync=*/true, /*busyPoll=*/false);
+    } catch (const std::exception&) {
+      // The pair had failed, or failed flushing: either way Gloo closed it, which took it off
+      // the device thread, and the failure was (or will be) reported by whoever waits on it.
+    }
+  }
+}
+
 PostedBuffers::PostedBuffers(gloo::Context& context, RetiredBuffers& retired)
     : context_(context), retired_(retired), exceptions_at_start_(std::uncaught_exceptions()) {}
 

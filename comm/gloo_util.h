@@ -62,6 +62,18 @@ class RetiredBuffers {
 // context, and so its pairs, alive: without this, the pairs would outlive the buffers.
 void DestroyPairs(gloo::Context& context);
 
+// Takes every pair of `context` off Gloo's device thread and leaves its connection open, so
+// that the thread never again reads into or writes from a buffer bound to those pairs (Gloo's
+// createRecvBuffer / createSendBuffer). Call it before destroying such buffers: Gloo finishes
+// a half-read message on the buffer it started it with, through a raw pointer, even if that
+// buffer was destroyed meanwhile; and a bound buffer's destructor needs its pair alive, so
+// DestroyPairs cannot come first. This is Gloo's switch to synchronous mode, the one call that
+// detaches a pair without closing it (Pair::close would reset the connection and drop what
+// this rank still has queued for a peer, such as its last header). Writes Gloo still holds
+// are flushed first, blocking for at most the mesh's timeout if a peer has stopped reading;
+// a pair that has failed is closed, so already off the thread, and is left as it is.
+void TakePairsOffTheDeviceThread(gloo::Context& context);
+
 // Owns the Gloo buffers (and scratch memory) one collective call posts operations on. On
 // normal return every operation was waited for and they are freed; when the call unwinds
 // with an exception they go to `retired` instead.
