@@ -1,20 +1,11 @@
 """tools/bench/allreduce_backends.py: the table's figures (median over iterations of the slowest
 rank, the ring's link bound, tx per op averaged over ranks) and the plot, on made-up timings."""
-import importlib.util
-import os
-import sys
 
-TOOLS = os.environ.get("GOSSIPCC_TOOLS") or os.path.join(os.path.dirname(__file__), "..", "..", "tools")
-SCRIPT = os.path.join(TOOLS, "bench", "allreduce_backends.py")
+import bench_script
 
 
 def load():
-    sys.path.insert(0, os.path.dirname(SCRIPT))
-    sys.path.insert(0, TOOLS)  # emulated_cluster
-    spec = importlib.util.spec_from_file_location("allreduce_backends", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script.load("allreduce_backends")
 
 
 def entry(nbytes, gloo, gossipcc, tx):
