@@ -205,7 +205,7 @@ void CollectiveHandshake::Run(gloo::Context& context, const OpSpec& spec, absl::
 }
 
 void CollectiveHandshake::Begin(gloo::Context& context, const OpSpec& spec, absl::Span<const uint8_t> payload,
-                                std::chrono::milliseconds timeout) {
+                                std::chrono::milliseconds timeout, int first) {
   const int n = size_;
   const int me = context.rank;
   if (payload.size() > EagerCollectiveMaxBytes(n)) {
@@ -236,17 +236,42 @@ void CollectiveHandshake::Begin(gloo::Context& context, const OpSpec& spec, absl
   if (n == 1) return;
   const uint64_t index = runs_++;
   current_ = static_cast<int>(index % 2);
-  try {
-    // Every receive buffer has room for header + the eager maximum (stride_), whatever this
-    // rank was asked to do, so no peer's message can overflow it.
+  send_bytes_ = send_bytes;
+  if (first == kEveryPeer) {
+    sent_only_to_ = kEveryPeer;
     for (int p = 0; p < n; ++p) {
-      if (p != me) {
-        out_[current_][static_cast<size_t>(p)]->send(per_peer ? static_cast<size_t>(p) * kHeaderBytes : size_t{0},
-                                                     send_bytes);
-      }
+      if (p != me) SendHeader(p);
     }
+  } else {
+    if (first < 0 || first >= n || first == me) {
+      throw InvalidArgumentError(absl::StrCat(spec.Describe(), " on rank ", me, " of ", n,
+                                              ": the first header's peer must be another rank, got ", first));
+    }
+    SendHeader(first);
+    sent_only_to_ = first;
+  }
+}
+
+void CollectiveHandshake::SendRemainingHeaders() {
+  if (sent_only_to_ == kEveryPeer) return;
+  const int first = sent_only_to_;
+  sent_only_to_ = kEveryPeer;
+  for (int p = 0; p < size_; ++p) {
+    if (p != own_rank_ && p != first) SendHeader(p);
+  }
+}
+
+void CollectiveHandshake::SendHeader(int peer) {
+  // Every receive buffer has room for header + the eager maximum (stride_), whatever this
+  // rank was asked to do, so no peer's message can overflow it.
+  try {
+    const bool per_peer = spec_->kind == OpKind::kAlltoallv;
+    out_[current_][static_cast<size_t>(peer)]->send(per_peer ? static_cast<size_t>(peer) * kHeaderBytes : size_t{0},
+                                                    send_bytes_);
   } catch (const std::exception& e) {
-    RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", me, " of ", n, ": exchanging signatures"), e);
+    RethrowGlooError(absl::StrCat(spec_->Describe(), " on rank ", own_rank_, " of ", size_,
+                                  ": exchanging signatures (sending to rank ", peer, ")"),
+                     e);
   }
 }
 
@@ -274,6 +299,7 @@ void CollectiveHandshake::Finish() {
   const int n = size_;
   const int me = own_rank_;
   if (n == 1) return;
+  SendRemainingHeaders();
   try {
     for (int p = 0; p < n; ++p) AwaitHeader(p);
     for (int p = 0; p < n; ++p) {

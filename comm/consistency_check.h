@@ -65,12 +65,17 @@ class CollectiveHandshake {
            std::chrono::milliseconds timeout);
 
   // Run in stages, for a collective that sends its first messages while the check is still
-  // in flight (ring_allreduce.h). Begin sends this rank's header (spec must outlive Finish);
-  // PeerAgrees waits for `peer`'s header only and says whether it is identical to this
-  // rank's (then the peer takes the same path with the same buffer layout); Finish waits for
-  // the rest and throws as Run does. Begin, then any PeerAgrees, then Finish, exactly once.
+  // in flight (ring_allreduce.h). Begin sends this rank's header (spec must outlive Finish):
+  // to every peer, or with `first` a peer, to that peer only, the others following with
+  // SendRemainingHeaders (at Finish at the latest), so that the collective's own first
+  // message need not queue behind n - 2 headers. PeerAgrees waits for `peer`'s header only
+  // and says whether it is identical to this rank's (then the peer takes the same path with
+  // the same buffer layout); Finish waits for the rest and throws as Run does. Begin, then
+  // any PeerAgrees and SendRemainingHeaders, then Finish, exactly once.
+  static constexpr int kEveryPeer = -1;
   void Begin(gloo::Context& context, const OpSpec& spec, absl::Span<const uint8_t> payload,
-             std::chrono::milliseconds timeout);
+             std::chrono::milliseconds timeout, int first = kEveryPeer);
+  void SendRemainingHeaders();
   bool PeerAgrees(int peer);
   void Finish();
 
@@ -89,6 +94,7 @@ class CollectiveHandshake {
 
  private:
   void AwaitHeader(int peer);  // returns once peer's header of the current check is in
+  void SendHeader(int peer);
   void ExchangeVerdicts(gloo::Context& context, const OpSpec& spec, const void* mine, size_t bytes,
                         std::chrono::milliseconds timeout);
   const uint8_t* Header(int rank) const;  // rank's header, then its payload
@@ -107,6 +113,8 @@ class CollectiveHandshake {
   std::chrono::milliseconds timeout_{0};
   std::vector<bool> arrived_;  // per rank: its header is in (this rank's own: always)
   size_t own_offset_ = 0;  // this rank's header in outgoing_
+  size_t send_bytes_ = 0;  // header (+ payload) per peer
+  int sent_only_to_ = kEveryPeer;  // Begin's `first`, until SendRemainingHeaders
   std::vector<uint8_t> verdicts_in_, verdict_out_;  // alltoallv's second round
   // Registered at construction, reused by every Run. in_[parity][p]: peer p's slot of
   // incoming_[parity]; out_[parity][p]: outgoing_, written into peer p's in_[parity][me].

@@ -50,7 +50,7 @@ uint8_t* Bytes(const Buffer& b) { return static_cast<uint8_t*>(b.data); }
 
 void RunCheck(const GlooCall& call) {
   if (call.check == nullptr) return;
-  call.check->Begin();
+  call.check->Begin(DeferredSignatureCheck::kEveryPeer);
   call.check->Finish();
 }
 

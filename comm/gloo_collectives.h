@@ -35,7 +35,11 @@ struct CollectiveScratch {
 class DeferredSignatureCheck {
  public:
   virtual ~DeferredSignatureCheck() = default;
-  virtual void Begin() = 0;
+  static constexpr int kEveryPeer = -1;
+  // This rank's header to peer `first` only (the rest follow with SendRemainingHeaders, at
+  // Finish at the latest), or with kEveryPeer to every peer at once.
+  virtual void Begin(int first) = 0;
+  virtual void SendRemainingHeaders() = 0;
   virtual bool PeerAgrees(int peer) = 0;
   virtual void Finish() = 0;  // throws MismatchError (the same on every rank)
 };

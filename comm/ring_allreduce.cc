@@ -124,10 +124,14 @@ void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& pla
   const int ahead = std::min(S, kWindow);
   int sent = 0;
   if (call.check) {
-    call.check->Begin();
+    // The left neighbour's first messages to this rank wait for this rank's header, and the
+    // right neighbour's wait for this rank's first messages: both go before the headers the
+    // verdict alone needs (it has milliseconds of slack before anything is written).
+    call.check->Begin(left);
     if (call.check->PeerAgrees(right)) {
       for (; sent < ahead; ++sent) send(sent);
     }
+    call.check->SendRemainingHeaders();
     // The left neighbour applies the same rule, so it sent its first `ahead` messages
     // exactly when it agrees with this rank.
     const bool left_sent = call.check->PeerAgrees(left);
