@@ -40,9 +40,8 @@ class StagedHandshake final : public DeferredSignatureCheck {
   StagedHandshake(CollectiveHandshake& handshake, gloo::Context& context, const OpSpec& spec,
                   std::chrono::milliseconds timeout)
       : handshake_(handshake), context_(context), spec_(spec), timeout_(timeout) {}
-  void Begin(int first) override {
-    handshake_.Begin(context_, spec_, {}, timeout_, first == kEveryPeer ? CollectiveHandshake::kEveryPeer : first);
-  }
+  static_assert(kEveryPeer == CollectiveHandshake::kEveryPeer, "Begin passes `first` through");
+  void Begin(int first) override { handshake_.Begin(context_, spec_, {}, timeout_, first); }
   void SendRemainingHeaders() override { handshake_.SendRemainingHeaders(); }
   bool PeerAgrees(int peer) override { return handshake_.PeerAgrees(peer); }
   void Finish() override { handshake_.Finish(); }

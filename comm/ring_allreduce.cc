@@ -124,9 +124,10 @@ void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& pla
   const int ahead = std::min(S, kWindow);
   int sent = 0;
   if (call.check) {
-    // The left neighbour's first messages to this rank wait for this rank's header, and the
-    // right neighbour's wait for this rank's first messages: both go before the headers the
-    // verdict alone needs (it has milliseconds of slack before anything is written).
+    // The left neighbour sends its first messages here only once this rank's header is in,
+    // and the right neighbour's first reduction waits for this rank's first messages: both
+    // go before the headers that only the verdict needs (it has milliseconds of slack
+    // before anything is written).
     call.check->Begin(left);
     if (call.check->PeerAgrees(right)) {
       for (; sent < ahead; ++sent) send(sent);
