@@ -228,10 +228,15 @@ TEST_P(BadInputTest, ShutdownWhileAnotherThreadRunsACollectiveInline) {
 }
 
 // Communicator::UnresponsivePeers(): empty while everyone is up, then names a peer that shut
-// down (its heartbeat says "down").
+// down (its heartbeat says "down"). A live peer counts as silent when its heartbeat does not
+// move for 3 intervals: with the default interval here (200 ms) a TSan run of the forked ranks
+// on a loaded 2-core CI machine once starved the heartbeat threads that long, so the interval
+// is 1 s (a shut-down peer is named at once whatever the interval: it wrote "down").
 TEST_P(BadInputTest, UnresponsivePeersNamesAPeerThatShutDown) {
   RunRanksWithStore(3, GetParam(), [](int rank, std::shared_ptr<Store> store) {
-    auto comm = Communicator::Create(store, rank, 3, Quick());
+    CommunicatorOptions options = Quick();
+    options.heartbeat_interval = Ms(1000);
+    auto comm = Communicator::Create(store, rank, 3, options);
     EXPECT_TRUE(comm->UnresponsivePeers().empty());
     comm->barrier()->wait();
     if (rank == 2) {
