@@ -1,30 +1,15 @@
 """tools/bench/gossip_vs_allreduce.py's plain TCP exchange, the floor it reports beside the
-push-sum round: its peers are the one-peer exponential graph's (algorithms/peer_graph.h), and on
-loopback every rank receives exactly what its in-peer sent, phase after phase."""
+push-sum round: over loopback, with ranks as threads and the project's own peer graphs, every
+rank receives exactly what each of its in-peers sent, step after step."""
 import threading
 
 import bench_script
 import pytest
-
-
-def load():
-    return bench_script.load("gossip_vs_allreduce")
-
-
-def test_offsets_follow_the_exponential_graph():
-    # T = floor(log2(n - 1)) + 1 phases, offsets 2^m.
-    m = load()
-    assert m.exponential_peer_offsets(1) == []
-    assert m.exponential_peer_offsets(2) == [1]
-    assert m.exponential_peer_offsets(3) == [1, 2]
-    assert m.exponential_peer_offsets(4) == [1, 2]
-    assert m.exponential_peer_offsets(5) == [1, 2, 4]
-    assert m.exponential_peer_offsets(8) == [1, 2, 4]
-    assert m.exponential_peer_offsets(9) == [1, 2, 4, 8]
+from gossipcc import _C
 
 
 class ThreadDist:
-    """all_gather_object for ranks that are threads of this process."""
+    """all_gather_object and get_world_size for ranks that are threads of this process."""
 
     def __init__(self, n):
         self.slots = [None] * n
@@ -35,6 +20,10 @@ class ThreadDist:
 
         class Dist:
             @staticmethod
+            def get_world_size():
+                return len(outer.slots)
+
+            @staticmethod
             def all_gather_object(out, obj):
                 outer.slots[rank] = obj
                 outer.barrier.wait()
@@ -44,24 +33,32 @@ class ThreadDist:
         return Dist
 
 
+def byte_of(rank, step):
+    return bytes([(rank * 7 + step) % 256])
+
+
+@pytest.mark.parametrize("graph", ["exponential:peers=1", "exponential:peers=2"])
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
-def test_every_rank_receives_its_in_peers_bytes(n, monkeypatch):
-    m = load()
+def test_every_rank_receives_each_in_peers_bytes(graph, n, monkeypatch):
+    m = bench_script.load("gossip_vs_allreduce")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     nbytes = 300_000  # not a multiple of any socket buffer: the receive loop must stitch
+    period = _C.peer_graph_info(graph, n)["period"]
     dist = ThreadDist(n)
-    errors, received = [], {}
+    errors, checked = [], []
 
     def rank_body(rank):
         try:
-            exchange = m.PlainTcpExchange(dist.for_rank(rank), rank, n, nbytes)
-            offsets = m.exponential_peer_offsets(n)
-            for step in range(2 * max(len(offsets), 1)):
-                payload = bytes([(rank * 7 + step) % 256]) * nbytes
-                exchange.exchange(step, memoryview(payload))
-                if offsets:
-                    source = (rank - offsets[step % len(offsets)]) % n
-                    received[(rank, step)] = (bytes(exchange.scratch[:1]), bytes(exchange.scratch[-1:]), source)
+            exchange = m.PlainTcpExchange(dist.for_rank(rank), rank, nbytes, period,
+                                          lambda step: _C.peer_graph_out_peers(graph, n, rank, step),
+                                          lambda step: _C.peer_graph_in_peers(graph, n, rank, step))
+            for step in range(2 * period):
+                exchange.exchange(step, memoryview(byte_of(rank, step) * nbytes))
+                for source in _C.peer_graph_in_peers(graph, n, rank, step % period):
+                    got = exchange.received(step, source)
+                    if got[:1] != byte_of(source, step) or got[-1:] != byte_of(source, step):
+                        errors.append(f"rank {rank}, step {step}: not rank {source}'s bytes")
+                    checked.append((rank, step, source))
             exchange.close()
         except Exception as e:  # noqa: BLE001 (reported below, per rank)
             errors.append(f"rank {rank}: {e!r}")
@@ -71,9 +68,7 @@ def test_every_rank_receives_its_in_peers_bytes(n, monkeypatch):
         t.start()
     for t in threads:
         t.join(60)
-    assert not errors, errors
     assert all(not t.is_alive() for t in threads), "an exchange hung"
-    for (rank, step), (first, last, source) in received.items():
-        expected = bytes([(source * 7 + step) % 256])
-        assert first == expected and last == expected, f"rank {rank}, step {step}: bytes of the wrong rank"
-    assert len(received) == (0 if n == 1 else n * 2 * len(m.exponential_peer_offsets(n)))
+    assert not errors, errors
+    edges = sum(len(_C.peer_graph_in_peers(graph, n, r, s % period)) for r in range(n) for s in range(2 * period))
+    assert len(checked) == edges

@@ -7,8 +7,8 @@ own host with a 1 Gbit/s link; compared with one message time, bytes / rate.
 
 Per n, in the same processes and on the same tensor: gossipcc's push_sum_round on the process
 group, all-reduce through backend gossipcc and through gloo, and the round's exchange done
-with plain TCP sockets (the same peers, a connection per direction, nothing else: what this
-machine's network stack gives a round with no library at all), alternating iteration by
+with plain TCP sockets (the same graph and peers, a connection per edge and direction, nothing
+else: what this machine's network stack gives a round with no library at all), alternating iteration by
 iteration, each op preceded by an untimed barrier; a cell is the median over --iters of the
 slowest rank's time. Bytes: NIC tx counters per rank per op (until after the next barrier).
 A push-sum round must send every rank's share to its peer and receive one: its floor is one
@@ -16,9 +16,9 @@ message time, flat in n; a ring all-reduce's is 2(n-1)/n message times.
 """
 import argparse
 import json
-import math
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -29,77 +29,81 @@ import common  # noqa: E402
 OPS = ("push-sum round", "all-reduce gossipcc", "all-reduce gloo", "plain TCP exchange")
 
 
-def exponential_peer_offsets(n):
-    """The one-peer exponential graph's offsets by phase: at step k a rank sends to rank + 2^(k mod
-    T) and receives from rank - 2^(k mod T), T = floor(log2(n - 1)) + 1 (algorithms/peer_graph.h)."""
-    if n == 1:
-        return []
-    return [1 << m for m in range(int(math.floor(math.log2(n - 1))) + 1)]
-
-
 class PlainTcpExchange:
-    """The push-sum round's traffic with nothing but the kernel's TCP: one connection per
-    (phase, direction), made before timing; exchange(step, buffer) sends the whole buffer to
-    this step's out-peer while receiving as many bytes from its in-peer into scratch."""
+    """The push-sum round's traffic with nothing but the kernel's TCP. `out_peers(step)` and
+    `in_peers(step)` are this rank's peers at a step of the graph's `period` (the round's own
+    graph: gossipcc._C.peer_graph_out_peers / in_peers). One connection per (step in the
+    period, out-peer), made before timing; exchange(step, payload) sends payload to every
+    out-peer of that step while receiving as many bytes from every in-peer."""
 
-    def __init__(self, dist, rank, n, nbytes):
-        self.rank, self.n = rank, n
+    def __init__(self, dist, rank, nbytes, period, out_peers, in_peers):
+        self.rank, self.period = rank, period
         probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         probe.connect((os.environ["MASTER_ADDR"], 9))  # no packet sent: picks this host's address
         address = probe.getsockname()[0]
         probe.close()
         listener = socket.socket()
         listener.bind((address, 0))
-        listener.listen(16)
-        addresses = [None] * n
+        listener.listen(64)
+        addresses = [None] * dist.get_world_size()
         dist.all_gather_object(addresses, (address, listener.getsockname()[1]))
-        offsets = exponential_peer_offsets(n)
-        self.out_socks, self.in_socks = [None] * len(offsets), [None] * len(offsets)
+        self.outs = [{p: None for p in out_peers(s)} for s in range(period)]
+        self.ins = [{p: None for p in in_peers(s)} for s in range(period)]
+        self.scratch = [{p: bytearray(nbytes) for p in ins} for ins in self.ins]
 
         def accept_all():
-            for _ in offsets:
+            for _ in range(sum(len(ins) for ins in self.ins)):
                 conn, _ = listener.accept()
-                phase = conn.recv(1, socket.MSG_WAITALL)[0]
-                self.in_socks[phase] = conn
+                step, source = struct.unpack("!ii", conn.recv(8, socket.MSG_WAITALL))
+                self.ins[step][source] = conn
 
         acceptor = threading.Thread(target=accept_all)
         acceptor.start()
-        for phase, offset in enumerate(offsets):
-            s = socket.create_connection(addresses[(rank + offset) % n])
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.sendall(bytes([phase]))
-            self.out_socks[phase] = s
+        for step, outs in enumerate(self.outs):
+            for peer in outs:
+                s = socket.create_connection(addresses[peer])
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                s.sendall(struct.pack("!ii", step, rank))
+                outs[peer] = s
         acceptor.join()
         listener.close()
-        self.scratch = bytearray(nbytes)
 
     def exchange(self, step, payload):
-        if not self.out_socks:
-            return
-        phase = step % len(self.out_socks)
-        error = []
+        step %= self.period
+        errors = []
 
-        def send():
+        def send(sock):
             try:
-                self.out_socks[phase].sendall(payload)
+                sock.sendall(payload)
             except OSError as e:
-                error.append(e)
+                errors.append(e)
 
-        sender = threading.Thread(target=send)
-        sender.start()
-        view, got = memoryview(self.scratch), 0
-        while got < len(view):
-            k = self.in_socks[phase].recv_into(view[got:])
-            if k == 0:
-                raise ConnectionError(f"rank {self.rank}: peer closed the plain TCP exchange after {got} bytes")
-            got += k
-        sender.join()
-        if error:
-            raise error[0]
+        def receive(source, sock):
+            view, got = memoryview(self.scratch[step][source]), 0
+            while got < len(view):
+                k = sock.recv_into(view[got:])
+                if k == 0:
+                    errors.append(ConnectionError(f"rank {self.rank}: rank {source} closed the plain TCP exchange "
+                                                  f"after {got} bytes"))
+                    return
+                got += k
+
+        threads = [threading.Thread(target=send, args=(sock,)) for sock in self.outs[step].values()]
+        threads += [threading.Thread(target=receive, args=item) for item in self.ins[step].items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+
+    def received(self, step, source):
+        return self.scratch[step % self.period][source]
 
     def close(self):
-        for s in self.out_socks + self.in_socks:
-            s.close()
+        for socks in self.outs + self.ins:
+            for s in socks.values():
+                s.close()
 
 
 def worker(args):
@@ -107,6 +111,7 @@ def worker(args):
     import torch
     import torch.distributed as dist
     import gossipcc
+    from gossipcc import _C
     torch.set_num_threads(1)
     rank, n = common.worker_env()
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=300))
@@ -115,7 +120,9 @@ def worker(args):
     backend = gossipcc.get_backend_object(gcc)
     x = torch.empty(args.bytes // 4, dtype=torch.float32)
     w = torch.ones(1, dtype=torch.float64)
-    plain = PlainTcpExchange(dist, rank, n, args.bytes)
+    plain = PlainTcpExchange(dist, rank, args.bytes, _C.peer_graph_info(args.graph, n)["period"],
+                             lambda step: _C.peer_graph_out_peers(args.graph, n, rank, step),
+                             lambda step: _C.peer_graph_in_peers(args.graph, n, rank, step))
     plain_step = 0
     times = {op: [] for op in OPS}
     sent = {op: 0 for op in OPS}
