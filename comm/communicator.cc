@@ -841,10 +841,9 @@ class Communicator::Impl {
     // would not do: each retired buffer holds its context (and so the pairs) alive.
     p2p_.reset();
     for (auto& lane : lanes_) {
-      // A peer's header may be half-read into one of the check's bound buffers (a peer that
-      // entered a collective this rank never joins): the pairs leave the device thread first.
-      if (lane->signature_context) TakePairsOffTheDeviceThread(*lane->signature_context);
-      for (auto& b : lane->handshake->TakeRetiredBuffers()) retired_buffers_.Add(std::move(b));
+      for (auto& b : lane->handshake->TakeRetiredBuffers(*lane->signature_context)) {
+        retired_buffers_.Add(std::move(b));
+      }
     }
     std::vector<std::shared_ptr<void>> retired = retired_buffers_.TakeAll();
     nccl_.reset();

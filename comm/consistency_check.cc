@@ -140,7 +140,8 @@ size_t CollectiveHandshake::payload_bytes(int rank) const {
   return f.payload_bytes;
 }
 
-std::vector<std::shared_ptr<void>> CollectiveHandshake::TakeRetiredBuffers() {
+std::vector<std::shared_ptr<void>> CollectiveHandshake::TakeRetiredBuffers(gloo::Context& mesh) {
+  TakePairsOffTheDeviceThread(mesh);
   for (int i = 0; i < 2; ++i) {
     in_[i].clear();
     out_[i].clear();

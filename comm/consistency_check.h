@@ -84,13 +84,13 @@ class CollectiveHandshake {
   const uint8_t* payload(int rank) const;
   size_t payload_bytes(int rank) const;
 
-  // At shutdown, after TakePairsOffTheDeviceThread on the mesh (before it, Gloo may be half-way
-  // through reading a peer's header into a bound buffer, and would finish on a destroyed one)
-  // and while its pairs still exist: destroys the bound buffers, and returns the unbound
-  // ones (after a failed exchange Gloo may still reference them; their memory is this
-  // object's), which the owner destroys only once the pairs are gone. Call once; Run must
-  // not be called afterwards.
-  std::vector<std::shared_ptr<void>> TakeRetiredBuffers();
+  // At shutdown, while the pairs of `mesh` (the one this object was constructed on) still
+  // exist: takes them off Gloo's device thread (TakePairsOffTheDeviceThread: Gloo may be
+  // half-way through reading a peer's header into a bound buffer, and would finish on a
+  // destroyed one), destroys the bound buffers, and returns the unbound ones (after a failed
+  // exchange Gloo may still reference them; their memory is this object's), which the owner
+  // destroys only once the pairs are gone. Call once; Run must not be called afterwards.
+  std::vector<std::shared_ptr<void>> TakeRetiredBuffers(gloo::Context& mesh);
 
  private:
   void AwaitHeader(int peer);  // returns once peer's header of the current check is in
