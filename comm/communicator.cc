@@ -542,8 +542,12 @@ class Communicator::Impl {
   // Best effort: a store that is gone (its host died) must not take this rank down with it.
   void Beat() {
     std::string error = SetHealth(absl::StrCat(beats_++));
-    std::lock_guard<std::mutex> lock(heartbeat_mu_);
-    heartbeat_error_ = std::move(error);
+    {
+      std::lock_guard<std::mutex> lock(heartbeat_mu_);
+      if (error.empty()) ++beats_written_;
+      heartbeat_error_ = std::move(error);
+    }
+    beat_written_cv_.notify_all();
   }
   // Returns the store's error, if any.
   std::string SetHealth(const std::string& value) {
@@ -570,7 +574,24 @@ class Communicator::Impl {
     std::vector<int> silent;  // heartbeat did not advance (or never appeared)
     std::vector<int> down;    // shut down its communicator
     std::string store_error;  // the store could not be read
+    // This rank's own heartbeat did not advance either (its thread starved, or the store
+    // stalled): a peer's silence is no evidence then, and `silent` stays empty.
+    bool own_heartbeat_stalled = false;
+    uint64_t own_beats_in_window = 0;
   };
+
+  // The silence window is counted in this rank's own heartbeats, not in wall time: when the
+  // whole machine is starved, or the store stalls, every heartbeat stops at once, and a live
+  // peer must not be named for it. Returns how many heartbeats this rank wrote after
+  // `written_before`: `beats` of them, or fewer when kOwnBeatsCap intervals passed first.
+  static constexpr int kWindowBeats = 4;  // the first may come at once: >= 3 full intervals
+  static constexpr int kOwnBeatsCap = 6;  // intervals, so the check adds at most 6 to a failure
+  uint64_t AwaitOwnBeats(uint64_t written_before, uint64_t beats) {
+    std::unique_lock<std::mutex> lock(heartbeat_mu_);
+    beat_written_cv_.wait_for(lock, kOwnBeatsCap * interval_,
+                              [&] { return beats_written_ >= written_before + beats; });
+    return beats_written_ - written_before;
+  }
 
   PeerHealth CheckPeers() {
     PeerHealth health;
@@ -588,15 +609,21 @@ class Communicator::Impl {
         }
       }
     };
+    uint64_t written_before;
+    {
+      std::lock_guard<std::mutex> lock(heartbeat_mu_);
+      written_before = beats_written_;
+    }
     std::map<int, std::string> first, second;
     read_all(&first);
-    std::this_thread::sleep_for(3 * interval_);
+    health.own_beats_in_window = AwaitOwnBeats(written_before, kWindowBeats);
+    health.own_heartbeat_stalled = health.own_beats_in_window < kWindowBeats;
     read_all(&second);
     if (!health.store_error.empty()) return health;
     for (const auto& [r, value] : second) {
       if (value == "down") {
         health.down.push_back(r);
-      } else if (value.empty() || value == first[r]) {
+      } else if ((value.empty() || value == first[r]) && !health.own_heartbeat_stalled) {
         health.silent.push_back(r);
       }
     }
@@ -628,10 +655,16 @@ class Communicator::Impl {
     if (!h.store_error.empty()) {
       parts.push_back(absl::StrCat("store unreachable (", h.store_error, ")"));
     } else {
+      if (h.own_heartbeat_stalled) {
+        parts.push_back(absl::StrCat("this rank's own heartbeat advanced only ", h.own_beats_in_window, " of ",
+                                     kWindowBeats, " times in ", (kOwnBeatsCap * interval_).count(),
+                                     " ms (an overloaded machine or a stalled store), so a peer's silent heartbeat is "
+                                     "no evidence against it"));
+      }
       if (!h.silent.empty()) {
         parts.push_back(absl::StrCat(ranks(h.silent), h.silent.size() == 1 ? " is" : " are",
                                      " not responding (no heartbeat for ", (3 * interval_).count(),
-                                     " ms: killed, stopped or hung)"));
+                                     " ms or more, while this rank's own kept going: killed, stopped or hung)"));
       }
       if (!h.down.empty()) {
         parts.push_back(absl::StrCat(ranks(h.down), h.down.size() == 1 ? " has shut down its communicator" : " have shut down their communicators"));
@@ -912,6 +945,8 @@ class Communicator::Impl {
   std::thread heartbeat_;
   std::mutex heartbeat_mu_;
   std::condition_variable heartbeat_cv_;
+  std::condition_variable beat_written_cv_;  // signalled after every heartbeat
+  uint64_t beats_written_ = 0;               // guarded by heartbeat_mu_: heartbeats the store took
   bool heartbeat_stop_ = false;
   std::string heartbeat_error_;  // guarded by heartbeat_mu_: the last heartbeat's store error
   std::mutex report_mu_;

@@ -50,11 +50,15 @@ struct CommunicatorOptions {
   // Peer health check. Each rank writes a heartbeat counter to the store every
   // `heartbeat_interval` (zero: timeout / 10, clamped to [50 ms, 1 s]) and "down" when it shuts
   // down. When an operation fails with a timeout or a transport error, the rank reads every
-  // peer's heartbeat twice, 3 intervals apart, and appends the finding to the error message
-  // ("peer check: rank 2 is not responding (...): killed, stopped or hung"), so that every
-  // survivor names the dead or stalled peer, not merely the neighbour it was waiting on. That
-  // adds at most ~3 intervals (<= 30% of a short timeout, 3 s at most) to a failure. Negative:
-  // no heartbeat thread and no check.
+  // peer's heartbeat twice, 4 of its own heartbeats apart (3-4 intervals), and appends the
+  // finding to the error message ("peer check: rank 2 is not responding (...): killed, stopped
+  // or hung"), so that every survivor names the dead or stalled peer, not merely the neighbour
+  // it was waiting on. The window is counted in this rank's own heartbeats so that a stall of
+  // every heartbeat at once (a starved machine, a stalled store) names nobody: if this rank's
+  // own do not advance 4 times within 6 intervals, no peer is named from its silence and the
+  // message says why. That adds 3-4 intervals (<= 40% of a short timeout, 4 s at most) to a
+  // failure, 6 when this rank's own heartbeat stalls. A peer whose heartbeat thread alone is
+  // starved for 3 intervals is still named. Negative: no heartbeat thread and no check.
   std::chrono::milliseconds heartbeat_interval{0};
   // Point-to-point payloads larger than this travel as consecutive segments of this many
   // bytes (the last one shorter) instead of one Gloo message; the receiver keeps a few
@@ -194,8 +198,9 @@ class Communicator {
 
   TrafficCounters traffic() const;
 
-  // Checks every peer's heartbeat now (takes ~3 heartbeat intervals) and returns the ranks
-  // that are not responding or have shut down, ascending. Empty with the check disabled.
+  // Checks every peer's heartbeat now (takes 3-4 heartbeat intervals, see heartbeat_interval)
+  // and returns the ranks that are not responding or have shut down, ascending. Only ranks
+  // that shut down when this rank's own heartbeat stalled too. Empty with the check disabled.
   std::vector<int> UnresponsivePeers();
 
   class Impl;

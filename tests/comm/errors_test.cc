@@ -23,7 +23,7 @@ using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
 // Every rank that fails must return promptly: operation timeouts here are at most 3 s, the
-// peer check adds at most 3 heartbeat intervals, and the rest is scheduling slack (sanitizer
+// peer check adds 3-4 heartbeat intervals (6 if this rank's own stall), and the rest is scheduling slack (sanitizer
 // builds on 2 cores). Mismatches and argument errors return in milliseconds.
 constexpr std::chrono::milliseconds kPromptFailure{6000};
 

@@ -7,9 +7,11 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include "algorithms/push_sum.h"
 #include "comm/communicator.h"
 #include "comm/errors.h"
+#include "comm/store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"
@@ -276,6 +279,73 @@ TEST(BadStoreTest, WriteOnceStoreDisablesThePeerCheckHonestly) {
       }
     } else {
       std::this_thread::sleep_for(Ms(1500));
+    }
+  });
+}
+
+// A store whose heartbeat writes can be held (set() blocks until released): every rank's
+// heartbeat stops at once, as when the store stalls or the whole machine is starved.
+class HeartbeatGateStore : public Store {
+ public:
+  explicit HeartbeatGateStore(std::shared_ptr<Store> inner) : inner_(std::move(inner)) {}
+  void Hold() {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_ = true;
+  }
+  void Release() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held_ = false;
+    }
+    cv_.notify_all();
+  }
+  void set(const std::string& key, const std::vector<char>& value) override {
+    if (key.find("heartbeat/") != std::string::npos) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return !held_; });
+    }
+    inner_->set(key, value);
+  }
+  std::vector<char> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    return inner_->get(key, timeout);
+  }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    inner_->wait(keys, timeout);
+  }
+
+ private:
+  std::shared_ptr<Store> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool held_ = false;
+};
+
+// When every heartbeat stops at once, this rank's included, a peer's silence is no evidence:
+// neither UnresponsivePeers() nor a failure's peer check may name a live peer (both did when
+// the window was 3 intervals of wall time), and the failure says why it names nobody.
+TEST(PeerCheckTest, AStallThatStopsThisRanksOwnHeartbeatNamesNoPeer) {
+  auto gate = std::make_shared<HeartbeatGateStore>(MakeHashStore());
+  RunRanksWithStore(3, LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store>) {
+    CommunicatorOptions o = Quick(1000);
+    o.heartbeat_interval = Ms(100);
+    auto comm = Communicator::Create(gate, rank, 3, o);
+    comm->barrier()->wait();
+    if (rank == 0) {
+      gate->Hold();
+      EXPECT_THAT(comm->UnresponsivePeers(), ::testing::IsEmpty());
+      std::vector<float> f(4);
+      try {
+        comm->recv(CpuBuffer(f.data(), 4), 1, 5)->wait();  // rank 1 never sends
+        ADD_FAILURE() << "a receive nobody sends to succeeded";
+      } catch (const TimeoutError& e) {
+        EXPECT_THAT(e.what(), HasSubstr("this rank's own heartbeat advanced only 0 of 4 times"));
+        EXPECT_THAT(e.what(), ::testing::Not(HasSubstr(" is not responding")));
+        EXPECT_THAT(e.what(), ::testing::Not(HasSubstr(" are not responding")));
+      }
+      gate->Release();
+      gate->set("checked", {'1'});
+    } else {
+      gate->wait({"checked"}, std::chrono::seconds(20));
     }
   });
 }

@@ -37,7 +37,7 @@ using Ms = std::chrono::milliseconds;
 constexpr int kRanks = 4;
 constexpr int kVictim = 2;
 constexpr Ms kTimeout{1500};
-// A failing operation may take its own timeout, then the peer check (3 heartbeat intervals of
+// A failing operation may take its own timeout, then the peer check (3-4 heartbeat intervals of
 // 150 ms), plus scheduling slack on a loaded 2-core machine.
 constexpr Ms kFailureBound = kTimeout + Ms(2500);
 
