@@ -55,8 +55,8 @@ struct CommunicatorOptions {
   // or hung"), so that every survivor names the dead or stalled peer, not merely the neighbour
   // it was waiting on. The window is counted in this rank's own heartbeats so that a stall of
   // every heartbeat at once (a starved machine, a stalled store) names nobody: if this rank's
-  // own do not advance 4 times within 6 intervals, no peer is named from its silence and the
-  // message says why. That adds 3-4 intervals (<= 40% of a short timeout, 4 s at most) to a
+  // own heartbeat advanced fewer than 2 times in 6 intervals and no peer's advanced, no peer is
+  // named from its silence and the message says why. That adds 3-4 intervals (<= 40% of a short timeout, 4 s at most) to a
   // failure, 6 when this rank's own heartbeat stalls. A peer whose heartbeat thread alone is
   // starved for 3 intervals is still named. Negative: no heartbeat thread and no check.
   std::chrono::milliseconds heartbeat_interval{0};
