@@ -547,7 +547,7 @@ class Communicator::Impl {
       if (error.empty()) ++beats_written_;
       heartbeat_error_ = std::move(error);
     }
-    beat_written_cv_.notify_all();
+    heartbeat_cv_.notify_all();  // CheckPeers counts this rank's beats (the thread's own wait ignores it)
   }
   // Returns the store's error, if any.
   std::string SetHealth(const std::string& value) {
@@ -593,8 +593,7 @@ class Communicator::Impl {
   static constexpr int kMinOwnBeats = 2;
   uint64_t AwaitOwnBeats(uint64_t written_before, uint64_t beats) {
     std::unique_lock<std::mutex> lock(heartbeat_mu_);
-    beat_written_cv_.wait_for(lock, kOwnBeatsCap * interval_,
-                              [&] { return beats_written_ >= written_before + beats; });
+    heartbeat_cv_.wait_for(lock, kOwnBeatsCap * interval_, [&] { return beats_written_ >= written_before + beats; });
     return beats_written_ - written_before;
   }
 
@@ -614,13 +613,13 @@ class Communicator::Impl {
         }
       }
     };
-    uint64_t written_before;
+    std::map<int, std::string> first, second;
+    read_all(&first);
+    uint64_t written_before;  // after the first read, so that the 4 beats all follow it
     {
       std::lock_guard<std::mutex> lock(heartbeat_mu_);
       written_before = beats_written_;
     }
-    std::map<int, std::string> first, second;
-    read_all(&first);
     health.own_beats_in_window = AwaitOwnBeats(written_before, kWindowBeats);
     read_all(&second);
     if (!health.store_error.empty()) return health;
@@ -673,7 +672,7 @@ class Communicator::Impl {
       if (!h.silent.empty()) {
         parts.push_back(absl::StrCat(ranks(h.silent), h.silent.size() == 1 ? " is" : " are",
                                      " not responding (no heartbeat for ", (3 * interval_).count(),
-                                     " ms or more, while this rank's own kept going: killed, stopped or hung)"));
+                                     " ms or more, while other heartbeats kept going: killed, stopped or hung)"));
       }
       if (!h.down.empty()) {
         parts.push_back(absl::StrCat(ranks(h.down), h.down.size() == 1 ? " has shut down its communicator" : " have shut down their communicators"));
@@ -953,9 +952,8 @@ class Communicator::Impl {
   uint64_t beats_ = 0;  // heartbeat thread only (and Connect() before it starts)
   std::thread heartbeat_;
   std::mutex heartbeat_mu_;
-  std::condition_variable heartbeat_cv_;
-  std::condition_variable beat_written_cv_;  // signalled after every heartbeat
-  uint64_t beats_written_ = 0;               // guarded by heartbeat_mu_: heartbeats the store took
+  std::condition_variable heartbeat_cv_;  // stop requests, and every heartbeat written
+  uint64_t beats_written_ = 0;            // guarded by heartbeat_mu_: heartbeats the store took
   bool heartbeat_stop_ = false;
   std::string heartbeat_error_;  // guarded by heartbeat_mu_: the last heartbeat's store error
   std::mutex report_mu_;

@@ -56,9 +56,10 @@ struct CommunicatorOptions {
   // it was waiting on. The window is counted in this rank's own heartbeats so that a stall of
   // every heartbeat at once (a starved machine, a stalled store) names nobody: if this rank's
   // own heartbeat advanced fewer than 2 times in 6 intervals and no peer's advanced, no peer is
-  // named from its silence and the message says why. That adds 3-4 intervals (<= 40% of a short timeout, 4 s at most) to a
-  // failure, 6 when this rank's own heartbeat stalls. A peer whose heartbeat thread alone is
-  // starved for 3 intervals is still named. Negative: no heartbeat thread and no check.
+  // named from its silence and the message says why. That adds 3-4 intervals (<= 40% of a
+  // short timeout, 4 s at most) to a failure, 6 when this rank's own heartbeat is slow. A peer
+  // whose heartbeat thread alone is starved for 3 intervals is still named. Negative: no
+  // heartbeat thread and no check.
   std::chrono::milliseconds heartbeat_interval{0};
   // Point-to-point payloads larger than this travel as consecutive segments of this many
   // bytes (the last one shorter) instead of one Gloo message; the receiver keeps a few
@@ -199,8 +200,9 @@ class Communicator {
   TrafficCounters traffic() const;
 
   // Checks every peer's heartbeat now (takes 3-4 heartbeat intervals, see heartbeat_interval)
-  // and returns the ranks that are not responding or have shut down, ascending. Only ranks
-  // that shut down when this rank's own heartbeat stalled too. Empty with the check disabled.
+  // and returns the ranks that are not responding or have shut down, ascending: only those that
+  // shut down when this rank's own heartbeat and every peer's stalled. Empty with the check
+  // disabled.
   std::vector<int> UnresponsivePeers();
 
   class Impl;

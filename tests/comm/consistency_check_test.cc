@@ -49,7 +49,7 @@ TEST(CollectiveHandshakeTest, FinishSendsTheHeadersBeginHeldBack) {
     handshake.SendRemainingHeaders();
     EXPECT_TRUE(handshake.PeerAgrees(left));
     EXPECT_NO_THROW(handshake.Finish());
-    for (auto& b : handshake.TakeRetiredBuffers(*mesh)) b.reset();
+    auto retired = handshake.TakeRetiredBuffers(*mesh);  // destroyed after the pairs (the contract)
     DestroyPairs(*mesh);
   });
 }
@@ -69,7 +69,7 @@ TEST(CollectiveHandshakeTest, BeginRejectsAFirstPeerThatIsNotAnotherRank) {
         EXPECT_THAT(e.what(), HasSubstr("must be another rank, got " + std::to_string(bad)));
       }
     }
-    for (auto& b : handshake.TakeRetiredBuffers(*mesh)) b.reset();
+    auto retired = handshake.TakeRetiredBuffers(*mesh);
     DestroyPairs(*mesh);
   });
 }

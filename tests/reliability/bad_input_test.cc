@@ -4,6 +4,7 @@
 // checks that a valid collective succeeds afterwards (where the communicator survives).
 #include <gloo/rendezvous/hash_store.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -283,26 +284,28 @@ TEST(BadStoreTest, WriteOnceStoreDisablesThePeerCheckHonestly) {
   });
 }
 
-// A store whose heartbeat writes can be held (set() blocks until released): every rank's
-// heartbeat stops at once, as when the store stalls or the whole machine is starved.
+// A store whose heartbeat writes can be held for chosen ranks (set() blocks until released):
+// their heartbeats stop, as when the store stalls or the machine starves their threads.
 class HeartbeatGateStore : public Store {
  public:
   explicit HeartbeatGateStore(std::shared_ptr<Store> inner) : inner_(std::move(inner)) {}
-  void Hold() {
+  void Hold(std::vector<int> ranks) {
     std::lock_guard<std::mutex> lock(mu_);
-    held_ = true;
+    held_ = std::move(ranks);
   }
   void Release() {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      held_ = false;
+      held_.clear();
     }
     cv_.notify_all();
   }
   void set(const std::string& key, const std::vector<char>& value) override {
-    if (key.find("heartbeat/") != std::string::npos) {
+    const size_t at = key.rfind("heartbeat/");
+    if (at != std::string::npos) {
+      const int rank = std::stoi(key.substr(at + std::string("heartbeat/").size()));
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return !held_; });
+      cv_.wait(lock, [&] { return std::find(held_.begin(), held_.end(), rank) == held_.end(); });
     }
     inner_->set(key, value);
   }
@@ -317,7 +320,7 @@ class HeartbeatGateStore : public Store {
   std::shared_ptr<Store> inner_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool held_ = false;
+  std::vector<int> held_;
 };
 
 // When every heartbeat stops at once, this rank's included, a peer's silence is no evidence:
@@ -331,7 +334,7 @@ TEST(PeerCheckTest, AStallThatStopsThisRanksOwnHeartbeatNamesNoPeer) {
     auto comm = Communicator::Create(gate, rank, 3, o);
     comm->barrier()->wait();
     if (rank == 0) {
-      gate->Hold();
+      gate->Hold({0, 1, 2});
       EXPECT_THAT(comm->UnresponsivePeers(), ::testing::IsEmpty());
       std::vector<float> f(4);
       try {
@@ -341,6 +344,35 @@ TEST(PeerCheckTest, AStallThatStopsThisRanksOwnHeartbeatNamesNoPeer) {
         EXPECT_THAT(e.what(), HasSubstr("this rank's own heartbeat advanced only 0 times (2 needed) in 600 ms and no peer's advanced"));
         EXPECT_THAT(e.what(), ::testing::Not(HasSubstr(" is not responding")));
         EXPECT_THAT(e.what(), ::testing::Not(HasSubstr(" are not responding")));
+      }
+      gate->Release();
+      gate->set("checked", {'1'});
+    } else {
+      gate->wait({"checked"}, std::chrono::seconds(20));
+    }
+  });
+}
+
+// The other side of the same rule: this rank's own heartbeat stalls, but a live peer's keeps
+// going, so the heartbeats evidently work and a peer whose heartbeat stopped (rank 2, held as a
+// hung rank would be) is named, by UnresponsivePeers() and by a failure's peer check.
+TEST(PeerCheckTest, APeerSilentWhileAnotherAdvancesIsNamedEvenIfThisRanksOwnStalls) {
+  auto gate = std::make_shared<HeartbeatGateStore>(MakeHashStore());
+  RunRanksWithStore(3, LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store>) {
+    CommunicatorOptions o = Quick(1000);
+    o.heartbeat_interval = Ms(100);
+    auto comm = Communicator::Create(gate, rank, 3, o);
+    comm->barrier()->wait();
+    if (rank == 0) {
+      gate->Hold({0, 2});
+      EXPECT_EQ(comm->UnresponsivePeers(), std::vector<int>{2});
+      std::vector<float> f(4);
+      try {
+        comm->recv(CpuBuffer(f.data(), 4), 2, 5)->wait();  // rank 2 never sends
+        ADD_FAILURE() << "a receive nobody sends to succeeded";
+      } catch (const TimeoutError& e) {
+        EXPECT_THAT(e.what(), HasSubstr("rank 2 is not responding"));
+        EXPECT_THAT(e.what(), ::testing::Not(HasSubstr("own heartbeat advanced only")));
       }
       gate->Release();
       gate->set("checked", {'1'});
