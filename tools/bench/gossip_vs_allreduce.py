@@ -49,7 +49,9 @@ class PlainTcpExchange:
         dist.all_gather_object(addresses, (address, listener.getsockname()[1]))
         self.outs = [{p: None for p in out_peers(s)} for s in range(period)]
         self.ins = [{p: None for p in in_peers(s)} for s in range(period)]
-        self.scratch = [{p: bytearray(nbytes) for p in ins} for ins in self.ins]
+        # One receive buffer per in-peer slot of a step (not per step and peer): at 64 MB and
+        # n = 8 that is 64 MB per rank instead of period x 64 MB.
+        self.scratch = [bytearray(nbytes) for _ in range(max((len(ins) for ins in self.ins), default=0))]
 
         def accept_all():
             for _ in range(sum(len(ins) for ins in self.ins)):
@@ -78,8 +80,8 @@ class PlainTcpExchange:
             except OSError as e:
                 errors.append(e)
 
-        def receive(source, sock):
-            view, got = memoryview(self.scratch[step][source]), 0
+        def receive(slot, sock):
+            source, view, got = list(self.ins[step])[slot], memoryview(self.scratch[slot]), 0
             while got < len(view):
                 k = sock.recv_into(view[got:])
                 if k == 0:
@@ -89,7 +91,8 @@ class PlainTcpExchange:
                 got += k
 
         threads = [threading.Thread(target=send, args=(sock,)) for sock in self.outs[step].values()]
-        threads += [threading.Thread(target=receive, args=item) for item in self.ins[step].items()]
+        threads += [threading.Thread(target=receive, args=(slot, sock))
+                    for slot, sock in enumerate(self.ins[step].values())]
         for t in threads:
             t.start()
         for t in threads:
@@ -98,7 +101,8 @@ class PlainTcpExchange:
             raise errors[0]
 
     def received(self, step, source):
-        return self.scratch[step % self.period][source]
+        """What `source` sent at `step`, until the next exchange."""
+        return self.scratch[list(self.ins[step % self.period]).index(source)]
 
     def close(self):
         for socks in self.outs + self.ins:
