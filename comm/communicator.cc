@@ -37,18 +37,16 @@ using Clock = std::chrono::steady_clock;
 // (GlooCall::check).
 class StagedHandshake final : public DeferredSignatureCheck {
  public:
-  StagedHandshake(CollectiveHandshake& handshake, gloo::Context& context, const OpSpec& spec,
-                  std::chrono::milliseconds timeout)
-      : handshake_(handshake), context_(context), spec_(spec), timeout_(timeout) {}
+  StagedHandshake(CollectiveHandshake& handshake, const OpSpec& spec, std::chrono::milliseconds timeout)
+      : handshake_(handshake), spec_(spec), timeout_(timeout) {}
   static_assert(kEveryPeer == CollectiveHandshake::kEveryPeer, "Begin passes `first` through");
-  void Begin(int first) override { handshake_.Begin(context_, spec_, {}, timeout_, first); }
+  void Begin(int first) override { handshake_.Begin(spec_, {}, timeout_, first); }
   void SendRemainingHeaders() override { handshake_.SendRemainingHeaders(); }
   bool PeerAgrees(int peer) override { return handshake_.PeerAgrees(peer); }
   void Finish() override { handshake_.Finish(); }
 
  private:
   CollectiveHandshake& handshake_;
-  gloo::Context& context_;
   const OpSpec& spec_;
   const std::chrono::milliseconds timeout_;
 };
@@ -187,7 +185,8 @@ class Communicator::Impl {
     Impl* const impl;  // for the worker's wait condition
     std::shared_ptr<gloo::Context> context;  // lane 0: the communicator's first mesh
     std::shared_ptr<gloo::Context> signature_context;  // the handshake's mesh (headers only)
-    // Its staging memory outlives context (see Shutdown).
+    // Its staging memory outlives context (see Shutdown); declared after signature_context,
+    // which it refers to, so that it is destroyed first.
     std::unique_ptr<CollectiveHandshake> handshake;
     CollectiveScratch scratch;  // for the one collective this lane runs at a time
     std::deque<QueuedTask> queue;  // guarded by impl->mu_
@@ -404,7 +403,7 @@ class Communicator::Impl {
                    if (eager.finish) {
                      eager.finish(*lane->handshake, lane->scratch);
                    } else {
-                     StagedHandshake staged(*lane->handshake, *lane->signature_context, spec, options_.timeout);
+                     StagedHandshake staged(*lane->handshake, spec, options_.timeout);
                      cpu(GlooCall{lane->context, static_cast<uint32_t>(spec.seq), options_.timeout, &lane->scratch,
                                   &retired_buffers_, deferred ? &staged : nullptr});
                    }
@@ -490,7 +489,7 @@ class Communicator::Impl {
     try {
       // An eager collective's data travels in the handshake, so it always runs.
       if ((options_.verify_collectives || eager.finish) && !body_runs_check) {
-        lane.handshake->Run(*lane.signature_context, spec, eager.payload, options_.timeout);
+        lane.handshake->Run(spec, eager.payload, options_.timeout);
       }
       body();
       return nullptr;
@@ -882,7 +881,7 @@ class Communicator::Impl {
     // would not do: each retired buffer holds its context (and so the pairs) alive.
     p2p_.reset();
     for (auto& lane : lanes_) {
-      for (auto& b : lane->handshake->TakeRetiredBuffers(*lane->signature_context)) {
+      for (auto& b : lane->handshake->TakeRetiredBuffers()) {
         retired_buffers_.Add(std::move(b));
       }
     }

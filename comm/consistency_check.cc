@@ -98,13 +98,15 @@ size_t EagerCollectiveMaxBytes(int size) {
   return (kEagerFanoutBytes / static_cast<size_t>(size - 1)) & ~size_t{63};
 }
 
-CollectiveHandshake::CollectiveHandshake(gloo::Context& context)
-    : size_(context.size),
-      stride_(kHeaderBytes + EagerCollectiveMaxBytes(context.size)),
-      outgoing_(std::max(kHeaderBytes * static_cast<size_t>(context.size), stride_)),
-      incoming_{std::vector<uint8_t>(stride_ * static_cast<size_t>(context.size)),
-                std::vector<uint8_t>(stride_ * static_cast<size_t>(context.size))},
-      verdicts_in_(kHeaderBytes * static_cast<size_t>(context.size)),
+CollectiveHandshake::CollectiveHandshake(gloo::Context& mesh)
+    : mesh_(mesh),
+      size_(mesh.size),
+      own_rank_(mesh.rank),
+      stride_(kHeaderBytes + EagerCollectiveMaxBytes(size_)),
+      outgoing_(std::max(kHeaderBytes * static_cast<size_t>(size_), stride_)),
+      incoming_{std::vector<uint8_t>(stride_ * static_cast<size_t>(size_)),
+                std::vector<uint8_t>(stride_ * static_cast<size_t>(size_))},
+      verdicts_in_(kHeaderBytes * static_cast<size_t>(size_)),
       verdict_out_(kHeaderBytes) {
   if (size_ == 1) return;
   try {
@@ -112,8 +114,8 @@ CollectiveHandshake::CollectiveHandshake(gloo::Context& context)
       in_[i].resize(static_cast<size_t>(size_));
       out_[i].resize(static_cast<size_t>(size_));
       for (int p = 0; p < size_; ++p) {
-        if (p == context.rank) continue;
-        auto& pair = context.getPair(p);
+        if (p == own_rank_) continue;
+        auto& pair = mesh_.getPair(p);
         in_[i][static_cast<size_t>(p)] = pair->createRecvBuffer(
             kHeaderBufferSlot[i], incoming_[i].data() + static_cast<size_t>(p) * stride_, stride_);
         out_[i][static_cast<size_t>(p)] =
@@ -121,7 +123,7 @@ CollectiveHandshake::CollectiveHandshake(gloo::Context& context)
       }
     }
   } catch (const std::exception& e) {
-    RethrowGlooError(absl::StrCat("rank ", context.rank, " of ", size_, ": registering the signature buffers"), e);
+    RethrowGlooError(absl::StrCat("rank ", own_rank_, " of ", size_, ": registering the signature buffers"), e);
   }
 }
 
@@ -140,8 +142,8 @@ size_t CollectiveHandshake::payload_bytes(int rank) const {
   return f.payload_bytes;
 }
 
-std::vector<std::shared_ptr<void>> CollectiveHandshake::TakeRetiredBuffers(gloo::Context& mesh) {
-  TakePairsOffTheDeviceThread(mesh);
+std::vector<std::shared_ptr<void>> CollectiveHandshake::TakeRetiredBuffers() {
+  TakePairsOffTheDeviceThread(mesh_);
   for (int i = 0; i < 2; ++i) {
     in_[i].clear();
     out_[i].clear();
@@ -182,8 +184,9 @@ static void ExchangeWithAll(gloo::Context& context, gloo::transport::UnboundBuff
 
 // alltoallv's second round: every rank's verdict (`bytes` <= kHeaderBytes) to every peer;
 // the table lands in verdicts_in_.
-void CollectiveHandshake::ExchangeVerdicts(gloo::Context& context, const OpSpec& spec, const void* mine,
-                                           size_t bytes, std::chrono::milliseconds timeout) {
+void CollectiveHandshake::ExchangeVerdicts(const OpSpec& spec, const void* mine, size_t bytes,
+                                           std::chrono::milliseconds timeout) {
+  gloo::Context& context = mesh_;
   std::fill(verdict_out_.begin(), verdict_out_.end(), 0);
   std::memcpy(verdict_out_.data(), mine, bytes);
   std::memcpy(verdicts_in_.data() + static_cast<size_t>(context.rank) * kHeaderBytes, verdict_out_.data(),
@@ -199,26 +202,24 @@ void CollectiveHandshake::ExchangeVerdicts(gloo::Context& context, const OpSpec&
   }
 }
 
-void CollectiveHandshake::Run(gloo::Context& context, const OpSpec& spec, absl::Span<const uint8_t> payload,
+void CollectiveHandshake::Run(const OpSpec& spec, absl::Span<const uint8_t> payload,
                               std::chrono::milliseconds timeout) {
-  Begin(context, spec, payload, timeout);
+  Begin(spec, payload, timeout);
   Finish();
 }
 
-void CollectiveHandshake::Begin(gloo::Context& context, const OpSpec& spec, absl::Span<const uint8_t> payload,
+void CollectiveHandshake::Begin(const OpSpec& spec, absl::Span<const uint8_t> payload,
                                 std::chrono::milliseconds timeout, int first) {
   const int n = size_;
-  const int me = context.rank;
+  const int me = own_rank_;
   if (payload.size() > EagerCollectiveMaxBytes(n)) {
     throw InvalidArgumentError(absl::StrCat(spec.Describe(), " on rank ", me, ": eager payload of ", payload.size(),
                                             " bytes exceeds the limit of ", EagerCollectiveMaxBytes(n)));
   }
-  context_ = &context;
   spec_ = &spec;
   timeout_ = timeout;
   // This rank's own header (and payload) stays in outgoing_, where Header(me) finds it.
   const bool per_peer = spec.kind == OpKind::kAlltoallv;
-  own_rank_ = me;
   own_offset_ = per_peer ? static_cast<size_t>(me) * kHeaderBytes : 0;
   size_t send_bytes = kHeaderBytes;
   if (per_peer) {
@@ -295,7 +296,6 @@ bool CollectiveHandshake::PeerAgrees(int peer) {
 
 void CollectiveHandshake::Finish() {
   const OpSpec& spec = *spec_;
-  gloo::Context& context = *context_;
   const std::chrono::milliseconds timeout = timeout_;
   const int n = size_;
   const int me = own_rank_;
@@ -363,7 +363,7 @@ void CollectiveHandshake::Finish() {
                 incoming[p].expects_from_peer};
       }
     }
-    ExchangeVerdicts(context, spec, &mine, sizeof(mine), timeout);
+    ExchangeVerdicts(spec, &mine, sizeof(mine), timeout);
     for (int p = 0; p < n; ++p) {
       PairVerdict v;
       std::memcpy(&v, verdicts_in_.data() + static_cast<size_t>(p) * kHeaderBytes, sizeof(v));

@@ -54,15 +54,15 @@ class CollectiveHandshake {
   // arrives); used by one thread at a time (a lane runs one collective at a time). Header
   // waits use the mesh's timeout (Gloo's bound buffers take no other), which the
   // communicator sets to the same CommunicatorOptions::timeout it passes to Begin and Run.
-  explicit CollectiveHandshake(gloo::Context& context);
+  // Every exchange runs on `mesh`, which must outlive this object.
+  explicit CollectiveHandshake(gloo::Context& mesh);
   ~CollectiveHandshake();
 
   // Sends this rank's header for `spec`, followed by `payload` (at most
   // EagerCollectiveMaxBytes(size) bytes; may be empty), to every peer and receives theirs.
   // Throws MismatchError (the same on every rank) when the headers disagree, or Gloo's
   // exception when the exchange itself fails.
-  void Run(gloo::Context& context, const OpSpec& spec, absl::Span<const uint8_t> payload,
-           std::chrono::milliseconds timeout);
+  void Run(const OpSpec& spec, absl::Span<const uint8_t> payload, std::chrono::milliseconds timeout);
 
   // Run in stages, for a collective that sends its first messages while the check is still
   // in flight (ring_allreduce.h). Begin sends this rank's header (spec must outlive Finish):
@@ -73,8 +73,8 @@ class CollectiveHandshake {
   // the same buffer layout); Finish waits for the rest and throws as Run does. Begin, then
   // any PeerAgrees and SendRemainingHeaders, then Finish, exactly once.
   static constexpr int kEveryPeer = -1;
-  void Begin(gloo::Context& context, const OpSpec& spec, absl::Span<const uint8_t> payload,
-             std::chrono::milliseconds timeout, int first = kEveryPeer);
+  void Begin(const OpSpec& spec, absl::Span<const uint8_t> payload, std::chrono::milliseconds timeout,
+             int first = kEveryPeer);
   void SendRemainingHeaders();
   bool PeerAgrees(int peer);
   void Finish();
@@ -84,31 +84,29 @@ class CollectiveHandshake {
   const uint8_t* payload(int rank) const;
   size_t payload_bytes(int rank) const;
 
-  // At shutdown, while the pairs of `mesh` (the one this object was constructed on) still
-  // exist: takes them off Gloo's device thread (TakePairsOffTheDeviceThread: Gloo may be
+  // At shutdown, while the pairs of the mesh still exist: takes them off Gloo's device thread (TakePairsOffTheDeviceThread: Gloo may be
   // half-way through reading a peer's header into a bound buffer, and would finish on a
   // destroyed one), destroys the bound buffers, and returns the unbound ones (after a failed
   // exchange Gloo may still reference them; their memory is this object's), which the owner
   // destroys only once the pairs are gone. Call once; Run must not be called afterwards.
-  std::vector<std::shared_ptr<void>> TakeRetiredBuffers(gloo::Context& mesh);
+  std::vector<std::shared_ptr<void>> TakeRetiredBuffers();
 
  private:
   void AwaitHeader(int peer);  // returns once peer's header of the current check is in
   void SendHeader(int peer);
-  void ExchangeVerdicts(gloo::Context& context, const OpSpec& spec, const void* mine, size_t bytes,
-                        std::chrono::milliseconds timeout);
+  void ExchangeVerdicts(const OpSpec& spec, const void* mine, size_t bytes, std::chrono::milliseconds timeout);
   const uint8_t* Header(int rank) const;  // rank's header, then its payload
 
+  gloo::Context& mesh_;
   const int size_;
+  const int own_rank_;
   const size_t stride_;  // bytes per peer in incoming_: header + the eager maximum
   std::vector<uint8_t> outgoing_;  // header + payload (alltoallv: one header per peer)
   // Handshake i lands in incoming_[i % 2]: size_ x stride_; this rank's own slot is unused.
   std::vector<uint8_t> incoming_[2];
   uint64_t runs_ = 0;  // handshakes started on a mesh of more than one rank; the next one's index
   int current_ = 0;    // the last handshake's parity: the incoming_ that Header reads
-  int own_rank_ = 0;
   // The check in progress (Begin .. Finish).
-  gloo::Context* context_ = nullptr;
   const OpSpec* spec_ = nullptr;
   std::chrono::milliseconds timeout_{0};
   std::vector<bool> arrived_;  // per rank: its header is in (this rank's own: always)

@@ -40,16 +40,16 @@ TEST(CollectiveHandshakeTest, FinishSendsTheHeadersBeginHeldBack) {
     CollectiveHandshake handshake(*mesh);
     const int left = (rank + 2) % 3, right = (rank + 1) % 3;
     const OpSpec spec = AllreduceSpec(1000);
-    handshake.Begin(*mesh, spec, {}, kTimeout, left);
+    handshake.Begin(spec, {}, kTimeout, left);
     EXPECT_TRUE(handshake.PeerAgrees(right));
     EXPECT_NO_THROW(handshake.Finish());
 
     const OpSpec next = AllreduceSpec(7);
-    handshake.Begin(*mesh, next, {}, kTimeout, left);
+    handshake.Begin(next, {}, kTimeout, left);
     handshake.SendRemainingHeaders();
     EXPECT_TRUE(handshake.PeerAgrees(left));
     EXPECT_NO_THROW(handshake.Finish());
-    auto retired = handshake.TakeRetiredBuffers(*mesh);  // destroyed after the pairs (the contract)
+    auto retired = handshake.TakeRetiredBuffers();  // destroyed after the pairs (the contract)
     DestroyPairs(*mesh);
   });
 }
@@ -63,13 +63,13 @@ TEST(CollectiveHandshakeTest, BeginRejectsAFirstPeerThatIsNotAnotherRank) {
     const OpSpec spec = AllreduceSpec(4);
     for (int bad : {rank, 2, -2}) {
       try {
-        handshake.Begin(*mesh, spec, {}, kTimeout, bad);
+        handshake.Begin(spec, {}, kTimeout, bad);
         ADD_FAILURE() << "Begin accepted " << bad << " as the first peer on rank " << rank;
       } catch (const InvalidArgumentError& e) {
         EXPECT_THAT(e.what(), HasSubstr("must be another rank, got " + std::to_string(bad)));
       }
     }
-    auto retired = handshake.TakeRetiredBuffers(*mesh);
+    auto retired = handshake.TakeRetiredBuffers();
     DestroyPairs(*mesh);
   });
 }
