@@ -323,10 +323,12 @@ class HeartbeatGateStore : public Store {
   std::vector<int> held_;
 };
 
-// When every heartbeat stops at once, this rank's included, a peer's silence is no evidence:
-// neither UnresponsivePeers() nor a failure's peer check may name a live peer (both did when
-// the window was 3 intervals of wall time), and the failure says why it names nobody.
-TEST(PeerCheckTest, AStallThatStopsThisRanksOwnHeartbeatNamesNoPeer) {
+// Three ranks on a HeartbeatGateStore with a 100 ms heartbeat: once all are connected, rank 0
+// holds the heartbeats of `held`, then expects UnresponsivePeers() to be `unresponsive` and a
+// receive from `quiet_peer` (which never sends) to time out with a TimeoutError that
+// `check_error` inspects; the heartbeats are released before the ranks shut down.
+void RunWithHeldHeartbeats(std::vector<int> held, const std::vector<int>& unresponsive, int quiet_peer,
+                           const std::function<void(const std::string&)>& check_error) {
   auto gate = std::make_shared<HeartbeatGateStore>(MakeHashStore());
   RunRanksWithStore(3, LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store>) {
     CommunicatorOptions o = Quick(1000);
@@ -334,16 +336,14 @@ TEST(PeerCheckTest, AStallThatStopsThisRanksOwnHeartbeatNamesNoPeer) {
     auto comm = Communicator::Create(gate, rank, 3, o);
     comm->barrier()->wait();
     if (rank == 0) {
-      gate->Hold({0, 1, 2});
-      EXPECT_THAT(comm->UnresponsivePeers(), ::testing::IsEmpty());
+      gate->Hold(held);
+      EXPECT_EQ(comm->UnresponsivePeers(), unresponsive);
       std::vector<float> f(4);
       try {
-        comm->recv(CpuBuffer(f.data(), 4), 1, 5)->wait();  // rank 1 never sends
+        comm->recv(CpuBuffer(f.data(), 4), quiet_peer, 5)->wait();
         ADD_FAILURE() << "a receive nobody sends to succeeded";
       } catch (const TimeoutError& e) {
-        EXPECT_THAT(e.what(), HasSubstr("this rank's own heartbeat advanced only 0 times (2 needed) in 600 ms and no peer's advanced"));
-        EXPECT_THAT(e.what(), ::testing::Not(HasSubstr(" is not responding")));
-        EXPECT_THAT(e.what(), ::testing::Not(HasSubstr(" are not responding")));
+        check_error(e.what());
       }
       gate->Release();
       gate->set("checked", {'1'});
@@ -353,32 +353,24 @@ TEST(PeerCheckTest, AStallThatStopsThisRanksOwnHeartbeatNamesNoPeer) {
   });
 }
 
+// When every heartbeat stops at once, this rank's included, a peer's silence is no evidence:
+// neither UnresponsivePeers() nor a failure's peer check may name a live peer (both did when
+// the window was 3 intervals of wall time), and the failure says why it names nobody.
+TEST(PeerCheckTest, AStallThatStopsThisRanksOwnHeartbeatNamesNoPeer) {
+  RunWithHeldHeartbeats({0, 1, 2}, {}, /*quiet_peer=*/1, [](const std::string& what) {
+    EXPECT_THAT(what, HasSubstr("this rank's own heartbeat advanced only 0 times (2 needed) in 600 ms and no peer's advanced"));
+    EXPECT_THAT(what, ::testing::Not(HasSubstr(" is not responding")));
+    EXPECT_THAT(what, ::testing::Not(HasSubstr(" are not responding")));
+  });
+}
+
 // The other side of the same rule: this rank's own heartbeat stalls, but a live peer's keeps
 // going, so the heartbeats evidently work and a peer whose heartbeat stopped (rank 2, held as a
 // hung rank would be) is named, by UnresponsivePeers() and by a failure's peer check.
 TEST(PeerCheckTest, APeerSilentWhileAnotherAdvancesIsNamedEvenIfThisRanksOwnStalls) {
-  auto gate = std::make_shared<HeartbeatGateStore>(MakeHashStore());
-  RunRanksWithStore(3, LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store>) {
-    CommunicatorOptions o = Quick(1000);
-    o.heartbeat_interval = Ms(100);
-    auto comm = Communicator::Create(gate, rank, 3, o);
-    comm->barrier()->wait();
-    if (rank == 0) {
-      gate->Hold({0, 2});
-      EXPECT_EQ(comm->UnresponsivePeers(), std::vector<int>{2});
-      std::vector<float> f(4);
-      try {
-        comm->recv(CpuBuffer(f.data(), 4), 2, 5)->wait();  // rank 2 never sends
-        ADD_FAILURE() << "a receive nobody sends to succeeded";
-      } catch (const TimeoutError& e) {
-        EXPECT_THAT(e.what(), HasSubstr("rank 2 is not responding"));
-        EXPECT_THAT(e.what(), ::testing::Not(HasSubstr("own heartbeat advanced only")));
-      }
-      gate->Release();
-      gate->set("checked", {'1'});
-    } else {
-      gate->wait({"checked"}, std::chrono::seconds(20));
-    }
+  RunWithHeldHeartbeats({0, 2}, {2}, /*quiet_peer=*/2, [](const std::string& what) {
+    EXPECT_THAT(what, HasSubstr("rank 2 is not responding"));
+    EXPECT_THAT(what, ::testing::Not(HasSubstr("own heartbeat advanced only")));
   });
 }
 
