@@ -211,7 +211,9 @@ void CheckPushSum(Communicator& comm, std::shared_ptr<const PeerGraph> graph, in
     }
     ExpectRelNear(sw, n, 1e-12, absl::StrCat(graph->name(), ": sum w, round ", k));
   }
-  if (expect_weights_move) EXPECT_LT(min_w, max_w) << graph->name() << ": a non-regular graph must move the weights";
+  if (expect_weights_move) {
+    EXPECT_LT(min_w, max_w) << graph->name() << ": a non-regular graph must move the weights";
+  }
   for (size_t e = 0; e < count; ++e) {
     ExpectRelNear(x[e], ref_x[comm.rank()][e], 1e-12, absl::StrCat(graph->name(), ": x vs reference"));
   }
@@ -423,7 +425,9 @@ TEST_P(GossipTest, BilateralExchangePairsAverage) {
             continue;
           }
           EXPECT_EQ(bx.Partner(p, k, n), r) << "a matching, step " << k;
-          if (matching == BilateralExchange::Matching::kBipartiteExponential) EXPECT_NE(p % 2, r % 2);
+          if (matching == BilateralExchange::Matching::kBipartiteExponential) {
+            EXPECT_NE(p % 2, r % 2);
+          }
           ++seen[r];
           for (size_t i = 0; i < kCount; ++i) {
             EXPECT_EQ(all[r][a + i], all[p][a + i]) << "partners bitwise equal, step " << k;
@@ -456,10 +460,16 @@ TEST_P(GossipTest, OverlappedPushSumConservesWithLocalUpdates) {
       double added = 0;
       for (int k = 0; k < 12; ++k) {
         os.Step(comm, {CpuBuffer(x.data(), kCount)});
-        if (tau == 0) EXPECT_FALSE(os.in_flight());
-        if (tau >= 1 && n > 0) EXPECT_TRUE(os.in_flight()) << "tau " << tau << " step " << k;
+        if (tau == 0) {
+          EXPECT_FALSE(os.in_flight());
+        }
+        if (tau >= 1 && n > 0) {
+          EXPECT_TRUE(os.in_flight()) << "tau " << tau << " step " << k;
+        }
         const auto st = os.state();
-        if (st.in_flight) EXPECT_LE(os.step() - st.round_started_at, tau);
+        if (st.in_flight) {
+          EXPECT_LE(os.step() - st.round_started_at, tau);
+        }
         // A local "optimizer" update while the round is in flight.
         const double delta = 0.25 * (comm.rank() + 1);
         x[0] += delta;
@@ -559,7 +569,9 @@ TEST_P(GossipTest, ElasticAveragingConservesAndAgrees) {
         }
         const double c_after = all[0][base + 2 * kCount + i];
         ExpectRelNear(after + c_after, before + c_before[i], 1e-12, absl::StrCat("sum x + c, step ", k));
-        if (k % 2 == 0) EXPECT_EQ(c_after, c_before[i]) << "no averaging at step " << k;
+        if (k % 2 == 0) {
+          EXPECT_EQ(c_after, c_before[i]) << "no averaging at step " << k;
+        }
         c_before[i] = c_after;
       }
     }

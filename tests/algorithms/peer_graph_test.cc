@@ -81,7 +81,9 @@ TEST(PeerGraphTest, TablesAreConsistentForAllSizes) {
               EXPECT_LT(p, n);
             }
           }
-          if (n > 1) EXPECT_FALSE(out[i].empty()) << "rank " << i << " sends nowhere at step " << k;
+          if (n > 1) {
+            EXPECT_FALSE(out[i].empty()) << "rank " << i << " sends nowhere at step " << k;
+          }
           EXPECT_NEAR(g->UniformShare(i, k), 1.0 / (out[i].size() + 1), 0);
         }
         // j in Out(i,k) iff i in In(j,k).
