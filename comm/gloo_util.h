@@ -71,8 +71,9 @@ void DestroyPairs(gloo::Context& context);
 // detaches a pair without closing it (Pair::close would reset the connection and drop what
 // this rank still has queued for a peer, such as its last header). Writes Gloo still holds
 // are flushed first, blocking for at most the mesh's timeout if a peer has stopped reading
-// and its kernel's receive buffer is full (at shutdown a signature mesh holds at most two
-// small headers per peer, which a stopped peer's kernel still takes: the SIGSTOP cases of
+// and the two kernels' socket buffers are full (at shutdown a signature mesh has at most two
+// headers queued per peer, each 64 bytes plus at most 128 KiB / (n - 1) of eager payload,
+// which the sockets' default buffers hold even when the peer is stopped: the SIGSTOP cases of
 // //tests/reliability:dead_peer_test shut the survivors down while the victim is stopped);
 // a pair that has failed is closed, so already off the thread, and is left as it is.
 void TakePairsOffTheDeviceThread(gloo::Context& context);
