@@ -70,12 +70,14 @@ void DestroyPairs(gloo::Context& context);
 // DestroyPairs cannot come first. This is Gloo's switch to synchronous mode, the one call that
 // detaches a pair without closing it (Pair::close would reset the connection and drop what
 // this rank still has queued for a peer, such as its last header). Writes Gloo still holds
-// are flushed first, blocking for at most the mesh's timeout if a peer has stopped reading
-// and the two kernels' socket buffers are full (at shutdown a signature mesh has at most two
-// headers queued per peer, each 64 bytes plus at most 128 KiB / (n - 1) of eager payload,
-// which the sockets' default buffers hold even when the peer is stopped: the SIGSTOP cases of
-// //tests/reliability:dead_peer_test shut the survivors down while the victim is stopped);
-// a pair that has failed is closed, so already off the thread, and is left as it is.
+// are flushed first; that blocks only if a peer has stopped reading and the two kernels'
+// socket buffers are full, and for at most the mesh's timeout. At shutdown a signature mesh
+// has at most two headers queued per peer: 64 bytes each, which any socket holds, plus an
+// eager payload of up to 128 KiB / (n - 1), which may not fit a socket's initial buffers
+// (64 KiB of receive window, 16 KiB of send buffer until Linux grows it); then shutdown waits
+// out the timeout and goes on. The SIGSTOP cases of //tests/reliability:dead_peer_test shut
+// the survivors down beside a stopped victim. A pair that has failed is closed, so already
+// off the thread, and is left as it is.
 void TakePairsOffTheDeviceThread(gloo::Context& context);
 
 // Owns the Gloo buffers (and scratch memory) one collective call posts operations on. On
