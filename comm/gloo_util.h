@@ -76,8 +76,10 @@ void DestroyPairs(gloo::Context& context);
 // eager payload of up to 128 KiB / (n - 1), which may not fit a socket's initial buffers
 // (64 KiB of receive window, 16 KiB of send buffer until Linux grows it); then shutdown waits
 // out the timeout and goes on. The SIGSTOP cases of //tests/reliability:dead_peer_test shut
-// the survivors down beside a stopped victim. A pair that has failed is closed, so already
-// off the thread, and is left as it is.
+// the survivors down beside a stopped victim. A pair whose switch fails (it had failed
+// before, or its flush failed) is moved out of `context` and kept alive for the rest of the
+// process: Gloo aborts when destroying a pair whose flush failed (gloo_util.cc).
+// getPair(peer) is then null, which DestroyPairs skips.
 void TakePairsOffTheDeviceThread(gloo::Context& context);
 
 // Owns the Gloo buffers (and scratch memory) one collective call posts operations on. On

@@ -104,6 +104,42 @@ TEST(TakePairsOffTheDeviceThreadTest, NothingLandsInABoundBufferAfterwards) {
   });
 }
 
+// A peer that has stopped reading (its pairs are off the device thread and nothing reads
+// them, as with a SIGSTOPped process) while this rank still has more queued for it than the
+// two kernels' socket buffers hold: TakePairsOffTheDeviceThread's flush blocks in write(),
+// and must give up after the mesh's timeout (Gloo sets the socket's send timeout) rather than
+// hold shutdown forever. It must also really block, or the test proves nothing.
+TEST(TakePairsOffTheDeviceThreadTest, GivesUpFlushingToAPeerThatStoppedReading) {
+  RunRanksWithStore(2, LaunchMode::kThreads, [](int rank, std::shared_ptr<Store> store) {
+    constexpr size_t kBytes = size_t{64} << 20;  // far more than any socket buffer here
+    constexpr int kSlot = 0x7b7b;
+    constexpr std::chrono::milliseconds kMeshTimeout{1000};
+    const GlooMeshOptions options{"127.0.0.1", "", kMeshTimeout};
+    std::shared_ptr<gloo::Context> mesh = ConnectGlooMesh(store, rank, 2, options);
+    if (rank == 0) {
+      TakePairsOffTheDeviceThread(*mesh);  // from here on nothing reads this rank's socket
+      store->set("deaf", {'1'});
+      // Closing the socket would fail the peer's write at once: stay until it is done.
+      store->wait({"flushed"}, std::chrono::seconds(60));
+      DestroyPairs(*mesh);
+      return;
+    }
+    store->wait({"deaf"}, std::chrono::seconds(10));
+    std::vector<uint8_t> message(kBytes, 0x5a);
+    auto out = mesh->getPair(0)->createSendBuffer(kSlot, message.data(), message.size());
+    out->send();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the device thread fills the sockets
+    const auto start = Clock::now();
+    TakePairsOffTheDeviceThread(*mesh);
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+    store->set("flushed", {'1'});
+    EXPECT_GE(took.count(), kMeshTimeout.count() / 2) << "the flush did not block: the test proves nothing";
+    EXPECT_LT(took.count(), 10 * kMeshTimeout.count()) << "the flush held on past the mesh's timeout";
+    out.reset();
+    DestroyPairs(*mesh);
+  });
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace gossipcc
