@@ -622,18 +622,20 @@ class Communicator::Impl {
     health.own_beats_in_window = AwaitOwnBeats(written_before, kWindowBeats);
     read_all(&second);
     if (!health.store_error.empty()) return health;
+    // One pass: each peer is down, silent (no heartbeat, or the same one twice) or advanced.
+    std::vector<int> silent;
     bool any_peer_advanced = false;
-    for (const auto& [r, value] : second) {
-      if (!value.empty() && value != "down" && value != first[r]) any_peer_advanced = true;
-    }
-    health.own_heartbeat_stalled = health.own_beats_in_window < kMinOwnBeats && !any_peer_advanced;
     for (const auto& [r, value] : second) {
       if (value == "down") {
         health.down.push_back(r);
-      } else if ((value.empty() || value == first[r]) && !health.own_heartbeat_stalled) {
-        health.silent.push_back(r);
+      } else if (value.empty() || value == first.at(r)) {
+        silent.push_back(r);
+      } else {
+        any_peer_advanced = true;
       }
     }
+    health.own_heartbeat_stalled = health.own_beats_in_window < kMinOwnBeats && !any_peer_advanced;
+    if (!health.own_heartbeat_stalled) health.silent = std::move(silent);
     return health;
   }
 
