@@ -186,18 +186,17 @@ static void ExchangeWithAll(gloo::Context& context, gloo::transport::UnboundBuff
 // the table lands in verdicts_in_.
 void CollectiveHandshake::ExchangeVerdicts(const OpSpec& spec, const void* mine, size_t bytes,
                                            std::chrono::milliseconds timeout) {
-  gloo::Context& context = mesh_;
   std::fill(verdict_out_.begin(), verdict_out_.end(), 0);
   std::memcpy(verdict_out_.data(), mine, bytes);
-  std::memcpy(verdicts_in_.data() + static_cast<size_t>(context.rank) * kHeaderBytes, verdict_out_.data(),
+  std::memcpy(verdicts_in_.data() + static_cast<size_t>(mesh_.rank) * kHeaderBytes, verdict_out_.data(),
               kHeaderBytes);
   try {
-    if (!verdicts_in_ub_) verdicts_in_ub_ = context.createUnboundBuffer(verdicts_in_.data(), verdicts_in_.size());
-    if (!verdict_out_ub_) verdict_out_ub_ = context.createUnboundBuffer(verdict_out_.data(), verdict_out_.size());
-    ExchangeWithAll(context, *verdicts_in_ub_, kHeaderBytes, *verdict_out_ub_, [](int) { return size_t{0}; },
+    if (!verdicts_in_ub_) verdicts_in_ub_ = mesh_.createUnboundBuffer(verdicts_in_.data(), verdicts_in_.size());
+    if (!verdict_out_ub_) verdict_out_ub_ = mesh_.createUnboundBuffer(verdict_out_.data(), verdict_out_.size());
+    ExchangeWithAll(mesh_, *verdicts_in_ub_, kHeaderBytes, *verdict_out_ub_, [](int) { return size_t{0}; },
                     kHeaderBytes, MakeSlot(kVerdictSlotPrefix, static_cast<uint32_t>(spec.seq)), timeout);
   } catch (const std::exception& e) {
-    RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", context.rank, " of ", size_, ": exchanging verdicts"),
+    RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", mesh_.rank, " of ", size_, ": exchanging verdicts"),
                      e);
   }
 }
