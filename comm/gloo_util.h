@@ -70,16 +70,13 @@ void DestroyPairs(gloo::Context& context);
 // DestroyPairs cannot come first. This is Gloo's switch to synchronous mode, the one call that
 // detaches a pair without closing it (Pair::close would reset the connection and drop what
 // this rank still has queued for a peer, such as its last header). Writes Gloo still holds
-// are flushed first; that blocks only if a peer has stopped reading and the two kernels'
-// socket buffers are full, and for at most the mesh's timeout. At shutdown a signature mesh
-// has at most two headers queued per peer: 64 bytes each, which any socket holds, plus an
-// eager payload of up to 128 KiB / (n - 1), which may not fit a socket's initial buffers
-// (64 KiB of receive window, 16 KiB of send buffer until Linux grows it); then shutdown waits
-// out the timeout and goes on. The SIGSTOP cases of //tests/reliability:dead_peer_test shut
-// the survivors down beside a stopped victim. A pair whose switch fails (it had failed
-// before, or its flush failed) is moved out of `context` and kept alive for the rest of the
-// process: Gloo aborts when destroying a pair whose flush failed (gloo_util.cc).
-// getPair(peer) is then null, which DestroyPairs skips.
+// are flushed first: against a peer that stopped reading, with more queued than the two
+// kernels' socket buffers hold, that blocks until the mesh's timeout (Gloo sets the socket's
+// send timeout) and then gives up. At shutdown a signature mesh has at most two headers
+// queued per peer (64 bytes, plus an eager payload of up to 128 KiB / (n - 1)). A pair whose
+// switch fails (it had failed before, or its flush failed) is moved out of `context` and kept
+// for the rest of the process, because Gloo aborts when destroying a pair whose flush failed
+// (gloo_util.cc); getPair(peer) is then null, which DestroyPairs skips.
 void TakePairsOffTheDeviceThread(gloo::Context& context);
 
 // Owns the Gloo buffers (and scratch memory) one collective call posts operations on. On
