@@ -52,6 +52,7 @@ class PlainTcpExchange:
         # One receive buffer per in-peer slot of a step (not per step and peer): at 64 MB and
         # n = 8 that is 64 MB per rank instead of period x 64 MB.
         self.scratch = [bytearray(nbytes) for _ in range(max((len(ins) for ins in self.ins), default=0))]
+        self.slot_of = [{p: slot for slot, p in enumerate(ins)} for ins in self.ins]  # step -> peer -> slot
 
         def accept_all():
             for _ in range(sum(len(ins) for ins in self.ins)):
@@ -80,8 +81,8 @@ class PlainTcpExchange:
             except OSError as e:
                 errors.append(e)
 
-        def receive(slot, sock):
-            source, view, got = list(self.ins[step])[slot], memoryview(self.scratch[slot]), 0
+        def receive(slot, source, sock):
+            view, got = memoryview(self.scratch[slot]), 0
             while got < len(view):
                 k = sock.recv_into(view[got:])
                 if k == 0:
@@ -91,8 +92,8 @@ class PlainTcpExchange:
                 got += k
 
         threads = [threading.Thread(target=send, args=(sock,)) for sock in self.outs[step].values()]
-        threads += [threading.Thread(target=receive, args=(slot, sock))
-                    for slot, sock in enumerate(self.ins[step].values())]
+        threads += [threading.Thread(target=receive, args=(self.slot_of[step][source], source, sock))
+                    for source, sock in self.ins[step].items()]
         for t in threads:
             t.start()
         for t in threads:
@@ -102,7 +103,7 @@ class PlainTcpExchange:
 
     def received(self, step, source):
         """What `source` sent at `step`, until the next exchange."""
-        return self.scratch[list(self.ins[step % self.period]).index(source)]
+        return self.scratch[self.slot_of[step % self.period][source]]
 
     def close(self):
         for socks in self.outs + self.ins:
