@@ -1,5 +1,6 @@
 #include "algorithms/gossip_round.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -14,9 +15,12 @@ namespace gossip_internal {
 
 namespace {
 
-const char* PayloadPtr(const std::vector<uint64_t>& message) {
-  return reinterpret_cast<const char*>(message.data()) + kHeaderBytes;
-}
+// Rounds whose payload is at least this large are mixed while in flight, in parts of at
+// least kMixPartBytes (one p2p segment: a part's wait is one wake-up per segment at most).
+constexpr size_t kMixInFlightMinBytes = size_t{1} << 20;
+constexpr size_t kMixPartBytes = size_t{256} << 10;
+
+char* PayloadPtr(std::vector<uint64_t>& message) { return reinterpret_cast<char*>(message.data()) + kHeaderBytes; }
 
 double ScaleOf(const std::vector<uint64_t>& message) {
   double scale;
@@ -24,29 +28,67 @@ double ScaleOf(const std::vector<uint64_t>& message) {
   return scale;
 }
 
+// Calls fn(x, at, count) for each buffer's part of elements [begin, end) of the buffers'
+// concatenation: x is that buffer's first element of the part, `at` the part's position in
+// the concatenation.
+template <typename S, typename Fn>
+void ForEachPart(const std::vector<Buffer>& host, size_t begin, size_t end, Fn&& fn) {
+  size_t start = 0;
+  for (const Buffer& b : host) {
+    const size_t lo = std::max(begin, start), hi = std::min(end, start + b.count);
+    if (lo < hi) fn(static_cast<S*>(b.data) + (lo - start), lo, hi - lo);
+    start += b.count;
+    if (start >= end) break;
+  }
+}
+
+// Elements [begin, end) of the buffers' concatenation x:
+//   x <- self_coef * x + sum_j recv_coef[j] * recv[j]    (recv[j]: message j's payload)
+// With `save` (message 0's payload), each old x is written there, over the value of message
+// 0 just used: the pass keeps what a failed round needs to put x back.
 template <typename E>
-void Mix(const std::vector<Buffer>& host, double self_coef, const std::vector<const char*>& recv,
-         const std::vector<double>& recv_coef) {
+void Mix(const std::vector<Buffer>& host, size_t begin, size_t end, double self_coef,
+         const std::vector<char*>& recv, const std::vector<double>& recv_coef, bool save) {
   using S = typename E::Storage;
   using C = typename E::Compute;
   const C self = static_cast<C>(self_coef);
   std::vector<C> coef(recv_coef.begin(), recv_coef.end());
-  std::vector<const S*> in(recv.size());
-  for (size_t j = 0; j < recv.size(); ++j) in[j] = reinterpret_cast<const S*>(recv[j]);
-  for (const Buffer& b : host) {
-    S* x = static_cast<S*>(b.data);
+  ForEachPart<S>(host, begin, end, [&](S* x, size_t at, size_t count) {
+    std::vector<const S*> in(recv.size());
+    for (size_t j = 0; j < recv.size(); ++j) in[j] = reinterpret_cast<const S*>(recv[j]) + at;
+    S* keep = save ? reinterpret_cast<S*>(recv[0]) + at : nullptr;
     if (in.size() == 1) {
       const S* r = in[0];
       const C c = coef[0];
-      for (size_t e = 0; e < b.count; ++e) x[e] = E::Store(self * E::Load(x[e]) + c * E::Load(r[e]));
+      if (keep != nullptr) {
+        for (size_t e = 0; e < count; ++e) {
+          const S old = x[e];
+          x[e] = E::Store(self * E::Load(old) + c * E::Load(r[e]));
+          keep[e] = old;
+        }
+      } else {
+        for (size_t e = 0; e < count; ++e) x[e] = E::Store(self * E::Load(x[e]) + c * E::Load(r[e]));
+      }
     } else {
-      for (size_t e = 0; e < b.count; ++e) {
-        C acc = self * E::Load(x[e]);
+      for (size_t e = 0; e < count; ++e) {
+        const S old = x[e];
+        C acc = self * E::Load(old);
         for (size_t j = 0; j < in.size(); ++j) acc += coef[j] * E::Load(in[j][e]);
         x[e] = E::Store(acc);
+        if (keep != nullptr) keep[e] = old;
       }
     }
-    for (auto& p : in) p += b.count;
+  });
+}
+
+// Puts back elements [0, end) of x that Mix saved in message 0's payload.
+void Restore(const std::vector<Buffer>& host, size_t end, const char* saved, size_t element_size) {
+  size_t start = 0;
+  for (const Buffer& b : host) {
+    const size_t count = std::min(end, start + b.count) - std::min(end, start);
+    if (count > 0) std::memcpy(b.data, saved + start * element_size, count * element_size);
+    start += b.count;
+    if (start >= end) break;
   }
 }
 
@@ -184,6 +226,43 @@ void PendingRound::WaitAll() {
   }
 }
 
+size_t PendingRound::MixInFlight(const std::vector<Buffer>& buffers, double self_coef,
+                                 const std::vector<double>& recv_coef) {
+  const size_t e = ElementSize(dtype_);
+  const size_t message_bytes = MessageBytes(payload_, dtype_, spec_.with_weight);
+  const size_t part = std::max<size_t>(1, kMixPartBytes / e);
+  std::vector<TransferProgress*> gates;
+  for (auto& p : recv_progress_) gates.push_back(p.get());
+  for (auto& p : send_progress_) gates.push_back(p.get());
+  std::vector<char*> recv;
+  for (auto& message : recv_storage_) recv.push_back(PayloadPtr(message));
+  std::vector<double> coef;
+  size_t mixed = 0;
+  while (mixed < payload_ && !is_completed()) {
+    const size_t want = kHeaderBytes + std::min(payload_, mixed + part) * e;
+    size_t passed = message_bytes;
+    for (TransferProgress* gate : gates) passed = std::min(passed, gate->WaitFor(want));
+    const size_t upto = passed <= kHeaderBytes ? 0 : std::min(payload_, (passed - kHeaderBytes) / e);
+    // Every gate reached `want` (so upto > mixed) unless one ended short of it: the round
+    // failed, and WaitAll says how.
+    if (upto <= mixed) break;
+    if (coef.empty()) {  // every header has landed: check the steps, then take the scales
+      for (auto& message : recv_storage_) {
+        int64_t step;
+        std::memcpy(&step, message.data(), sizeof(step));
+        if (step != spec_.step) return mixed;  // WaitAll reports it
+      }
+      coef.resize(recv_coef.size());
+      for (size_t j = 0; j < coef.size(); ++j) coef[j] = recv_coef[j] * ScaleOf(recv_storage_[j]);
+    }
+    DispatchFloating(dtype_, [&](auto el) {
+      Mix<decltype(el)>(buffers, mixed, upto, self_coef, recv, coef, /*save=*/true);
+    });
+    mixed = mixed_in_flight_ = upto;
+  }
+  return mixed;
+}
+
 std::unique_ptr<PendingRound> StartRound(Communicator& comm, const std::vector<Buffer>& buffers, RoundSpec spec) {
   const DType dtype = CheckBuffers(spec.algorithm, buffers);
   std::unique_ptr<PendingRound> round(new PendingRound());
@@ -200,13 +279,23 @@ std::unique_ptr<PendingRound> StartRound(Communicator& comm, const std::vector<B
   if (!spec.send_to.empty()) round->staging_ = std::make_unique<HostStaging>(spec.algorithm, buffers);
   round->spec_ = std::move(spec);
   const RoundSpec& s = round->spec_;
+  const bool mix_in_flight =
+      !round->device_.is_cuda() && !s.recv_from.empty() && round->payload_ * e >= kMixInFlightMinBytes;
   try {
     // Receives are announced before this rank posts its own messages: Gloo sends a payload
     // only once its receive is announced, so every in-peer can start sending at once.
     for (size_t j = 0; j < s.recv_from.size(); ++j) {
       round->recv_storage_.push_back(s.pool ? s.pool->Take(words) : std::vector<uint64_t>(words));
       const Buffer view{round->recv_storage_.back().data(), bytes / e, dtype, Device::CPU()};
-      round->recv_works_.push_back(comm.recv(view, s.recv_from[j], s.tag));
+      // (A p2p batch would take kAnySource as any sender; recv() names it a bad peer.)
+      if (mix_in_flight && s.recv_from[j] != kAnySource) {
+        P2POp op = P2POp::Recv(view, s.recv_from[j], s.tag);
+        op.progress = std::make_shared<TransferProgress>();
+        round->recv_works_.push_back(comm.p2p(absl::MakeConstSpan(&op, 1)));
+        round->recv_progress_.push_back(std::move(op.progress));
+      } else {
+        round->recv_works_.push_back(comm.recv(view, s.recv_from[j], s.tag));
+      }
     }
     if (!s.send_to.empty()) {
       // The payload: the buffers themselves (CUDA ones staged in host memory the round owns)
@@ -245,6 +334,10 @@ std::unique_ptr<PendingRound> StartRound(Communicator& comm, const std::vector<B
         pieces.insert(pieces.end(), payload.begin(), payload.end());
         if (s.with_weight) pieces.push_back(Buffer{&round->weight_word_, kWeightBytes / e, dtype, Device::CPU()});
         sends.push_back(P2POp::SendGather(std::move(pieces), s.send_to[j], s.tag));
+        if (mix_in_flight && s.send_in_place) {
+          sends.back().progress = std::make_shared<TransferProgress>();
+          round->send_progress_.push_back(sends.back().progress);
+        }
       }
       round->send_work_ = comm.p2p(sends);
     }
@@ -272,17 +365,26 @@ void FinishRound(PendingRound& round, const std::vector<Buffer>& buffers, double
     throw InvalidArgumentError(absl::StrCat(spec.algorithm, ": ", recv_coef.size(), " receive coefficients for ",
                                             spec.recv_from.size(), " in-peers"));
   }
-  round.WaitAll();
+  std::vector<char*> recv;
+  for (auto& message : round.recv_storage_) recv.push_back(PayloadPtr(message));
+  size_t mixed = 0;  // elements [0, mixed) mixed in flight, their old values saved in message 0
+  if (!round.recv_progress_.empty() && !buffers.empty() && !buffers[0].device.is_cuda() && !round.is_completed()) {
+    mixed = round.MixInFlight(buffers, self_coef, recv_coef);
+  }
+  try {
+    round.WaitAll();
+  } catch (...) {
+    if (mixed > 0) Restore(buffers, mixed, recv[0], ElementSize(round.dtype_));
+    throw;
+  }
   round.staging_.reset();  // sent: a device buffer's staged copy is not needed any more
   // Each message stands for scale * (payload, weight): the scale goes into its coefficient.
-  std::vector<const char*> recv;
   std::vector<double> coef(recv_coef.size());
-  for (size_t j = 0; j < coef.size(); ++j) {
-    recv.push_back(PayloadPtr(round.recv_storage_[j]));
-    coef[j] = recv_coef[j] * ScaleOf(round.recv_storage_[j]);
-  }
+  for (size_t j = 0; j < coef.size(); ++j) coef[j] = recv_coef[j] * ScaleOf(round.recv_storage_[j]);
   HostStaging staging(spec.algorithm, buffers);
-  DispatchFloating(dtype, [&](auto e) { Mix<decltype(e)>(staging.host(), self_coef, recv, coef); });
+  DispatchFloating(dtype, [&](auto e) {
+    Mix<decltype(e)>(staging.host(), mixed, round.payload_, self_coef, recv, coef, /*save=*/false);
+  });
   staging.WriteBack();
   if (weight != nullptr) {
     double w = self_coef * *weight;

@@ -22,6 +22,7 @@
 
 #include "algorithms/elementwise.h"
 #include "comm/communicator.h"
+#include "comm/transfer_progress.h"
 #include "comm/types.h"
 
 namespace gossipcc {
@@ -71,6 +72,10 @@ class PendingRound {
   bool is_completed() const;
   size_t payload() const { return payload_; }
   DType dtype() const { return dtype_; }
+  // Payload elements FinishRound mixed while transfers were still in flight (0 when the
+  // round was small, on a CUDA device, or had arrived whole by then); for tests and
+  // benchmarks. After a failed FinishRound: those it mixed, then put back.
+  size_t elements_mixed_in_flight() const { return mixed_in_flight_; }
 
  private:
   friend std::unique_ptr<PendingRound> StartRound(Communicator&, const std::vector<Buffer>&, RoundSpec);
@@ -78,6 +83,10 @@ class PendingRound {
   PendingRound() = default;
   std::string Context() const;
   void WaitAll();  // throws the first failure, re-raised with the round's context
+  // Mixes, part by part, the prefix of the (CPU) buffers that every transfer has passed,
+  // saving the old values in message 0; returns the elements mixed. Stops once the round has
+  // completed, a transfer ended short of its message, or a message's step is not this one.
+  size_t MixInFlight(const std::vector<Buffer>& buffers, double self_coef, const std::vector<double>& recv_coef);
 
   RoundSpec spec_;
   int rank_ = 0;
@@ -92,6 +101,11 @@ class PendingRound {
   std::vector<std::vector<uint64_t>> recv_storage_;  // one per recv_from
   std::shared_ptr<Work> send_work_;
   std::vector<std::shared_ptr<Work>> recv_works_;
+  // Large CPU rounds: how far each receive has landed and, when the buffers are sent in
+  // place, how far each send has read them (FinishRound mixes what both have passed).
+  std::vector<std::shared_ptr<TransferProgress>> recv_progress_;
+  std::vector<std::shared_ptr<TransferProgress>> send_progress_;
+  size_t mixed_in_flight_ = 0;
   bool waited_ = false;
 };
 
@@ -105,6 +119,12 @@ std::unique_ptr<PendingRound> StartRound(Communicator& comm, const std::vector<B
 // `buffers` must have the sizes given to StartRound. On any error nothing is modified and the
 // error (MismatchError, TimeoutError, PeerError, AbortedError) names the algorithm, rank,
 // step, peers and sizes.
+//
+// A large round on CPU buffers is mixed while it is still in flight: each part of x as soon
+// as every message's copy of it has landed and (sent in place) every send has read it, so
+// that after the last byte only the last part is left. Each old value of x mixed that way
+// is kept in the first message's memory, where the part just consumed was, and a round that
+// fails afterwards puts them back: nothing modified, as above.
 void FinishRound(PendingRound& round, const std::vector<Buffer>& buffers, double self_coef,
                  const std::vector<double>& recv_coef, double* weight);
 

@@ -803,6 +803,10 @@ class Communicator::Impl {
       if (op.buffer.device.is_cuda() != cuda) {
         throw InvalidArgumentError(absl::StrCat(Where(name), ": a p2p batch mixes CPU and CUDA buffers"));
       }
+      if (cuda && op.progress) {
+        throw InvalidArgumentError(absl::StrCat(Where(name), ": P2POp::progress is reported for CPU buffers only, not ",
+                                                op.buffer.device.ToString()));
+      }
       if (ops.size() == 1) {
         description = absl::StrCat(name, " ", op.buffer.ToString(), op.kind == P2POp::Kind::kSend ? " to" : " from",
                                    op.peer == kAnySource ? " any rank" : absl::StrCat(" rank ", op.peer), " (tag ",

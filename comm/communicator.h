@@ -26,6 +26,7 @@
 
 #include "absl/types/span.h"
 #include "comm/store.h"
+#include "comm/transfer_progress.h"
 #include "comm/types.h"
 #include "comm/work.h"
 
@@ -132,6 +133,10 @@ struct P2POp {
   // segment of the payload that lies inside one piece is sent from that piece's memory; only
   // the few segments that straddle two pieces are copied (into a buffer the batch owns).
   std::vector<Buffer> gather;
+  // CPU memory only: if set, the transport reports how much of the payload has moved while
+  // the operation is in flight (comm/transfer_progress.h), so the caller can work on a large
+  // message's first part before its last byte.
+  std::shared_ptr<TransferProgress> progress;
 
   static P2POp Send(Buffer b, int peer, uint32_t tag = 0) { return {Kind::kSend, b, peer, tag}; }
   static P2POp Recv(Buffer b, int peer, uint32_t tag = 0, int* source = nullptr) {

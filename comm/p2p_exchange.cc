@@ -55,10 +55,10 @@ struct Segments {
 // segments of 256 KiB: 1.06-1.11 message times for 16 MB each way at 1 Gbit/s).
 constexpr size_t kReceiveWindow = 4;
 
-// The buffers a gathered send (P2POp::gather) posted its segments on, each with its count of
-// posted segments (each waited for), and the copies of the segments that straddle pieces.
+// The buffers a gathered send (P2POp::gather) posted its segments on, and the copies of the
+// segments that straddle pieces.
 struct GatheredSend {
-  std::vector<std::pair<std::unique_ptr<gloo::transport::UnboundBuffer>, size_t>> buffers;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> buffers;
   std::vector<uint8_t> straddling;
 };
 
@@ -66,8 +66,10 @@ struct GatheredSend {
 // segment inside one piece goes out from that piece's memory, and one that straddles two is
 // copied first: one copy per boundary between pieces at most, each at most a segment long
 // (all of the message when it travels in one segment).
+// `posted_on` gets the buffer each segment was posted on, in segment order.
 void PostGatheredSend(const std::vector<Buffer>& pieces, int peer, gloo::Context& context, uint64_t slot,
-                      const Segments& segments, GatheredSend& out) {
+                      const Segments& segments, GatheredSend& out,
+                      std::vector<gloo::transport::UnboundBuffer*>& posted_on) {
   std::vector<size_t> ends(pieces.size());  // byte offset in the message where each piece ends
   size_t end = 0;
   for (size_t p = 0; p < pieces.size(); ++p) ends[p] = end += pieces[p].bytes();
@@ -92,11 +94,11 @@ void PostGatheredSend(const std::vector<Buffer>& pieces, int peer, gloo::Context
     if (offset + length <= ends[p]) {
       if (buffer_of[p] == SIZE_MAX) {
         buffer_of[p] = out.buffers.size();
-        out.buffers.emplace_back(context.createUnboundBuffer(pieces[p].data, pieces[p].bytes()), 0);
+        out.buffers.push_back(context.createUnboundBuffer(pieces[p].data, pieces[p].bytes()));
       }
-      auto& [ub, ops] = out.buffers[buffer_of[p]];
+      gloo::transport::UnboundBuffer* ub = out.buffers[buffer_of[p]].get();
       ub->send(peer, slot, offset - start_of(p), length);
-      ++ops;
+      posted_on.push_back(ub);
       continue;
     }
     for (size_t at = offset; at < offset + length; ++p) {
@@ -109,11 +111,11 @@ void PostGatheredSend(const std::vector<Buffer>& pieces, int peer, gloo::Context
     }
     if (straddling_index == SIZE_MAX) {
       straddling_index = out.buffers.size();
-      out.buffers.emplace_back(context.createUnboundBuffer(out.straddling.data(), straddling_bytes), 0);
+      out.buffers.push_back(context.createUnboundBuffer(out.straddling.data(), straddling_bytes));
     }
-    auto& [ub, ops] = out.buffers[straddling_index];
+    gloo::transport::UnboundBuffer* ub = out.buffers[straddling_index].get();
     ub->send(peer, slot, copied, length);
-    ++ops;
+    posted_on.push_back(ub);
     copied += length;
   }
 }
@@ -130,8 +132,12 @@ struct P2PExchange::Message {
   Header header{};
   std::unique_ptr<gloo::transport::UnboundBuffer> header_ub;
   std::unique_ptr<gloo::transport::UnboundBuffer> data_ub;
-  size_t data_ops = 0;  // payload segments posted on data_ub, each waited for
+  size_t data_ops = 0;  // a receive's payload segments, each waited for on data_ub
   GatheredSend gathered;  // a send with P2POp::gather
+  // A send's payload segments in order, each with the buffer it was posted on (data_ub, or
+  // one of gathered's): each is waited for once, in this order.
+  Segments send_segments{0, 0};
+  std::vector<gloo::transport::UnboundBuffer*> send_segment_buffers;
   uint64_t ticket = 0;  // a named receive's turn on (peer, tag), drawn when posted
   bool has_ticket = false;
   std::vector<uint8_t> drain;  // receive side of a mismatch: payload lands here, not in the user buffer
@@ -190,13 +196,15 @@ std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string
           const uint64_t slot = MakeSlot(kP2PDataSlotPrefix, m.op.tag);
           const Segments segments{bytes, m.header.segment_bytes};
           gloo::Context& payload_context = PayloadContext(context_->rank, m.op.peer);
+          m.send_segments = segments;
           if (!m.op.gather.empty()) {
-            PostGatheredSend(m.op.gather, m.op.peer, payload_context, slot, segments, m.gathered);
+            PostGatheredSend(m.op.gather, m.op.peer, payload_context, slot, segments, m.gathered,
+                             m.send_segment_buffers);
           } else {
             m.data_ub = payload_context.createUnboundBuffer(m.op.buffer.data, bytes);
-            m.data_ops = segments.count();
-            for (size_t i = 0; i < m.data_ops; ++i) {
+            for (size_t i = 0; i < segments.count(); ++i) {
               m.data_ub->send(m.op.peer, slot, segments.offset(i), segments.length(i));
+              m.send_segment_buffers.push_back(m.data_ub.get());
             }
           }
         }
@@ -215,6 +223,9 @@ std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string
   } catch (const std::exception& e) {
     // Messages posted before the failure are registered with their pairs (Gloo's device
     // thread may still complete or fail them), so their buffers are retired, not freed.
+    for (const P2POp& op : ops) {
+      if (op.progress) op.progress->End();
+    }
     const std::string description = batch->description;
     retired_.Add(std::shared_ptr<Batch>(std::move(batch)));
     RethrowGlooError(description, e);
@@ -297,6 +308,13 @@ P2PExchange::ReceiveOutcome P2PExchange::ReceiveOne(Message& m, Clock::time_poin
                                                     const std::string& description) {
   gloo::Context& context = *context_;
   ReceiveOutcome out;
+  // Ends the op's progress on every path out of here (after the Turn is given back).
+  struct EndProgress {
+    TransferProgress* progress;
+    ~EndProgress() {
+      if (progress) progress->End();
+    }
+  } end_progress{m.op.progress.get()};
   Turn turn(*this, m);
   try {
     int sender = m.op.peer;
@@ -336,6 +354,7 @@ P2PExchange::ReceiveOutcome P2PExchange::ReceiveOne(Message& m, Clock::time_poin
     }
     for (size_t done = 0; done < m.data_ops; ++done) {
       m.data_ub->waitRecv(Remaining(deadline));  // segments complete in order
+      if (match && m.op.progress) m.op.progress->Advance(segments.offset(done) + segments.length(done));
       if (posted < m.data_ops) {
         m.data_ub->recv(m.op.peer, slot, segments.offset(posted), segments.length(posted));
         ++posted;
@@ -369,22 +388,36 @@ bool P2PExchange::Complete(Batch& batch) {
 
   std::exception_ptr failure;
   uint64_t sent = 0, received = 0;
+  std::vector<Message*> sends;
+  size_t most_segments = 0;
+  for (Message& m : batch.messages) {
+    if (m.op.kind != P2POp::Kind::kSend) continue;
+    sends.push_back(&m);
+    most_segments = std::max(most_segments, m.send_segment_buffers.size());
+  }
   try {
-    for (Message& m : batch.messages) {
-      if (m.op.kind != P2POp::Kind::kSend) continue;
-      m.header_ub->waitSend(Remaining(batch.deadline));
-      for (size_t i = 0; i < m.data_ops; ++i) m.data_ub->waitSend(Remaining(batch.deadline));
-      for (auto& [ub, ops] : m.gathered.buffers) {
-        for (size_t i = 0; i < ops; ++i) ub->waitSend(Remaining(batch.deadline));
+    for (Message* m : sends) m->header_ub->waitSend(Remaining(batch.deadline));
+    // Segment by segment, round robin over the messages (all in flight at once, to different
+    // peers in a gossip round), so each message's progress advances as its segments go out. A
+    // pair writes its operations in posting order, so a buffer's sends complete in the order
+    // they were posted: the i-th wait on a buffer is for its i-th segment.
+    for (size_t i = 0; i < most_segments; ++i) {
+      for (Message* m : sends) {
+        if (i >= m->send_segment_buffers.size()) continue;
+        m->send_segment_buffers[i]->waitSend(Remaining(batch.deadline));
+        if (m->op.progress) m->op.progress->Advance(m->send_segments.offset(i) + m->send_segments.length(i));
       }
-      sent += m.op.buffer.bytes();
     }
+    for (Message* m : sends) sent += m->op.buffer.bytes();
   } catch (const std::exception& e) {
     try {
       RethrowGlooError(batch.description, e);
     } catch (...) {
       failure = std::current_exception();
     }
+  }
+  for (Message* m : sends) {
+    if (m->op.progress) m->op.progress->End();
   }
   for (std::thread& t : helpers) t.join();
   std::exception_ptr mismatch;

@@ -4,6 +4,7 @@
 // element and the traffic counters byte by byte.
 #include <algorithm>
 #include <cstring>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -170,6 +171,80 @@ TEST_P(P2PSegmentsTest, MismatchedSegmentedMessageFailsAndLeavesTheStreamInStep)
       comm.recv(CpuBuffer(mine.data(), count), 0, 3)->wait();
       for (size_t i = 0; i < count; ++i) ASSERT_EQ(mine[i], static_cast<float>(i));
       EXPECT_EQ(comm.traffic().p2p_bytes_received, count * sizeof(float));
+    }
+    comm.barrier()->wait();
+  }, Options());
+}
+
+// P2POp::progress: a watcher thread samples both sides of a segmented exchange (plain and
+// gathered sends, several sizes) while it is in flight. Every sample is a prefix that ends on
+// a segment boundary (or the payload's end), samples only grow, and the receiver's prefix
+// holds the sender's bytes when sampled. At the end both ended at the whole payload. A
+// mismatched receive ends at 0.
+TEST_P(P2PSegmentsTest, ProgressReportsSegmentPrefixesAndEndsAtTheWholePayload) {
+  RunRanks(2, mode(), [](Communicator& comm) {
+    const int me = comm.rank(), peer = 1 - me;
+    for (size_t bytes : {size_t{0}, kSegment - 1, 10 * kSegment + 17, 512 * kSegment + 5}) {
+      for (bool gathered : {false, true}) {
+        std::vector<uint8_t> out(bytes), in(bytes, 0);
+        for (size_t i = 0; i < bytes; ++i) out[i] = Pattern(me, peer, 5, i);
+        P2POp send = P2POp::Send(CpuBuffer(out.data(), bytes), peer, 5);
+        if (gathered && bytes > 2) {
+          // Three pieces: segments straddle the boundaries (and are sent from a copy).
+          const size_t a = bytes / 3, b = bytes / 3 + 1;
+          send = P2POp::SendGather({CpuBuffer(out.data(), a), CpuBuffer(out.data() + a, b),
+                                    CpuBuffer(out.data() + a + b, bytes - a - b)},
+                                   peer, 5);
+        }
+        P2POp recv = P2POp::Recv(CpuBuffer(in.data(), bytes), peer, 5);
+        send.progress = std::make_shared<TransferProgress>();
+        recv.progress = std::make_shared<TransferProgress>();
+        std::vector<size_t> seen_sent, seen_received;
+        std::vector<std::string> problems;
+        std::thread watcher([&] {
+          size_t checked = 0;
+          for (;;) {
+            const bool done = send.progress->ended() && recv.progress->ended();
+            const size_t s = send.progress->bytes(), r = recv.progress->bytes();
+            if (seen_sent.empty() || s != seen_sent.back()) seen_sent.push_back(s);
+            if (seen_received.empty() || r != seen_received.back()) seen_received.push_back(r);
+            for (; checked < r; ++checked) {
+              if (in[checked] != Pattern(peer, me, 5, checked)) {
+                problems.push_back(absl::StrCat("byte ", checked, " of a landed prefix of ", r, " is wrong"));
+                break;
+              }
+            }
+            if (done) break;
+            std::this_thread::yield();
+          }
+        });
+        const P2POp ops[] = {send, recv};
+        comm.p2p(ops)->wait();
+        watcher.join();
+        const std::string where = absl::StrCat(bytes, " bytes", gathered ? " gathered" : "");
+        EXPECT_THAT(problems, ::testing::IsEmpty()) << where;
+        for (const auto* seen : {&seen_sent, &seen_received}) {
+          EXPECT_TRUE(std::is_sorted(seen->begin(), seen->end())) << where;
+          for (size_t v : *seen) EXPECT_TRUE(v % kSegment == 0 || v == bytes) << where << ": prefix " << v;
+        }
+        EXPECT_EQ(send.progress->bytes(), bytes) << where;
+        EXPECT_EQ(recv.progress->bytes(), bytes) << where;
+        EXPECT_TRUE(send.progress->ended() && recv.progress->ended()) << where;
+        EXPECT_EQ(recv.progress->WaitFor(bytes + 1), bytes) << where << ": an ended transfer does not block";
+        for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(in[i], Pattern(peer, me, 5, i)) << where << " byte " << i;
+      }
+    }
+    // A mismatched receive: its progress ends at 0 and the buffer is untouched.
+    std::vector<float> mine(4 * kSegment, -1.0f), theirs(4 * kSegment + 1, 2.0f);
+    if (me == 0) {
+      comm.send(CpuBuffer(theirs.data(), theirs.size()), 1, 6)->wait();
+    } else {
+      P2POp recv = P2POp::Recv(CpuBuffer(mine.data(), mine.size()), 0, 6);
+      recv.progress = std::make_shared<TransferProgress>();
+      EXPECT_THROW(comm.p2p(absl::MakeConstSpan(&recv, 1))->wait(), MismatchError);
+      EXPECT_TRUE(recv.progress->ended());
+      EXPECT_EQ(recv.progress->bytes(), 0u);
+      for (float v : mine) ASSERT_EQ(v, -1.0f);
     }
     comm.barrier()->wait();
   }, Options());
