@@ -1,7 +1,6 @@
 #include "comm/communicator.h"
 
 #include <gloo/context.h>
-#include <signal.h>
 
 #include <algorithm>
 #include <array>
@@ -112,21 +111,6 @@ class StagedWork : public Work {
 };
 
 size_t Sum(const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), size_t{0}); }
-
-// Gloo writes to its sockets without MSG_NOSIGNAL, so a write to a peer that has died raises
-// SIGPIPE, whose default action kills this process (seen with a SIGKILLed peer mid-broadcast).
-// Ignoring it makes the write fail with EPIPE, which surfaces as a PeerError. Only a default
-// disposition is changed: a handler the application installed is left alone (CPython already
-// ignores SIGPIPE).
-void IgnoreSigpipeUnlessHandled() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    struct sigaction current;
-    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
-      signal(SIGPIPE, SIG_IGN);
-    }
-  });
-}
 
 // Set when the process starts exiting. A Python job usually exits without destroying its
 // process group, so its communicator's heartbeat thread is still running while exit() runs

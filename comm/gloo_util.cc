@@ -8,7 +8,10 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <signal.h>
+
 #include <exception>
+#include <mutex>
 #include <memory>
 #include <vector>
 
@@ -149,9 +152,20 @@ std::shared_ptr<gloo::transport::Device> CreateDevice(int rank, const GlooMeshOp
 
 }  // namespace
 
+void IgnoreSigpipeUnlessHandled() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current;
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      signal(SIGPIPE, SIG_IGN);
+    }
+  });
+}
+
 std::shared_ptr<gloo::Context> ConnectGlooMesh(std::shared_ptr<Store> store, int rank, int size,
                                                const GlooMeshOptions& options,
                                                std::shared_ptr<gloo::transport::Device> device) {
+  IgnoreSigpipeUnlessHandled();
   if (!device) device = CreateDevice(rank, options);
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
   context->setTimeout(options.timeout);

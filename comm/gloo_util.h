@@ -106,7 +106,15 @@ struct GlooMeshOptions {
   std::chrono::milliseconds timeout;
 };
 
-// Creates a TCP device and connects every pair of ranks through `store`. With `device`
+// Gloo writes to its sockets without MSG_NOSIGNAL, so a write to a peer that has died raises
+// SIGPIPE, whose default action kills this process (seen with a SIGKILLed peer mid-broadcast).
+// Ignoring it makes the write fail with EPIPE, which surfaces as a PeerError. Only a default
+// disposition is changed: a handler the application installed is left alone (CPython already
+// ignores SIGPIPE). Once per process; ConnectGlooMesh calls it.
+void IgnoreSigpipeUnlessHandled();
+
+// Creates a TCP device and connects every pair of ranks through `store` (after
+// IgnoreSigpipeUnlessHandled). With `device`
 // given, the new mesh shares it (its listening socket and event loop thread) instead.
 std::shared_ptr<gloo::Context> ConnectGlooMesh(std::shared_ptr<Store> store, int rank, int size,
                                                const GlooMeshOptions& options,
