@@ -28,15 +28,15 @@ double ScaleOf(const std::vector<uint64_t>& message) {
   return scale;
 }
 
-// Calls fn(x, at, count) for each buffer's part of elements [begin, end) of the buffers'
-// concatenation: x is that buffer's first element of the part, `at` the part's position in
-// the concatenation.
-template <typename S, typename Fn>
+// Calls fn(buffer, first, at, count) for each buffer's part of elements [begin, end) of the
+// buffers' concatenation: the part is `count` elements from element `first` of `buffer`, at
+// position `at` of the concatenation.
+template <typename Fn>
 void ForEachPart(const std::vector<Buffer>& host, size_t begin, size_t end, Fn&& fn) {
   size_t start = 0;
   for (const Buffer& b : host) {
     const size_t lo = std::max(begin, start), hi = std::min(end, start + b.count);
-    if (lo < hi) fn(static_cast<S*>(b.data) + (lo - start), lo, hi - lo);
+    if (lo < hi) fn(b, lo - start, lo, hi - lo);
     start += b.count;
     if (start >= end) break;
   }
@@ -53,7 +53,8 @@ void Mix(const std::vector<Buffer>& host, size_t begin, size_t end, double self_
   using C = typename E::Compute;
   const C self = static_cast<C>(self_coef);
   std::vector<C> coef(recv_coef.begin(), recv_coef.end());
-  ForEachPart<S>(host, begin, end, [&](S* x, size_t at, size_t count) {
+  ForEachPart(host, begin, end, [&](const Buffer& b, size_t first, size_t at, size_t count) {
+    S* x = static_cast<S*>(b.data) + first;
     std::vector<const S*> in(recv.size());
     for (size_t j = 0; j < recv.size(); ++j) in[j] = reinterpret_cast<const S*>(recv[j]) + at;
     S* keep = save ? reinterpret_cast<S*>(recv[0]) + at : nullptr;
@@ -83,13 +84,9 @@ void Mix(const std::vector<Buffer>& host, size_t begin, size_t end, double self_
 
 // Puts back elements [0, end) of x that Mix saved in message 0's payload.
 void Restore(const std::vector<Buffer>& host, size_t end, const char* saved, size_t element_size) {
-  size_t start = 0;
-  for (const Buffer& b : host) {
-    const size_t count = std::min(end, start + b.count) - std::min(end, start);
-    if (count > 0) std::memcpy(b.data, saved + start * element_size, count * element_size);
-    start += b.count;
-    if (start >= end) break;
-  }
+  ForEachPart(host, 0, end, [&](const Buffer& b, size_t first, size_t at, size_t count) {
+    std::memcpy(static_cast<char*>(b.data) + first * element_size, saved + at * element_size, count * element_size);
+  });
 }
 
 template <typename E>
@@ -226,8 +223,8 @@ void PendingRound::WaitAll() {
   }
 }
 
-size_t PendingRound::MixInFlight(const std::vector<Buffer>& buffers, double self_coef,
-                                 const std::vector<double>& recv_coef) {
+void PendingRound::MixInFlight(const std::vector<Buffer>& buffers, double self_coef,
+                               const std::vector<double>& recv_coef) {
   const size_t e = ElementSize(dtype_);
   const size_t message_bytes = MessageBytes(payload_, dtype_, spec_.with_weight);
   const size_t part = std::max<size_t>(1, kMixPartBytes / e);
@@ -237,7 +234,7 @@ size_t PendingRound::MixInFlight(const std::vector<Buffer>& buffers, double self
   std::vector<char*> recv;
   for (auto& message : recv_storage_) recv.push_back(PayloadPtr(message));
   std::vector<double> coef;
-  size_t mixed = 0;
+  size_t& mixed = mixed_in_flight_;
   while (mixed < payload_ && !is_completed()) {
     const size_t want = kHeaderBytes + std::min(payload_, mixed + part) * e;
     size_t passed = message_bytes;
@@ -250,7 +247,7 @@ size_t PendingRound::MixInFlight(const std::vector<Buffer>& buffers, double self
       for (auto& message : recv_storage_) {
         int64_t step;
         std::memcpy(&step, message.data(), sizeof(step));
-        if (step != spec_.step) return mixed;  // WaitAll reports it
+        if (step != spec_.step) return;  // WaitAll reports it
       }
       coef.resize(recv_coef.size());
       for (size_t j = 0; j < coef.size(); ++j) coef[j] = recv_coef[j] * ScaleOf(recv_storage_[j]);
@@ -258,9 +255,8 @@ size_t PendingRound::MixInFlight(const std::vector<Buffer>& buffers, double self
     DispatchFloating(dtype_, [&](auto el) {
       Mix<decltype(el)>(buffers, mixed, upto, self_coef, recv, coef, /*save=*/true);
     });
-    mixed = mixed_in_flight_ = upto;
+    mixed = upto;
   }
-  return mixed;
 }
 
 std::unique_ptr<PendingRound> StartRound(Communicator& comm, const std::vector<Buffer>& buffers, RoundSpec spec) {
@@ -367,10 +363,10 @@ void FinishRound(PendingRound& round, const std::vector<Buffer>& buffers, double
   }
   std::vector<char*> recv;
   for (auto& message : round.recv_storage_) recv.push_back(PayloadPtr(message));
-  size_t mixed = 0;  // elements [0, mixed) mixed in flight, their old values saved in message 0
   if (!round.recv_progress_.empty() && !buffers.empty() && !buffers[0].device.is_cuda() && !round.is_completed()) {
-    mixed = round.MixInFlight(buffers, self_coef, recv_coef);
+    round.MixInFlight(buffers, self_coef, recv_coef);
   }
+  const size_t mixed = round.mixed_in_flight_;  // [0, mixed) mixed, old values saved in message 0
   try {
     round.WaitAll();
   } catch (...) {

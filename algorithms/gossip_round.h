@@ -84,9 +84,10 @@ class PendingRound {
   std::string Context() const;
   void WaitAll();  // throws the first failure, re-raised with the round's context
   // Mixes, part by part, the prefix of the (CPU) buffers that every transfer has passed,
-  // saving the old values in message 0; returns the elements mixed. Stops once the round has
-  // completed, a transfer ended short of its message, or a message's step is not this one.
-  size_t MixInFlight(const std::vector<Buffer>& buffers, double self_coef, const std::vector<double>& recv_coef);
+  // saving the old values in message 0; counts the elements in mixed_in_flight_. Stops once
+  // the round has completed, a transfer ended short of its message, or a message's step is
+  // not this one.
+  void MixInFlight(const std::vector<Buffer>& buffers, double self_coef, const std::vector<double>& recv_coef);
 
   RoundSpec spec_;
   int rank_ = 0;

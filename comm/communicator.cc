@@ -975,7 +975,6 @@ std::unique_ptr<Communicator> Communicator::Create(std::shared_ptr<Store> store,
     throw InvalidArgumentError(absl::StrCat("Communicator: cuda_device must be a CUDA device ordinal, or -1 to take ",
                                             "the device of the first CUDA buffer; got ", options.cuda_device));
   }
-  IgnoreSigpipeUnlessHandled();
   auto impl = std::make_unique<Impl>(std::move(store), rank, size, std::move(options));
   impl->Connect();
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));

@@ -86,9 +86,9 @@ class CollectiveHandshake {
 
   // At shutdown, while the mesh's pairs still exist: takes them off Gloo's device thread
   // (TakePairsOffTheDeviceThread: Gloo may be half-way through reading a peer's header into a
-  // bound buffer, and would finish on a destroyed one), destroys the bound buffers, and returns the unbound ones (after a failed
-  // exchange Gloo may still reference them; their memory is this object's), which the owner
-  // destroys only once the pairs are gone. Call once; Run must not be called afterwards.
+  // bound buffer, and would finish on a destroyed one), destroys the bound buffers, and
+  // returns the unbound ones (after a failed exchange Gloo may still reference them; their
+  // memory is this object's), which the owner destroys only once the pairs are gone. Call once; Run must not be called afterwards.
   std::vector<std::shared_ptr<void>> TakeRetiredBuffers();
 
  private:

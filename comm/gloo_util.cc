@@ -11,8 +11,8 @@
 #include <signal.h>
 
 #include <exception>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "absl/base/attributes.h"

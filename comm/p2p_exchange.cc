@@ -134,9 +134,8 @@ struct P2PExchange::Message {
   std::unique_ptr<gloo::transport::UnboundBuffer> data_ub;
   size_t data_ops = 0;  // a receive's payload segments, each waited for on data_ub
   GatheredSend gathered;  // a send with P2POp::gather
-  // A send's payload segments in order, each with the buffer it was posted on (data_ub, or
-  // one of gathered's): each is waited for once, in this order.
-  Segments send_segments{0, 0};
+  // The buffer each of a send's payload segments was posted on (data_ub, or one of
+  // gathered's), in segment order: each is waited for once, in this order.
   std::vector<gloo::transport::UnboundBuffer*> send_segment_buffers;
   uint64_t ticket = 0;  // a named receive's turn on (peer, tag), drawn when posted
   bool has_ticket = false;
@@ -196,7 +195,6 @@ std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string
           const uint64_t slot = MakeSlot(kP2PDataSlotPrefix, m.op.tag);
           const Segments segments{bytes, m.header.segment_bytes};
           gloo::Context& payload_context = PayloadContext(context_->rank, m.op.peer);
-          m.send_segments = segments;
           if (!m.op.gather.empty()) {
             PostGatheredSend(m.op.gather, m.op.peer, payload_context, slot, segments, m.gathered,
                              m.send_segment_buffers);
@@ -223,9 +221,6 @@ std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string
   } catch (const std::exception& e) {
     // Messages posted before the failure are registered with their pairs (Gloo's device
     // thread may still complete or fail them), so their buffers are retired, not freed.
-    for (const P2POp& op : ops) {
-      if (op.progress) op.progress->End();
-    }
     const std::string description = batch->description;
     retired_.Add(std::shared_ptr<Batch>(std::move(batch)));
     RethrowGlooError(description, e);
@@ -405,7 +400,10 @@ bool P2PExchange::Complete(Batch& batch) {
       for (Message* m : sends) {
         if (i >= m->send_segment_buffers.size()) continue;
         m->send_segment_buffers[i]->waitSend(Remaining(batch.deadline));
-        if (m->op.progress) m->op.progress->Advance(m->send_segments.offset(i) + m->send_segments.length(i));
+        if (m->op.progress) {
+          const Segments segments{m->op.buffer.bytes(), m->header.segment_bytes};
+          m->op.progress->Advance(segments.offset(i) + segments.length(i));
+        }
       }
     }
     for (Message* m : sends) sent += m->op.buffer.bytes();

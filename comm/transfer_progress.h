@@ -7,8 +7,9 @@
 //   receive: [0, bytes()) has landed in the op's buffer and will not be written again;
 //   send:    the transport has finished reading [0, bytes()) of the message: with a send
 //            from the caller's own memory, that part may be changed.
-// It only grows, and stops when the operation ends (ended()), which it always does: complete
-// (bytes() is then the whole payload), failed or mismatched (anything less, possibly 0). The
+// It only grows, and stops when the operation ends (ended()), which every operation that
+// p2p() returned a Work for does: complete (bytes() is then the whole payload), failed or
+// mismatched (anything less, possibly 0). A p2p() call that throws leaves it as it was. The
 // operation's Work is still what says whether it succeeded.
 #pragma once
 
