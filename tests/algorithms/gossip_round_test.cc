@@ -18,6 +18,7 @@
 #include "algorithms/elementwise.h"
 #include "algorithms/gossip_round.h"
 #include "comm/errors.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"
 
@@ -25,6 +26,7 @@ namespace gossipcc {
 namespace testing {
 namespace {
 
+using ::testing::HasSubstr;
 using gossip_internal::Elem;
 using gossip_internal::FinishRound;
 using gossip_internal::RoundSpec;
@@ -116,6 +118,36 @@ INSTANTIATE_TEST_SUITE_P(Modes, LargeRoundTest,
                            return LaunchModeName(std::get<0>(info.param)) + "_" +
                                   std::to_string(std::get<1>(info.param)) + "InPeers";
                          });
+
+// A large round between ranks at different steps: the step is checked as soon as the
+// headers land, before anything is mixed, and both ranks fail naming the steps with their
+// buffers as they were.
+TEST(FailedRoundTest, AStepMismatchIsCaughtBeforeAnythingIsMixed) {
+  constexpr size_t kCount = size_t{1} << 20;  // float32: 4 MB
+  RunRanks(2, LaunchMode::kThreads, [&](Communicator& comm) {
+    const int me = comm.rank(), peer = 1 - me;
+    std::vector<float> x(kCount), before(kCount);
+    for (size_t i = 0; i < kCount; ++i) x[i] = before[i] = static_cast<float>(IntValue(me, i));
+    const std::vector<Buffer> buffers = {CpuBuffer(x.data(), kCount)};
+    RoundSpec spec;
+    spec.algorithm = "gossip_round_test";
+    spec.step = 7 + me;
+    spec.send_in_place = true;
+    spec.send_to = {peer};
+    spec.send_scale = {0.5};
+    spec.recv_from = {peer};
+    if (me == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // rank 0 waits in FinishRound
+    auto round = StartRound(comm, buffers, spec);
+    try {
+      FinishRound(*round, buffers, 0.5, {1.0}, nullptr);
+      ADD_FAILURE() << "rank " << me << ": the round should have failed";
+    } catch (const MismatchError& e) {
+      EXPECT_THAT(e.what(), HasSubstr(absl::StrCat("sent at its step ", 7 + peer, " but this rank is at step ", 7 + me)));
+    }
+    EXPECT_EQ(round->elements_mixed_in_flight(), 0u) << "rank " << me << " mixed before checking the step";
+    EXPECT_EQ(std::memcmp(x.data(), before.data(), kCount * sizeof(float)), 0) << "rank " << me;
+  });
+}
 
 // Rank 1 sends a 4 MB message from memory whose page at 2 MB cannot be read: its socket
 // write stops there with EFAULT, Gloo's device thread throws, and rank 1's process ends (a
