@@ -72,3 +72,45 @@ def test_every_rank_receives_each_in_peers_bytes(graph, n, monkeypatch):
     assert not errors, errors
     edges = sum(len(_C.peer_graph_in_peers(graph, n, r, s % period)) for r in range(n) for s in range(2 * period))
     assert len(checked) == edges
+
+
+def doc(round_times, plain, gossipcc, gloo, tx=(1000.0, 1500.0, 1500.0, 1000.0)):
+    ops = ("push-sum round", "all-reduce gossipcc", "all-reduce gloo", "plain TCP exchange")
+    return {"times": dict(zip(ops, (round_times, gossipcc, gloo, plain))), "tx_per_op": dict(zip(ops, tx))}
+
+
+# Two ranks, three iterations. Slowest rank per iteration, round: 2, 5, 3 -> median 3 (rank 1's
+# 5 is iteration 2's slowest, not an outlier dropped); plain TCP 2, 2, 2; all-reduces 4 and 6.
+DOCS = [doc([2.0, 1.0, 3.0], [2.0] * 3, [4.0] * 3, [6.0] * 3),
+        doc([1.0, 5.0, 2.0], [1.0] * 3, [3.0] * 3, [5.0] * 3, tx=(3000.0, 2500.0, 1500.0, 1000.0))]
+
+
+def test_summary_takes_the_slowest_rank_per_iteration_then_the_median():
+    m = bench_script.load("gossip_vs_allreduce")
+    r = m.summarize(DOCS, n=4, nbytes=1000, bps=500.0)
+    assert (r["push-sum round"], r["plain TCP exchange"], r["all-reduce gossipcc"], r["all-reduce gloo"]) == \
+        (3.0, 2.0, 4.0, 6.0)
+    assert r["message_time"] == 2.0  # 1000 bytes at 500 B/s
+    assert r["ring_bound"] == 3.0  # 2(n-1)/n = 1.5 message times at n = 4
+    assert r["tx"]["push-sum round"] == 2000.0  # averaged over the ranks
+    row = m.table_row(r, r["message_time"])
+    # n, round ms, round / message time, plain ms, plain / message time, round / plain, ...
+    assert row[:6] == [4, "3000.0", "1.50", "2000.0", "1.00", "1.50"]
+    # all-reduce ms, gossipcc / round, gloo / round, ring bound / round, bytes per op ÷ size
+    assert row[6:] == ["4000.0", "6000.0", "1.33", "2.00", "1.00", "2.000", "2.000", "1.500", "1.000"]
+
+
+def test_unshaped_summary_has_no_message_time():
+    m = bench_script.load("gossip_vs_allreduce")
+    r = m.summarize(DOCS, n=2, nbytes=1000, bps=None)
+    assert r["message_time"] is None and r["ring_bound"] is None
+    assert m.table_row(r, None)[2] == "-"
+
+
+@pytest.mark.parametrize("bps", [500.0, None])
+def test_plot_writes_a_png(tmp_path, bps):
+    m = bench_script.load("gossip_vs_allreduce")
+    results = [m.summarize(DOCS, n, 1000, bps) for n in (2, 4, 8)]
+    path = tmp_path / "round.png"
+    m.plot(results, str(path), "test")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

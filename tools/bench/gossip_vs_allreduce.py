@@ -111,6 +111,61 @@ class PlainTcpExchange:
                 s.close()
 
 
+OPS_IN_TABLE_ORDER = ("push-sum round", "plain TCP exchange", "all-reduce gossipcc", "all-reduce gloo")
+
+
+def summarize(docs, n, nbytes, bps):
+    """One world size's figures from its ranks' documents: per op, the median over iterations
+    of the slowest rank's time (s) and the tx bytes per op averaged over ranks ("tx", None
+    where counters were unavailable); the message time nbytes / bps and the ring all-reduce's
+    link bound 2(n-1)/n of it (None unshaped)."""
+    iters = len(docs[0]["times"][OPS[0]])
+    result = {"n": n, "bytes": nbytes,
+              "message_time": nbytes / bps if bps else None,
+              "ring_bound": 2 * (n - 1) / n * nbytes / bps if bps else None, "tx": {}}
+    for op in OPS:
+        result[op] = common.median([max(d["times"][op][j] for d in docs) for j in range(iters)])
+        result["tx"][op] = (sum(d["tx_per_op"][op] for d in docs) / len(docs)) if docs[0]["tx_per_op"][op] else None
+    return result
+
+
+def table_row(r, msg):
+    """The table's cells for one summarize() result, load average excluded."""
+    g, t, a, b = (r[op] for op in OPS_IN_TABLE_ORDER)
+    row = [r["n"], f"{1e3 * g:.1f}", f"{g / msg:.2f}" if msg else "-"]
+    row += [f"{1e3 * t:.1f}", f"{t / msg:.2f}" if msg else "-", f"{g / t:.2f}"]
+    row += [f"{1e3 * a:.1f}", f"{1e3 * b:.1f}", f"{a / g:.2f}", f"{b / g:.2f}"]
+    row += [f"{r['ring_bound'] / g:.2f}" if msg else "-"]
+    row += [f"{r['tx'][op] / r['bytes']:.3f}" if r["tx"][op] is not None else "-" for op in OPS]
+    return row
+
+
+def plot(results, path, title, goal=1.10):
+    """results: summarize() per world size. Each op's time against n, in message times where
+    the link is shaped (ms otherwise), with the round's goal and the ring's link bound."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    shaped = all(r["message_time"] for r in results)
+    unit = (lambda r: r["message_time"]) if shaped else (lambda r: 1e-3)
+    ns = [r["n"] for r in results]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for op, style in zip(OPS_IN_TABLE_ORDER, ("o-", "^:", "s--", "d--")):
+        ax.plot(ns, [r[op] / unit(r) for r in results], style, label=op)
+    if shaped:
+        ax.plot(ns, [r["ring_bound"] / r["message_time"] for r in results], ":", color="gray",
+                label="ring all-reduce link bound 2(n-1)/n")
+        ax.axhline(goal, color="red", linewidth=1, label=f"goal for the round: {goal:.2f} message times")
+        ax.axhline(1.0, color="gray", linewidth=1)
+    ax.set(xticks=ns, xlabel="ranks (n)", ylabel="time per op / one message time (bytes / rate)" if shaped
+           else "time per op (ms)")
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def worker(args):
     import datetime
     import torch
@@ -183,6 +238,7 @@ def main():
     p.add_argument("--bytes", type=int, default=16 << 20, help="tensor size")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--graph", default="exponential:peers=1")
+    p.add_argument("--plot", metavar="PNG", help="also write a plot (time per op in message times against n) here")
     args = p.parse_args()
     if args.worker:
         return worker(args)
@@ -192,7 +248,7 @@ def main():
     msg = args.bytes / bps if bps else None
     print(f"gossip round (push_sum_round, graph {args.graph}) vs exact all-reduce, {common.human_bytes(args.bytes)} "
           f"float32, network {args.network}" + (f", one message time {1e3 * msg:.1f} ms" if msg else ""))
-    rows = []
+    rows, results = [], []
     for n in [int(v) for v in args.sizes_n.split(",")]:
         load0 = common.load_average()
         try:
@@ -202,17 +258,10 @@ def main():
                                         timeout=900)
         except common.NamespacesUnavailable as e:
             common.fail(f"gossip_vs_allreduce: emulated network not available: {e}")
-        med = {op: common.median([max(d["times"][op][j] for d in docs) for j in range(args.iters)]) for op in OPS}
-        tx = {op: sum(d["tx_per_op"][op] for d in docs) / len(docs) for op in OPS}
-        g, a, b, t = (med[op] for op in OPS)
-        row = [n, f"{1e3 * g:.1f}"]
-        row += [f"{g / msg:.2f}"] if msg else ["-"]
-        row += [f"{1e3 * t:.1f}", f"{t / msg:.2f}" if msg else "-", f"{g / t:.2f}"]
-        row += [f"{1e3 * a:.1f}", f"{1e3 * b:.1f}", f"{a / g:.2f}", f"{b / g:.2f}"]
-        row += [f"{2 * (n - 1) / n * args.bytes / bps / g:.2f}" if msg else "-"]
-        row += [f"{tx[op] / args.bytes:.3f}" if docs[0]["tx_per_op"][op] else "-" for op in OPS]
-        row += [f"{load0} -> {common.load_average()}"]
-        rows.append(row)
+        result = summarize(docs, n, args.bytes, bps)
+        results.append(result)
+        rows.append(table_row(result, msg) + [f"{load0} -> {common.load_average()}"])
+        g, t, a, b = (result[op] for op in OPS_IN_TABLE_ORDER)
         print(f"  n = {n}: round {1e3 * g:.1f} ms, plain TCP exchange {1e3 * t:.1f} ms, "
               f"all-reduce gossipcc {1e3 * a:.1f} ms, gloo {1e3 * b:.1f} ms", flush=True)
     print()
@@ -221,6 +270,10 @@ def main():
          "round / plain TCP", "all-reduce gossipcc (ms)", "all-reduce gloo (ms)",
          "gossipcc all-reduce / round", "gloo all-reduce / round", "ring bound / round",
          "sent/rank ÷ size: round", "all-reduce gossipcc", "all-reduce gloo", "plain TCP", "load average"], rows))
+    if args.plot:
+        plot(results, args.plot, f"{common.human_bytes(args.bytes)} float32 per rank, network {args.network}, "
+             f"graph {args.graph}")
+        print(f"\nplot: {args.plot}")
 
 
 if __name__ == "__main__":

@@ -62,6 +62,54 @@ def run_method(cluster, method, args, start_iter):
             "test_acc": sum(p[2] for p in per_rank) / len(per_rank)}
 
 
+def cell(network, rank, gossipcc_runs, torch_runs):
+    """One table cell from its runs (run_method's results): per variant the median of each
+    figure over the runs (None where tx counters were unavailable)."""
+    def med(runs):
+        return {k: None if runs[0][k] is None else common.median([x[k] for x in runs]) for k in runs[0]}
+    return {"network": network, "rank": rank, "gossipcc": med(gossipcc_runs), "torch": med(torch_runs)}
+
+
+def table_row(c):
+    """The table's cells for one cell(), load average excluded."""
+    g, t = c["gossipcc"], c["torch"]
+    return [c["network"], c["rank"], f"{1e3 * g['time_per_step']:.1f}", f"{1e3 * t['time_per_step']:.1f}",
+            f"{t['time_per_step'] / g['time_per_step']:.2f}x",
+            "-" if g["bytes_per_step"] is None else f"{g['bytes_per_step'] / 1e3:.1f}",
+            "-" if t["bytes_per_step"] is None else f"{t['bytes_per_step'] / 1e3:.1f}",
+            f"{100 * g['test_acc']:.1f}% / {100 * t['test_acc']:.1f}%"]
+
+
+def plot(cells, path, title):
+    """Left: time per step of both variants per (network, rank), the speed-up above each pair;
+    right: bytes sent per rank per step (where counters were available)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels = [f"{c['network']}\nrank {c['rank']}" for c in cells]
+    xs = list(range(len(cells)))
+    width = 0.38
+    fig, (times, sent) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for side, key, scale, ylabel in ((times, "time_per_step", 1e3, "ms per step (slowest rank)"),
+                                     (sent, "bytes_per_step", 1e-3, "KB sent per rank per step")):
+        for offset, variant, name in ((-width / 2, "gossipcc", "gossipcc (policy powersgd)"),
+                                      (width / 2, "torch", "PyTorch powerSGD_hook on gloo")):
+            values = [(c[variant][key] or 0) * scale for c in cells]
+            side.bar([x + offset for x in xs], values, width, label=name)
+        side.set(xticks=xs, ylabel=ylabel)
+        side.set_xticklabels(labels)
+    for x, c in zip(xs, cells):
+        speedup = c["torch"]["time_per_step"] / c["gossipcc"]["time_per_step"]
+        top = 1e3 * max(c["torch"]["time_per_step"], c["gossipcc"]["time_per_step"])
+        times.annotate(f"{speedup:.2f}x", (x, top), ha="center", va="bottom", fontsize=9)
+    times.margins(y=0.15)
+    fig.legend(*times.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ranks", type=int, default=4)
@@ -71,6 +119,7 @@ def main():
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--plot", metavar="PNG", help="also write a plot (time per step per cell, with the speed-up) here")
     args = p.parse_args()
     import methods
     start_iter = methods.POWERSGD_START_ITER
@@ -79,7 +128,7 @@ def main():
     print(f"PowerSGD: gossipcc (policy powersgd) vs PyTorch powerSGD_hook on gloo; {args.ranks} ranks, "
           f"MLP 64-{args.hidden}-{args.hidden}-10, batch {args.batch}/rank, start_iter {start_iter}, "
           f"figures over steps {start_iter + 1}..{args.steps}, median of {args.repeats}")
-    rows = []
+    rows, cells = [], []
     for network in args.networks.split(","):
         try:
             with common.make_cluster(args.ranks, network) as cluster:
@@ -92,15 +141,8 @@ def main():
                             got[m].append(run_method(cluster, m, args, start_iter))
                             print(f"  {network} {m} run {rep + 1}: {1e3 * got[m][-1]['time_per_step']:.1f} ms/step",
                                   flush=True)
-                    med = {m: {k: common.median([x[k] for x in got[m]]) if got[m][0][k] is not None else None
-                               for k in got[m][0]} for m in pair}
-                    g, t = med[pair[0]], med[pair[1]]
-                    rows.append([network, r, f"{1e3 * g['time_per_step']:.1f}", f"{1e3 * t['time_per_step']:.1f}",
-                                 f"{t['time_per_step'] / g['time_per_step']:.2f}x",
-                                 "-" if g["bytes_per_step"] is None else f"{g['bytes_per_step'] / 1e3:.1f}",
-                                 "-" if t["bytes_per_step"] is None else f"{t['bytes_per_step'] / 1e3:.1f}",
-                                 f"{100 * g['test_acc']:.1f}% / {100 * t['test_acc']:.1f}%",
-                                 f"{load0} -> {common.load_average()}"])
+                    cells.append(cell(network, r, got[pair[0]], got[pair[1]]))
+                    rows.append(table_row(cells[-1]) + [f"{load0} -> {common.load_average()}"])
         except common.NamespacesUnavailable as e:
             common.fail(f"powersgd_vs_torch: emulated network not available: {e}")
     print()
@@ -108,6 +150,10 @@ def main():
         ["network", "rank", "gossipcc (ms/step)", "PyTorch hook (ms/step)", "speed-up (PyTorch/gossipcc)",
          "gossipcc KB sent/rank/step", "PyTorch KB sent/rank/step", "test acc gossipcc / PyTorch", "load average"],
         rows))
+    if args.plot:
+        plot(cells, args.plot, f"PowerSGD, {args.ranks} ranks, MLP 64-{args.hidden}-{args.hidden}-10, "
+             f"steps {start_iter + 1}..{args.steps}, median of {args.repeats}")
+        print(f"\nplot: {args.plot}")
 
 
 if __name__ == "__main__":
