@@ -65,7 +65,7 @@ struct CommunicatorOptions {
   // Point-to-point payloads larger than this travel as consecutive segments of this many
   // bytes (the last one shorter) instead of one Gloo message; the receiver keeps a few
   // segments posted at a time, so both directions of an exchange flow at once
-  // (docs/benchmarks.md (c)). The receiver follows the sender's setting (it travels in the
+  // (docs/benchmarks_history.md (c)). The receiver follows the sender's setting (it travels in the
   // message header), so ranks may differ. 0: one message per payload. Otherwise in
   // [kMinP2PSegmentBytes, kMaxP2PSegmentBytes].
   size_t p2p_segment_bytes = size_t{256} << 10;
@@ -103,7 +103,7 @@ size_t EagerCollectiveMaxBytes(int size);
 // ring, whose pipelining overlaps reduction with transfer and needs no staging memory (direct
 // needs (n-1)/n of the buffer) and receives from one peer at a time: on a rate-limited link
 // three streams arriving at once at one port made 1 MB buckets slower than the ring
-// (docs/benchmarks.md explains both thresholds). Up to here direct measured 0.4-0.65x of
+// (docs/benchmarks_history.md explains both thresholds). Up to here direct measured 0.4-0.65x of
 // Gloo's time on 4 local ranks. float16/bfloat16 go direct at every size (in slices), so they
 // accumulate in float32 without sending float32 on the wire.
 inline constexpr size_t kDirectAllreduceMaxBytes = size_t{512} << 10;

@@ -40,7 +40,7 @@ static_assert(sizeof(Fingerprint) == kHeaderBytes, "fingerprint layout");
 // exchange sends (n-1) x payload per rank where a ring all-reduce sends 2(n-1)/n x payload
 // in 2(n-1) steps: below this the saved latencies are worth more than the extra bytes. Sized
 // for slow links (at 100 Mbit/s 128 KiB take 10 ms, about what the saved ring steps cost on
-// a loaded host); on loopback a larger budget would still pay (docs/benchmarks.md).
+// a loaded host); on loopback a larger budget would still pay (docs/benchmarks_history.md).
 constexpr size_t kEagerFanoutBytes = size_t{128} << 10;
 
 Fingerprint Make(const OpSpec& spec, int peer, size_t payload_bytes) {

@@ -13,7 +13,7 @@
 // a time (kReceiveWindow). Gloo sends a payload only once its receive is announced, and a
 // pair writes announcements in order with its own payloads on one socket: with whole
 // payloads on the collectives' mesh the two directions of an exchange ran one after the
-// other (docs/benchmarks.md (c)). So payloads travel on a mesh per direction (lower to
+// other (docs/benchmarks_history.md (c)). So payloads travel on a mesh per direction (lower to
 // higher rank, higher to lower): each socket carries payloads one way and announcements the
 // other. Headers stay on the collectives' mesh (a receive from any source waits on one Gloo
 // buffer for every peer's header). Receives on one (peer, tag) take their payloads in

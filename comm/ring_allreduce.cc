@@ -18,7 +18,7 @@ namespace {
 // A segment is at most this large, and a chunk has at least kMinSegmentsPerChunk of them, so
 // that a segment is forwarded while the next one is still arriving and no link waits for a
 // whole chunk. Large enough that per-message costs (a wake-up of the waiting thread each)
-// stay small on loopback (256 KiB took 1.1-1.7x Gloo's time there, docs/benchmarks.md), small
+// stay small on loopback (256 KiB took 1.1-1.7x Gloo's time there, docs/benchmarks_history.md), small
 // enough to bound the receive slots to kWindow MiB.
 constexpr size_t kMaxSegmentBytes = size_t{1} << 20;
 constexpr size_t kMinSegmentsPerChunk = 2;

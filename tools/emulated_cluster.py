@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """An emulated cluster on one machine: each rank is its own "host" in a network namespace.
 
-Topology (docs/benchmarks.md, "Over an emulated network"); namespaces are named
+Topology (docs/benchmarks.md, "The emulated network"); namespaces are named
 gcc<pid>-<token>-hub and gcc<pid>-<token>-r<rank>:
 
     namespace <prefix>-r0 ... <prefix>-r{n-1}      namespace <prefix>-hub
