@@ -22,10 +22,14 @@ stage "setup (apt packages)" tools/setup.sh
 stage "build //..." bazel build //...
 stage "test //... (torch 1.13)" bazel test //... "$@"
 # The C++ suite again under AddressSanitizer + UndefinedBehaviorSanitizer (.bazelrc: asan);
-# the Python extension and its tests (tag "python") run in the plain stages only.
-stage "test //... (asan+ubsan)" bazel test --config=asan --build_tag_filters=-python --test_tag_filters=-python //... "$@"
+# the Python extension and its tests (tag "python") run in the plain stages only. Only the
+# tests and what they need are built (--build_tests_only): the benchmarks and examples that no
+# test runs were compiled by the plain build already.
+stage "test //... (asan+ubsan)" bazel test --config=asan --build_tests_only --build_tag_filters=-python \
+  --test_tag_filters=-python //... "$@"
 # The C++ suite under ThreadSanitizer (.bazelrc: tsan; tools/tsan explains the Abseil shim).
-stage "test C++ (tsan)" bazel test --config=tsan --build_tag_filters=-python --test_tag_filters=-python,-no_tsan \
+stage "test C++ (tsan)" bazel test --config=tsan --build_tests_only --build_tag_filters=-python \
+  --test_tag_filters=-python,-no_tsan \
   //tests/comm/... //tests/compression/... //tests/algorithms/... //tests/reliability/... \
   //tests/torch_backend:op_lane_test "$@"
 # libFuzzer on the option/graph parsers, bounded (tools/fuzz.sh; installs clang on first use).
