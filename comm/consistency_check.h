@@ -88,7 +88,8 @@ class CollectiveHandshake {
   // (TakePairsOffTheDeviceThread: Gloo may be half-way through reading a peer's header into a
   // bound buffer, and would finish on a destroyed one), destroys the bound buffers, and
   // returns the unbound ones (after a failed exchange Gloo may still reference them; their
-  // memory is this object's), which the owner destroys only once the pairs are gone. Call once; Run must not be called afterwards.
+  // memory is this object's), which the owner destroys only once the pairs are gone. Call
+  // once; Run must not be called afterwards.
   std::vector<std::shared_ptr<void>> TakeRetiredBuffers();
 
  private:

@@ -94,7 +94,8 @@ def plot(cells, path, title):
                                      (sent, "bytes_per_step", 1e-3, "KB sent per rank per step")):
         for offset, variant, name in ((-width / 2, "gossipcc", "gossipcc (policy powersgd)"),
                                       (width / 2, "torch", "PyTorch powerSGD_hook on gloo")):
-            values = [(c[variant][key] or 0) * scale for c in cells]
+            # No bar where the figure is missing (no tx counters), not a bar of height 0.
+            values = [float("nan") if c[variant][key] is None else c[variant][key] * scale for c in cells]
             side.bar([x + offset for x in xs], values, width, label=name)
         side.set(xticks=xs, ylabel=ylabel)
         side.set_xticklabels(labels)
