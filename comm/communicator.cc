@@ -242,11 +242,14 @@ class Communicator::Impl {
   }
 
   // The meshes a rank connects depend on its options: a rank connecting a mesh that a peer
-  // does not would wait out the timeout. One all-gather on the fresh mesh settles it first.
+  // does not would wait out the timeout. So does what its all-reduces send (packed or not). One
+  // all-gather on the fresh mesh settles it first.
   void CheckMeshLayoutAgrees() {
-    // Every option that decides which meshes a rank connects, one byte each.
-    const std::array<uint8_t, 2> mine = {static_cast<uint8_t>(options_.p2p_connection_per_direction ? 1 : 0),
-                                         static_cast<uint8_t>(options_.collective_lanes)};
+    // Every option that decides which meshes a rank connects, or what its collectives put on
+    // the wire, one byte each.
+    const std::array<uint8_t, 3> mine = {static_cast<uint8_t>(options_.p2p_connection_per_direction ? 1 : 0),
+                                         static_cast<uint8_t>(options_.collective_lanes),
+                                         static_cast<uint8_t>(options_.lossless_float32_allreduce ? 1 : 0)};
     std::vector<uint8_t> all(mine.size() * size_);
     CollectiveScratch scratch;
     try {
@@ -256,9 +259,9 @@ class Communicator::Impl {
     } catch (const std::exception& e) {
       RethrowGlooError(Where("agreeing on the connection layout"), e);
     }
-    const char* names[] = {"p2p_connection_per_direction", "collective_lanes"};
+    const char* names[] = {"p2p_connection_per_direction", "collective_lanes", "lossless_float32_allreduce"};
     auto show = [](size_t field, uint8_t value) {
-      return field == 0 ? std::string(value ? "true" : "false") : absl::StrCat(value);
+      return field != 1 ? std::string(value ? "true" : "false") : absl::StrCat(value);
     };
     for (size_t field = 0; field < mine.size(); ++field) {
       std::map<uint8_t, std::vector<int>> ranks_by_value;  // of the ranks that differ from this one
@@ -389,7 +392,8 @@ class Communicator::Impl {
                    } else {
                      StagedHandshake staged(*lane->handshake, spec, options_.timeout);
                      cpu(GlooCall{lane->context, static_cast<uint32_t>(spec.seq), options_.timeout, &lane->scratch,
-                                  &retired_buffers_, deferred ? &staged : nullptr});
+                                  &retired_buffers_, deferred ? &staged : nullptr,
+                                  options_.lossless_float32_allreduce});
                    }
                  },
                  eager, deferred));

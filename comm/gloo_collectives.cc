@@ -14,6 +14,7 @@
 #include "comm/direct_allreduce.h"
 #include "comm/gloo_util.h"
 #include "comm/reduce.h"
+#include "comm/packed_ring_allreduce.h"
 #include "comm/ring_allreduce.h"
 #include "comm/ring_reduce_scatter.h"
 
@@ -60,6 +61,10 @@ void GlooAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
   if (data.bytes() <= kDirectAllreduceMaxBytes || IsHalfPrecision(data.dtype)) {
     RunCheck(call);
     DirectAllreduce(call, data, op);
+    return;
+  }
+  if (call.lossless_float32 && data.dtype == DType::kFloat32) {
+    PackedRingAllreduce(call, data, op);
     return;
   }
   RingAllreduce(call, data, op);

@@ -56,6 +56,8 @@ struct GlooCall {
   // Not null: the signature check has not run yet; the collective must run it (RunCheck)
   // before it touches the caller's memory or sends to a peer that may disagree.
   DeferredSignatureCheck* check = nullptr;
+  // CommunicatorOptions::lossless_float32_allreduce.
+  bool lossless_float32 = false;
 };
 
 // Runs call.check, if any, to completion.

@@ -31,6 +31,7 @@ inline constexpr uint8_t kVerdictSlotPrefix = 0x44;
 inline constexpr uint8_t kDirectAllreduceScatterSlotPrefix = 0x45;
 inline constexpr uint8_t kDirectAllreduceGatherSlotPrefix = 0x46;
 inline constexpr uint8_t kRingAllreduceSlotPrefix = 0x47;
+inline constexpr uint8_t kPackedRingAllreduceSlotPrefix = 0x48;
 
 inline uint64_t MakeSlot(uint8_t prefix, uint32_t tag) {
   return (static_cast<uint64_t>(prefix) << 56) | tag;

@@ -140,6 +140,7 @@ CommunicatorOptions MakeCommunicatorOptions(const ProcessGroupOptions& options) 
   ApplyFlagFromEnvironment("GOSSIPCC_P2P_CONNECTION_PER_DIRECTION", c.p2p_connection_per_direction);
   ApplyFlagFromEnvironment("GOSSIPCC_VERIFY_COLLECTIVES", c.verify_collectives);
   ApplyNumberFromEnvironment("GOSSIPCC_COLLECTIVE_LANES", "a lane count", c.collective_lanes);
+  ApplyFlagFromEnvironment("GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE", c.lossless_float32_allreduce);
   // The CUDA device whose NCCL communicator is created at init (needed before any CUDA
   // point-to-point; collectives create it lazily otherwise). Communicator::Create checks it.
   ApplyNumberFromEnvironment("GOSSIPCC_CUDA_DEVICE", "a CUDA device ordinal", c.cuda_device);
