@@ -57,9 +57,33 @@ def test_quantiles_are_of_the_slowest_rank_per_iteration():
     assert m.iterations(1 << 20) == 30 and m.iterations(1 << 20, 60) == 60
 
 
+# The same two ranks with the packed variant too: gossipcc packed's slowest per iteration is
+# 1.5, 1.0, 2.5 -> median 1.5; its ratio to gloo's 4 is 0.375 -> "0.38"; at 1 Gbit/s on 2 ranks
+# the bound is 1 MiB / 125e6 B/s = 8.39 ms, and packed / bound = 1.5 / 0.00839 = 178.81.
+PACKED = [
+    [dict(DOCS[0][0], times=dict(DOCS[0][0]["times"], **{"gossipcc packed": [1.5, 1.0, 2.0]}),
+          tx_per_op=dict(DOCS[0][0]["tx_per_op"], **{"gossipcc packed": 1000.0}))],
+    [dict(DOCS[1][0], times=dict(DOCS[1][0]["times"], **{"gossipcc packed": [1.0, 0.5, 2.5]}),
+          tx_per_op=dict(DOCS[1][0]["tx_per_op"], **{"gossipcc packed": 1200.0}))],
+]
+
+
+def test_the_packed_variant_gets_its_own_columns():
+    m = load()
+    rows = m.summarize(PACKED, n=2, bps=125e6)
+    assert rows[0]["gossipcc packed"] == 1.5
+    assert rows[0]["tx_gossipcc packed"] == 1100.0
+    table = m.table(rows, "1gbit")
+    assert "| size | k | gloo (ms) | gossipcc (ms) | gossipcc packed (ms) | ratio gossipcc/gloo | " \
+           "ratio gossipcc packed/gloo | link bound (ms) |" in table
+    assert "| 1 MB | 3 | 4000.00 | 2000.00 | 1500.00 | 0.50 | 0.38 | 8.39 | 476.84 | 238.42 | 178.81 | " \
+           "0.002 | 0.001 | 0.001 |" in table
+    assert "| 1 MB | gossipcc packed | 3 |" in m.quantile_table(rows)
+
+
 def test_plot_writes_a_png(tmp_path):
     m = load()
-    results = {"none": m.summarize(DOCS, 2, None), "1gbit": m.summarize(DOCS, 2, 125e6)}
+    results = {"none": m.summarize(DOCS, 2, None), "1gbit": m.summarize(PACKED, 2, 125e6)}
     path = tmp_path / "allreduce.png"
     m.plot(results, str(path), "test")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

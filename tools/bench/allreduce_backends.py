@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Benchmark (a): exact all-reduce through backend="gossipcc" vs backend="gloo" (c10d's
 ProcessGroupGloo), same processes and tensors, N ranks (default 4), 4 KB .. 256 MB, on an
-unshaped emulated network and at 1 Gbit/s per host.
+unshaped emulated network and at 1 Gbit/s per host; and gossipcc with its lossless packing
+(GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE=1, "gossipcc packed").
 
     tools/bench/run.sh allreduce_backends [--ranks 4] [--networks none,1gbit] [--max-bytes 268435456] [--plot PNG]
-                                          [--iterations K] [--quantiles]
+                                          [--iterations K] [--quantiles] [--data gradients|constant]
 
 Every rank is its own host (tools/emulated_cluster.py). Per size, the two backends alternate
 iteration by iteration (which goes first alternates too), each op preceded by an untimed
@@ -12,8 +13,15 @@ barrier; a cell is the median over iterations of the slowest rank's time. Bytes 
 NIC tx counters (frames with headers, TCP ACKs included) from just before the op to after the
 barrier that follows it (so the op's last queued segments count; the barrier adds a few
 hundred bytes), averaged over ranks. Link bound: the
-ring all-reduce's 2(n-1)/n * bytes at the link rate. Every result is checked against the
-expected sum. --quantiles adds a table of the per-iteration distribution (the slowest rank's
+ring all-reduce's 2(n-1)/n * bytes at the link rate, unpacked.
+
+Data (--data): "gradients" (default): each rank's tensor is made of real gradients, those of
+the main job's digits MLP (tools/train/worker.py, 64-512-512-10, batch 32 of the rank's
+shard), one SGD step apart, concatenated to the size; packing's gain depends on the values,
+and these are what DDP would all-reduce. "constant": rank r's tensor is all r + 1 (packs to
+0.75: one exponent per block). Checks: the packed result is bitwise the plain gossipcc
+result (the same ring order), gloo's agrees with it to float32 rounding, and with constant
+data all three equal the exact sum. --quantiles adds a table of the per-iteration distribution (the slowest rank's
 time per iteration: p10, p25, median, p75, p90, mean), to tell a shift of every call from a
 few slow ones.
 """
@@ -36,6 +44,32 @@ def iterations(nbytes, override=None):
     return 30 if nbytes <= (16 << 20) else 10 if nbytes <= (64 << 20) else 3
 
 
+BACKENDS = ("gloo", "gossipcc", "gossipcc packed")
+
+
+def gradient_source(rank, n, nbytes):
+    """nbytes of this rank's gradients of the main job's MLP (one SGD step apart), float32."""
+    import torch
+    sys.path.insert(0, os.path.join(common.TOOLS, "train"))
+    from worker import Shard, load_digits, make_model
+    x, y, _, _ = load_digits(0)
+    model = make_model(512, 0)
+    shard = Shard(x, y, rank, n, 32, 0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    out = torch.empty(nbytes // 4, dtype=torch.float32)
+    filled = 0
+    while filled < out.numel():
+        bx, by = shard.next()
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(bx), by).backward()
+        flat = torch.cat([p.grad.flatten() for p in model.parameters()])
+        take = min(flat.numel(), out.numel() - filled)
+        out[filled:filled + take] = flat[:take]
+        filled += take
+        opt.step()
+    return out
+
+
 def worker(args):
     import datetime
     import torch
@@ -45,22 +79,31 @@ def worker(args):
     rank, n = common.worker_env()
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=300))
     groups = {"gloo": dist.new_group(backend="gloo"), "gossipcc": dist.new_group(backend="gossipcc")}
+    os.environ["GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE"] = "1"  # read when the group is created
+    groups["gossipcc packed"] = dist.new_group(backend="gossipcc")
+    del os.environ["GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE"]
     expected = n * (n + 1) / 2
     sizes = []
     nbytes = args.min_bytes
     while nbytes <= args.max_bytes:
         sizes.append(nbytes)
         nbytes *= 4
+    source = gradient_source(rank, n, sizes[-1]) if args.data == "gradients" else None
     out = []
     for nbytes in sizes:
         t = torch.empty(nbytes // 4, dtype=torch.float32)
         k = iterations(nbytes, args.iterations)
         times = {name: [] for name in groups}
         sent = {name: 0 for name in groups}
+        results = {}
         for i in range(-1, k):  # i = -1: warm-up, not recorded
-            order = list(groups) if i % 2 == 0 else list(reversed(list(groups)))
+            # Each backend goes first, second and last in turn.
+            order = list(groups)[i % 3:] + list(groups)[:i % 3]
             for name in order:
-                t.fill_(rank + 1)
+                if source is None:
+                    t.fill_(rank + 1)
+                else:
+                    t.copy_(source[:t.numel()])
                 dist.barrier()
                 c0 = common.rank_tx_bytes()
                 t0 = time.perf_counter()
@@ -68,13 +111,17 @@ def worker(args):
                 dt = time.perf_counter() - t0
                 dist.barrier()  # the op's last segments may still sit in the rank's queue
                 c1 = common.rank_tx_bytes()
-                if t[0].item() != expected or t[-1].item() != expected:
+                if source is None and (t[0].item() != expected or t[-1].item() != expected):
                     raise AssertionError(f"{name} all-reduce of {nbytes} bytes: got {t[0].item()}, "
                                          f"{t[-1].item()}, expected {expected}")
+                if i == -1:
+                    results[name] = t.clone()
                 if i >= 0:
                     times[name].append(dt)
                     if c0 is not None:
                         sent[name] += c1 - c0
+        check_results(results, nbytes)
+        del results
         out.append({"bytes": nbytes, "k": k, "times": times,
                     "tx_per_op": {name: sent[name] / k for name in groups}})
         del t
@@ -84,11 +131,30 @@ def worker(args):
         json.dump(out, f)
 
 
+def check_results(results, nbytes):
+    """The packed ring returns the plain one's bits; gloo sums in another order."""
+    import torch
+    plain, packed, gloo = results["gossipcc"], results["gossipcc packed"], results["gloo"]
+    if not torch.equal(plain.view(torch.int32), packed.view(torch.int32)):
+        bad = (plain.view(torch.int32) != packed.view(torch.int32)).nonzero()[0].item()
+        raise AssertionError(f"packed all-reduce of {nbytes} bytes differs from the plain one at element {bad}: "
+                             f"{packed[bad].item()} vs {plain[bad].item()}")
+    if not torch.allclose(plain, gloo, rtol=1e-5, atol=1e-6 * max(1.0, gloo.abs().max().item())):
+        bad = (plain - gloo).abs().argmax().item()
+        raise AssertionError(f"gossipcc and gloo all-reduces of {nbytes} bytes differ at element {bad}: "
+                             f"{plain[bad].item()} vs {gloo[bad].item()}")
+
+
 def link_bytes_per_second(network):
     """The preset's per-host rate in bytes/s, or None (unshaped, loopback)."""
     import emulated_cluster
     rate, _ = emulated_cluster.parse_network(network) if network != "local" else (None, None)
     return emulated_cluster.rate_bits_per_second(rate) / 8 if rate else None
+
+
+def backends_of(rows):
+    """The backends the rows have times for, in BACKENDS' order."""
+    return [name for name in BACKENDS if rows and name in rows[0]]
 
 
 def summarize(docs, n, bps):
@@ -98,7 +164,7 @@ def summarize(docs, n, bps):
     for i, entry in enumerate(docs[0]):
         nbytes, k = entry["bytes"], entry["k"]
         row = {"bytes": nbytes, "k": k, "bound": 2 * (n - 1) / n * nbytes / bps if bps else None}
-        for name in ("gloo", "gossipcc"):
+        for name in (b for b in BACKENDS if b in entry["times"]):
             row["slowest_" + name] = [max(doc[i]["times"][name][j] for doc in docs) for j in range(k)]
             row[name] = common.median(row["slowest_" + name])
             row["tx_" + name] = sum(doc[i]["tx_per_op"][name] for doc in docs) / len(docs)
@@ -107,19 +173,21 @@ def summarize(docs, n, bps):
 
 
 def table(rows, network):
+    names = backends_of(rows)
+    others = [b for b in names if b != "gloo"]
     body = []
     for r in rows:
         nbytes = r["bytes"]
-        row = [common.human_bytes(nbytes), r["k"], f"{1e3 * r['gloo']:.2f}", f"{1e3 * r['gossipcc']:.2f}",
-               f"{r['gossipcc'] / r['gloo']:.2f}"]
+        row = [common.human_bytes(nbytes), r["k"]] + [f"{1e3 * r[b]:.2f}" for b in names]
+        row += [f"{r[b] / r['gloo']:.2f}" for b in others]
         if r["bound"]:
-            row += [f"{1e3 * r['bound']:.2f}", f"{r['gloo'] / r['bound']:.2f}", f"{r['gossipcc'] / r['bound']:.2f}"]
-        row += [f"{r['tx_gloo'] / nbytes:.3f}", f"{r['tx_gossipcc'] / nbytes:.3f}"] if network != "local" else ["-", "-"]
+            row += [f"{1e3 * r['bound']:.2f}"] + [f"{r[b] / r['bound']:.2f}" for b in names]
+        row += [f"{r['tx_' + b] / nbytes:.3f}" if network != "local" else "-" for b in names]
         body.append(row)
-    header = ["size", "k", "gloo (ms)", "gossipcc (ms)", "ratio gossipcc/gloo"]
+    header = ["size", "k"] + [f"{b} (ms)" for b in names] + [f"ratio {b}/gloo" for b in others]
     if rows and rows[0]["bound"]:
-        header += ["link bound (ms)", "gloo/bound", "gossipcc/bound"]
-    header += ["sent/rank/op ÷ size, gloo", "gossipcc"]
+        header += ["link bound (ms)"] + [f"{b}/bound" for b in names]
+    header += [f"sent/rank/op ÷ size, {b}" for b in names]
     return common.markdown_table(header, body)
 
 
@@ -131,7 +199,7 @@ def quantile_table(rows):
     mean of the slowest rank's time per iteration, in ms."""
     body = []
     for r in rows:
-        for name in ("gloo", "gossipcc"):
+        for name in backends_of(rows):
             xs = r["slowest_" + name]
             cuts = statistics.quantiles(xs, n=20, method="inclusive") if len(xs) > 1 else [xs[0]] * 19
             body.append([common.human_bytes(r["bytes"]), name, len(xs)]
@@ -141,8 +209,9 @@ def quantile_table(rows):
 
 
 def plot(results, path, title):
-    """results: {network: summarize() rows}. Left: both backends' time per size (and the link
-    bound where shaped), log-log; right: gossipcc's time over gloo's per size, 1.0 marked."""
+    """results: {network: summarize() rows}. Left: each backend's time per size (and the link
+    bound where shaped), log-log; right: each gossipcc variant's time over gloo's per size,
+    1.0 marked."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -151,12 +220,18 @@ def plot(results, path, title):
         sizes = [r["bytes"] for r in rows]
         line, = times.plot(sizes, [1e3 * r["gossipcc"] for r in rows], "o-", label=f"gossipcc, {network}")
         times.plot(sizes, [1e3 * r["gloo"] for r in rows], "s--", color=line.get_color(), label=f"gloo, {network}")
+        ratios.plot(sizes, [r["gossipcc"] / r["gloo"] for r in rows], "o-", color=line.get_color(),
+                    label=f"gossipcc, {network}")
+        if "gossipcc packed" in backends_of(rows):
+            times.plot(sizes, [1e3 * r["gossipcc packed"] for r in rows], "^-.", color=line.get_color(),
+                       label=f"gossipcc packed, {network}")
+            ratios.plot(sizes, [r["gossipcc packed"] / r["gloo"] for r in rows], "^-.", color=line.get_color(),
+                        label=f"gossipcc packed, {network}")
         if rows and rows[0]["bound"]:
             times.plot(sizes, [1e3 * r["bound"] for r in rows], ":", color="gray", label=f"ring link bound, {network}")
-        ratios.plot(sizes, [r["gossipcc"] / r["gloo"] for r in rows], "o-", color=line.get_color(), label=network)
     times.set(xscale="log", yscale="log", xlabel="all-reduce size (bytes)", ylabel="time (ms, slowest rank, median)")
     ratios.axhline(1.0, color="gray", linewidth=1)
-    ratios.set(xscale="log", xlabel="all-reduce size (bytes)", ylabel="gossipcc time / gloo time (below 1: faster)")
+    ratios.set(xscale="log", xlabel="all-reduce size (bytes)", ylabel="time / gloo's time (below 1: faster)")
     times.legend(fontsize=8)
     ratios.legend(fontsize=8)
     fig.suptitle(title)
@@ -176,13 +251,15 @@ def main():
     p.add_argument("--plot", metavar="PNG", help="also write a plot of the tables (time and ratio per size) here")
     p.add_argument("--iterations", type=int, help="timed iterations per size and backend (default: 30 up to 16 MB, "
                    "10 up to 64 MB, then 3)")
+    p.add_argument("--data", choices=("gradients", "constant"), default="gradients",
+                   help="what the tensors hold (see the module's doc; packing's gain depends on it)")
     p.add_argument("--quantiles", action="store_true",
                    help="also print the per-iteration distribution of the slowest rank's time")
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    title = (f"all-reduce, backend gossipcc vs gloo, {args.ranks} ranks, {common.human_bytes(args.min_bytes)}.."
-             f"{common.human_bytes(args.max_bytes)}, float32")
+    title = (f"all-reduce, backend gossipcc (plain and packed) vs gloo, {args.ranks} ranks, "
+             f"{common.human_bytes(args.min_bytes)}..{common.human_bytes(args.max_bytes)}, float32 {args.data}")
     print(title)
     results = {}
     for network in args.networks.split(","):
@@ -190,7 +267,8 @@ def main():
         try:
             with common.make_cluster(args.ranks, network) as cluster:
                 docs = common.run_ranks(cluster, os.path.abspath(__file__),
-                                        ["--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes)]
+                                        ["--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
+                                         "--data", args.data]
                                         + (["--iterations", str(args.iterations)] if args.iterations else []),
                                         timeout=1200)
         except common.NamespacesUnavailable as e:
