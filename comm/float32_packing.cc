@@ -118,7 +118,7 @@ size_t PackFloat32(absl::Span<const uint32_t> values, uint8_t* out) {
   }
   if (length >= raw_bytes) {
     // Nothing to gain (values spread over the whole exponent range): store them as they are.
-    std::memcpy(out + kPackedFloat32HeaderBytes, values.data(), count * 4);
+    if (count > 0) std::memcpy(out + kPackedFloat32HeaderBytes, values.data(), count * 4);
     WriteHeader(out, kFormatRaw, raw_bytes, count);
     return raw_bytes;
   }
@@ -159,7 +159,7 @@ absl::Status UnpackFloat32(absl::Span<const uint8_t> in, absl::Span<uint32_t> va
       return absl::InvalidArgumentError(
           absl::StrCat("raw float32 message of ", length, " bytes for ", count, " values"));
     }
-    std::memcpy(values.data(), p, count * 4);
+    if (count > 0) std::memcpy(values.data(), p, count * 4);
     return absl::OkStatus();
   }
   if (format != kFormatPacked) {

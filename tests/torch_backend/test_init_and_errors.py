@@ -189,6 +189,45 @@ def test_checks_and_connection_per_direction_can_be_turned_off():
     assert run_ranks(options_off_worker, 2) == ["checked", "checked"]
 
 
+def packed_worker(rank, world_size):
+    """The default group packs (GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE=1 from the launcher), a
+    second group does not: a ring-sized all-reduce must give both the same bits."""
+    import gossipcc  # noqa: F401
+    dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=20))
+    del os.environ["GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE"]
+    plain = dist.new_group(backend="gossipcc")
+    g = torch.Generator().manual_seed(rank)
+    data = torch.randn(1 << 20, generator=g) * (torch.arange(1 << 20) % 3 != 0)  # a third zeros
+    packed_result, plain_result = data.clone(), data.clone()
+    dist.all_reduce(packed_result)
+    dist.all_reduce(plain_result, group=plain)
+    assert torch.equal(packed_result.view(torch.int32), plain_result.view(torch.int32))
+    assert not torch.equal(packed_result, data)
+    dist.destroy_process_group()
+    return "same bits"
+
+
+def packed_on_rank_0_worker(rank, world_size):
+    import gossipcc  # noqa: F401
+    if rank == 0:
+        os.environ["GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE"] = "1"
+    try:
+        dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=20))
+    except Exception as e:  # noqa: BLE001
+        return str(e)
+    return "created"
+
+
+def test_lossless_packing_keeps_the_bits_and_every_rank_must_agree():
+    assert run_ranks(packed_worker, 3, env={"GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE": "1"}) == ["same bits"] * 3
+    for msg in run_ranks(packed_on_rank_0_worker, 2):
+        assert "lossless_float32_allreduce" in msg and "every rank must use the same setting" in msg, msg
+    for msg in run_ranks(bad_policy_worker, 2, env={"GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE": "yes"}):
+        assert "GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE must be 0 or 1, got 'yes'" in msg, msg
+
+
 def errors_worker(rank, world_size):
     import gossipcc  # noqa: F401
     dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size,

@@ -4,6 +4,8 @@ A method says which c10d backend it needs, how to configure gossipcc before the 
 exists, and how to wrap the model (DDP, DDP + comm hook, or a gossip wrapper). Every method then
 trains with the same loop (worker.py): forward, loss, zero_grad, backward, optimizer step.
 """
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -73,6 +75,16 @@ register(Method("allreduce-gloo", "exact all-reduce: DDP on PyTorch's gloo backe
                 "gloo", _ddp))
 register(Method("allreduce", "exact all-reduce: DDP on backend gossipcc", "gossipcc", _ddp,
                 configure=lambda g: g.configure(allreduce="exact")))
+
+
+def _packed(gossipcc):
+    # Read when the process group is created (docs/pytorch.md); every rank sets it alike.
+    os.environ["GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE"] = "1"
+    gossipcc.configure(allreduce="exact")
+
+
+register(Method("allreduce-packed", "exact all-reduce: DDP on backend gossipcc, buckets above 512 KiB sent "
+                "losslessly packed (GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE=1)", "gossipcc", _ddp, configure=_packed))
 for _r in (1, 2):
     register(Method(f"powersgd-r{_r}", f"PowerSGD rank {_r}: DDP on gossipcc, policy powersgd:rank={_r}",
                     "gossipcc", _ddp_one_bucket,
