@@ -48,6 +48,7 @@ using OpFactory = std::function<Op(int rank)>;
 struct OpCase {
   std::string name;
   OpFactory make;
+  bool lossless_float32_allreduce = false;  // CommunicatorOptions of every rank
 };
 
 std::vector<OpCase> Cases() {
@@ -79,6 +80,13 @@ std::vector<OpCase> Cases() {
            if (first) std::rethrow_exception(first);
          };
        }},
+      // The packed ring (comm/packed_ring_allreduce.h): its sends come from slots of its own.
+      {"allreduce_packed",
+       [](int) {
+         auto data = std::make_shared<std::vector<float>>(1 << 20, 1.0f);
+         return [data](Communicator& c) { c.allreduce(CpuBuffer(data->data(), data->size()))->wait(); };
+       },
+       true},
       // Half precision takes gossipcc's own direct all-reduce (not the ring) at every size.
       {"allreduce_float16",
        [](int) {
@@ -161,6 +169,7 @@ std::string SignalName(int sig) { return sig == SIGKILL ? "SIGKILL" : "SIGSTOP";
 int RankMain(int rank, const std::string& dir, const FaultParam& p) {
   CommunicatorOptions options;
   options.timeout = kTimeout;
+  options.lossless_float32_allreduce = p.op.lossless_float32_allreduce;
   auto comm = Communicator::Create(MakeFileStore(dir), rank, kRanks, options);
   Op op = p.op.make(rank);
   comm->barrier()->wait();
