@@ -90,8 +90,8 @@ void RunPackedRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPla
     const absl::Status status =
         UnpackFloat32(absl::MakeConstSpan(recv_slot(u % kRingWindow), layout.slot_bytes), absl::MakeSpan(out, count));
     if (!status.ok()) {
-      throw CommError(absl::StrCat("packed ring all-reduce: ", Phase(u, P), " message ", u, " from rank ", left,
-                                   " is malformed: ", status.message()));
+      throw CommError(absl::StrCat("packed ring all-reduce on rank ", ctx.rank, ": ", Phase(u, P), " message ", u,
+                                   " from rank ", left, " is malformed: ", status.message()));
     }
   };
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Fuzzes gossipcc's string parsers with libFuzzer (clang from Debian) for a bounded time each.
+# Fuzzes gossipcc's string parsers and the packed ring's decoder with libFuzzer (clang from Debian) for a bounded time each.
 #   tools/fuzz.sh [seconds_per_target]      default 30
 # Targets (sources in tests/fuzz/, corpus in tests/fuzz/corpus/<target>/):
 #   power_sgd_options  compression::ParsePowerSGDOptions
 #   allreduce_policy   torch_backend::AllreducePolicy::Parse
 #   peer_graph         MakePeerGraph (graph specs and user edge lists)
+#   float32_packing    UnpackFloat32 on bytes from the wire, PackFloat32 round trips
 # Each target is compiled straight with clang++ -fsanitize=fuzzer,address,undefined (Bazel's
 # toolchain here is g++), then run with -max_total_time on the committed corpus. New inputs
 # libFuzzer finds go to a scratch directory; FUZZ_MERGE=1 merges the coverage-increasing ones
@@ -17,7 +18,7 @@ cd "$(dirname "$0")/.."
 
 SECONDS_PER_TARGET=${1:-30}
 FUZZ_DIR=${FUZZ_DIR:-/tmp/gossipcc-fuzz}
-TARGETS=(${FUZZ_TARGETS:-power_sgd_options allreduce_policy peer_graph})
+TARGETS=(${FUZZ_TARGETS:-power_sgd_options allreduce_policy peer_graph float32_packing})
 
 # clang, libFuzzer and the sanitizer runtimes come from the project's one set-up script.
 tools/setup.sh
@@ -27,13 +28,14 @@ sources() {  # the parser under test and what it compiles with (headers come fro
     power_sgd_options) echo compression/power_sgd_options.cc ;;
     allreduce_policy) echo torch_backend/allreduce_policy.cc compression/power_sgd_options.cc ;;
     peer_graph) echo algorithms/peer_graph.cc ;;
+    float32_packing) echo comm/float32_packing.cc ;;
     *) echo "fuzz: unknown target $1" >&2; return 1 ;;
   esac
 }
 
 CXXFLAGS=(-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
           -fno-sanitize-recover=all -I.)
-ABSL_LIBS=$(pkg-config --libs absl_strings)
+ABSL_LIBS=$(pkg-config --libs absl_strings absl_status)
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
