@@ -15,6 +15,7 @@
 #include "comm/float32_packing.h"
 #include "comm/gloo_util.h"
 #include "comm/reduce.h"
+#include "comm/ring_common.h"
 #include "comm/ring_plan.h"
 
 namespace gossipcc {
@@ -101,27 +102,18 @@ void RunPackedRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPla
   for (int u = 0; u < posted; ++u) post_receive(u);
   const int ahead = std::min(S, kSendsAhead);
   int sent = 0;
-  if (call.check) {
-    call.check->Begin(left);
-    if (call.check->PeerAgrees(right)) {
-      for (; sent < ahead; ++sent) send(sent);
-    }
-    call.check->SendRemainingHeaders();
-    const bool left_sent = call.check->PeerAgrees(left);
-    try {
-      call.check->Finish();
-    } catch (const MismatchError&) {
-      // Every rank fails; first drain the messages that did leave and those that arrive, so
-      // that none is still in flight when this returns (ring_allreduce.cc does the same).
-      for (int i = 0; i < kSendSlots; ++i) wait_send_slot(i);
-      if (left_sent) {
-        for (int u = 0; u < ahead; ++u) {
-          if (plan.Received(u).count) recv_ub[u % kRingWindow]->waitRecv(call.timeout);
+  RunOverlappedCheck(
+      call, left, right, [&] {
+        for (; sent < ahead; ++sent) send(sent);
+      },
+      [&](bool left_sent) {
+        for (int i = 0; i < kSendSlots; ++i) wait_send_slot(i);
+        if (left_sent) {
+          for (int u = 0; u < ahead; ++u) {
+            if (plan.Received(u).count) recv_ub[u % kRingWindow]->waitRecv(call.timeout);
+          }
         }
-      }
-      throw;
-    }
-  }
+      });
   for (; sent < ahead; ++sent) send(sent);
 
   const double avg_scale = 1.0 / static_cast<double>(n);
@@ -160,18 +152,8 @@ void PackedRingAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
     return;
   }
   const RingPlan plan(n, call.context->rank, data.count, 4);
-  const size_t scratch_bytes = LayoutFor(plan).total();
-  std::shared_ptr<std::vector<uint8_t>>& kept = call.scratch->ring;
-  if (!kept || kept->size() < scratch_bytes) kept = std::make_shared<std::vector<uint8_t>>(scratch_bytes);
-  std::shared_ptr<std::vector<uint8_t>> slots = kept;
-  try {
-    RunPackedRing(call, data, op, plan, slots->data());
-  } catch (...) {
-    // Receives and sends may still be posted on the slots: they go with the failed call's buffers.
-    kept.reset();
-    call.retired->Add(std::move(slots));
-    throw;
-  }
+  WithRingSlots(call, LayoutFor(plan).total(),
+                [&](uint8_t* slots) { RunPackedRing(call, data, op, plan, slots); });
 }
 
 }  // namespace gossipcc

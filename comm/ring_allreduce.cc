@@ -11,6 +11,7 @@
 #include "comm/errors.h"
 #include "comm/gloo_util.h"
 #include "comm/reduce.h"
+#include "comm/ring_common.h"
 #include "comm/ring_plan.h"
 
 namespace gossipcc {
@@ -59,34 +60,21 @@ void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& pla
   for (int u = 0; u < posted; ++u) post_receive(u);
   const int ahead = std::min(S, kRingWindow);
   int sent = 0;
-  if (call.check) {
-    // The left neighbour sends its first messages here only once this rank's header is in,
-    // and the right neighbour's first reduction waits for this rank's first messages: both
-    // go before the headers that only the verdict needs (it has milliseconds of slack
-    // before anything is written).
-    call.check->Begin(left);
-    if (call.check->PeerAgrees(right)) {
-      for (; sent < ahead; ++sent) send(sent);
-    }
-    call.check->SendRemainingHeaders();
-    // The left neighbour applies the same rule, so it sent its first `ahead` messages
-    // exactly when it agrees with this rank.
-    const bool left_sent = call.check->PeerAgrees(left);
-    try {
-      call.check->Finish();
-    } catch (const MismatchError&) {
-      // Every rank fails; first drain the messages that did leave, so that none of them
-      // still refers to the caller's buffer or arrives after this returns. Receives the left
-      // neighbour will never match stay posted on scratch memory, which is retired.
-      for (int i = 0; i < sends; ++i) data_ub.waitSend(call.timeout);
-      if (left_sent) {
-        for (int u = 0; u < ahead; ++u) {
-          if (plan.Received(u).count) scratch_ub.waitRecv(call.timeout);
+  RunOverlappedCheck(
+      call, left, right, [&] {
+        for (; sent < ahead; ++sent) send(sent);
+      },
+      [&](bool left_sent) {
+        // None of the messages that left may still refer to the caller's buffer or arrive
+        // after this returns. Receives the left neighbour will never match stay posted on
+        // scratch memory, which is retired.
+        for (int i = 0; i < sends; ++i) data_ub.waitSend(call.timeout);
+        if (left_sent) {
+          for (int u = 0; u < ahead; ++u) {
+            if (plan.Received(u).count) scratch_ub.waitRecv(call.timeout);
+          }
         }
-      }
-      throw;
-    }
-  }
+      });
   for (; sent < S; ++sent) send(sent);
 
   const double avg_scale = 1.0 / static_cast<double>(n);
@@ -123,17 +111,7 @@ void RingAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
   }
   const RingPlan plan(n, call.context->rank, data.count, ElementSize(data.dtype));
   const size_t scratch_bytes = plan.max_segment() * ElementSize(data.dtype) * kRingWindow;
-  std::shared_ptr<std::vector<uint8_t>>& kept = call.scratch->ring;
-  if (!kept || kept->size() < scratch_bytes) kept = std::make_shared<std::vector<uint8_t>>(scratch_bytes);
-  std::shared_ptr<std::vector<uint8_t>> slots = kept;
-  try {
-    RunRing(call, data, op, plan, slots->data());
-  } catch (...) {
-    // A receive may still be posted on the slots: they go with the failed call's buffers.
-    kept.reset();
-    call.retired->Add(std::move(slots));
-    throw;
-  }
+  WithRingSlots(call, scratch_bytes, [&](uint8_t* slots) { RunRing(call, data, op, plan, slots); });
 }
 
 }  // namespace gossipcc
