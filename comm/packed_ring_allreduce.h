@@ -13,7 +13,7 @@
 // all-gather's) or into a staging area and reduced from there (the reduce-scatter's). An
 // all-gather segment forwarded one hop on is packed again from the buffer, which yields the
 // bytes that arrived. Memory: (kRingWindow + kSendSlots) packed segments and one unpacked
-// segment, about 13 MB at the largest segment (1 MiB), whatever the buffer's size.
+// segment, about 14 MB at the largest segment (1 MiB), whatever the buffer's size.
 //
 // The signature check overlaps the first messages as in ring_allreduce.h; before the verdict
 // nothing is written to the caller's buffer.
