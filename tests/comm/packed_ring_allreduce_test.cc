@@ -139,6 +139,23 @@ TEST(PackedRingLargeTest, SixtyFourMegabytesWithSeveralInFlight) {
   });
 }
 
+// verify_collectives = false: no signature check, so the ring sends its first segments at
+// once (RunOverlappedCheck does nothing); still the plain ring's bits.
+TEST(PackedRingOptionTest, WithoutTheSignatureCheckStillThePlainRingsBits) {
+  RunRanksWithStore(3, LaunchMode::kThreads, [](int rank, std::shared_ptr<Store> store) {
+    CommunicatorOptions unchecked;
+    unchecked.verify_collectives = false;
+    auto plain = Communicator::Create(std::make_shared<PrefixStore>("plain", store), rank, 3, unchecked);
+    auto packed = Communicator::Create(std::make_shared<PrefixStore>("packed", store), rank, 3, Packed(unchecked));
+    for (size_t count : {kDirectAllreduceMaxBytes / sizeof(float) + 3, size_t{3} << 20}) {
+      std::vector<float> want = Values(rank, count, false), got = want;
+      plain->allreduce(CpuBuffer(want.data(), count), ReduceOp::kSum)->wait();
+      packed->allreduce(CpuBuffer(got.data(), count), ReduceOp::kSum)->wait();
+      ASSERT_NO_FATAL_FAILURE(ExpectSameBits(want, got, absl::StrCat("unchecked sum of ", count, " floats")));
+    }
+  });
+}
+
 TEST(PackedRingOptionTest, RanksThatDisagreeFailAtCreation) {
   ExpectCreateFailsOnEveryRank(
       3, [](int rank) { return rank == 1 ? Packed() : CommunicatorOptions{}; }, "lossless_float32_allreduce",
