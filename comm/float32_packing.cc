@@ -25,40 +25,32 @@ constexpr size_t kMaxBlockBytes = 2 + 16 + kBlock + 3 * kBlock;
 // the excess), so the output has this much room past the last block.
 constexpr size_t kSlackBytes = 8;
 
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the packed layout is little-endian, as is the host's word");
+// The layout is little-endian, as is the host: integers are stored and loaded as they are in
+// memory.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the packed layout is little-endian");
 
-void StoreWord(uint8_t* out, uint64_t v) { std::memcpy(out, &v, 8); }
-uint64_t LoadWord(const uint8_t* in) {
-  uint64_t v;
-  std::memcpy(&v, in, 8);
+template <typename T>
+void Store(uint8_t* out, T v) {
+  std::memcpy(out, &v, sizeof(T));
+}
+template <typename T>
+T Load(const uint8_t* in) {
+  T v;
+  std::memcpy(&v, in, sizeof(T));
   return v;
 }
 
-void StoreU32(uint8_t* out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint32_t LoadU32(const uint8_t* in) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= uint32_t{in[i]} << (8 * i);
-  return v;
-}
-void StoreU64(uint8_t* out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint64_t LoadU64(const uint8_t* in) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= uint64_t{in[i]} << (8 * i);
-  return v;
-}
+// Bit j set for each of the m <= 64 values of a block.
+uint64_t BlockMask(size_t m) { return m == kBlock ? ~uint64_t{0} : (uint64_t{1} << m) - 1; }
 
 // Bytes of the exponent field of a block of m values at width k.
 size_t ExponentBytes(size_t m, unsigned k) { return (m / 8) * k + ((m % 8) * k + 7) / 8; }
 
 void WriteHeader(uint8_t* out, uint32_t format, size_t length, size_t count) {
-  StoreU32(out, kMagic);
-  StoreU32(out + 4, format);
-  StoreU32(out + 8, static_cast<uint32_t>(length));
-  StoreU32(out + 12, static_cast<uint32_t>(count));
+  Store<uint32_t>(out, kMagic);
+  Store<uint32_t>(out + 4, format);
+  Store<uint32_t>(out + 8, static_cast<uint32_t>(length));
+  Store<uint32_t>(out + 12, static_cast<uint32_t>(count));
 }
 
 // What the packer needs to know of a block before writing it.
@@ -126,7 +118,7 @@ void PutExponents(const uint8_t* delta, size_t m, uint8_t*& p) {
   for (size_t g = 0; g < m; g += 8) {
     uint64_t bits = 0;
     for (unsigned i = 0; i < 8; ++i) bits |= uint64_t{delta[g + i]} << (i * W);
-    StoreWord(p, bits);
+    Store<uint64_t>(p, bits);
     p += (std::min<size_t>(8, m - g) * W + 7) / 8;
   }
 }
@@ -141,7 +133,7 @@ uint32_t GetExponents(const uint8_t*& p, const uint8_t* end, size_t m, uint32_t 
     const size_t nbytes = (std::min<size_t>(8, m - g) * W + 7) / 8;
     uint64_t bits = 0;
     if (end - p >= 8) {
-      bits = LoadWord(p);
+      bits = Load<uint64_t>(p);
       if (nbytes < 8) bits &= (uint64_t{1} << (8 * nbytes)) - 1;
     } else {
       for (size_t b = 0; b < nbytes; ++b) bits |= uint64_t{p[b]} << (8 * b);
@@ -256,18 +248,17 @@ size_t PackBlock(const uint32_t* v, size_t m, uint8_t* out) {
   ScanBlockScalar(v, m, scan);
 #endif
   const uint64_t zeros = scan.zeros, negative_zeros = scan.negative_zeros;
-  const uint64_t all = m == kBlock ? ~uint64_t{0} : (uint64_t{1} << m) - 1;
-  const uint32_t base = zeros == all ? 0 : scan.lo;
+  const uint32_t base = zeros == BlockMask(m) ? 0 : scan.lo;
   const unsigned width = scan.hi > base ? static_cast<unsigned>(32 - __builtin_clz(scan.hi - base)) : 0;
   uint8_t* p = out;
   *p++ = static_cast<uint8_t>(width | (zeros ? kHasZeros : 0) | (negative_zeros ? kHasNegativeZeros : 0));
   *p++ = static_cast<uint8_t>(base);
   if (zeros) {
-    StoreU64(p, zeros);
+    Store<uint64_t>(p, zeros);
     p += 8;
   }
   if (negative_zeros) {
-    StoreU64(p, negative_zeros);
+    Store<uint64_t>(p, negative_zeros);
     p += 8;
   }
   if (width > 0) {
@@ -324,20 +315,15 @@ size_t PackFloat32(absl::Span<const uint32_t> values, uint8_t* out) {
   return length;
 }
 
-size_t PackedFloat32MessageBytes(absl::Span<const uint8_t> in) {
-  if (in.size() < kPackedFloat32HeaderBytes || LoadU32(in.data()) != kMagic) return 0;
-  return LoadU32(in.data() + 8);
-}
-
 absl::Status UnpackFloat32(absl::Span<const uint8_t> in, absl::Span<uint32_t> values) {
   if (in.size() < kPackedFloat32HeaderBytes) {
     return absl::InvalidArgumentError(absl::StrCat("packed float32 message: ", in.size(),
                                                    " bytes, shorter than its 16-byte header"));
   }
-  const uint32_t magic = LoadU32(in.data());
-  const uint32_t format = LoadU32(in.data() + 4);
-  const size_t length = LoadU32(in.data() + 8);
-  const size_t count = LoadU32(in.data() + 12);
+  const uint32_t magic = Load<uint32_t>(in.data());
+  const uint32_t format = Load<uint32_t>(in.data() + 4);
+  const size_t length = Load<uint32_t>(in.data() + 8);
+  const size_t count = Load<uint32_t>(in.data() + 12);
   if (magic != kMagic) {
     return absl::InvalidArgumentError(absl::StrCat("packed float32 message: bad magic 0x", absl::Hex(magic),
                                                    " (not a packed message)"));
@@ -375,19 +361,18 @@ absl::Status UnpackFloat32(absl::Span<const uint8_t> in, absl::Span<uint32_t> va
     if (width > 8 || (flags & ~(kWidthMask | kHasZeros | kHasNegativeZeros)) != 0) {
       return Malformed(block, absl::StrCat("bad flags 0x", absl::Hex(flags)));
     }
-    const uint64_t in_block = m == kBlock ? ~uint64_t{0} : (uint64_t{1} << m) - 1;
     uint64_t zeros = 0, negative_zeros = 0;
     const size_t mask_bytes = ((flags & kHasZeros) ? 8 : 0) + ((flags & kHasNegativeZeros) ? 8 : 0);
     if (static_cast<size_t>(end - p) < mask_bytes) return Malformed(block, "masks run past the message");
     if (flags & kHasZeros) {
-      zeros = LoadU64(p);
+      zeros = Load<uint64_t>(p);
       p += 8;
     }
     if (flags & kHasNegativeZeros) {
-      negative_zeros = LoadU64(p);
+      negative_zeros = Load<uint64_t>(p);
       p += 8;
     }
-    if ((zeros & ~in_block) != 0 || (negative_zeros & ~zeros) != 0) {
+    if ((zeros & ~BlockMask(m)) != 0 || (negative_zeros & ~zeros) != 0) {
       return Malformed(block, "zero masks name values outside the block or non-zeros");
     }
     const size_t nonzero = m - static_cast<size_t>(__builtin_popcountll(zeros));

@@ -48,7 +48,4 @@ size_t PackFloat32(absl::Span<const uint32_t> values, uint8_t* out);
 // what; `values` may then hold part of the message.
 absl::Status UnpackFloat32(absl::Span<const uint8_t> in, absl::Span<uint32_t> values);
 
-// The total length a packed message's header states, or 0 if `in` does not start with one.
-size_t PackedFloat32MessageBytes(absl::Span<const uint8_t> in);
-
 }  // namespace gossipcc

@@ -1,5 +1,6 @@
 #include "comm/float32_packing.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,7 +22,6 @@ std::vector<uint8_t> Pack(const std::vector<uint32_t>& values) {
   std::vector<uint8_t> out(PackedFloat32Bound(values.size()));
   const size_t n = PackFloat32(values, out.data());
   EXPECT_LE(n, out.size());
-  EXPECT_EQ(PackedFloat32MessageBytes(out), n);
   out.resize(n);
   return out;
 }
@@ -152,6 +152,44 @@ TEST_F(Float32PackingMalformedTest, HeaderErrorsSayWhatIsWrong) {
   bad = packed_;
   bad[kPackedFloat32HeaderBytes] = 0x49;  // width 9
   EXPECT_NE(Unpack(bad, values_.size()).message().find("block 0: bad flags"), std::string::npos);
+}
+
+// A message of `body` with a header stating `format`, `count` values and its own length.
+std::vector<uint8_t> Message(uint32_t format, uint32_t count, const std::vector<uint8_t>& body) {
+  const uint32_t header[4] = {0x46504347u /* "GCPF" */, format,
+                              static_cast<uint32_t>(kPackedFloat32HeaderBytes + body.size()), count};
+  std::vector<uint8_t> m(kPackedFloat32HeaderBytes);
+  std::memcpy(m.data(), header, sizeof(header));
+  m.insert(m.end(), body.begin(), body.end());
+  return m;
+}
+
+// Every error UnpackFloat32 can return, each from the smallest message that causes it, with
+// its message (the truncation test above only checks that some error comes).
+TEST_F(Float32PackingMalformedTest, EachErrorIsNamed) {
+  auto message_of = [&](const std::vector<uint8_t>& in, size_t count) {
+    return std::string(Unpack(in, count).message());
+  };
+  using ::testing::HasSubstr;
+  EXPECT_THAT(message_of({1, 2, 3}, 1), HasSubstr("3 bytes, shorter than its 16-byte header"));
+  std::vector<uint8_t> longer = packed_;
+  longer[9] = 0x7f;  // a length field of more than 32 KB
+  EXPECT_THAT(message_of(longer, values_.size()), HasSubstr("states a length of"));
+  EXPECT_THAT(message_of(Message(0, 3, std::vector<uint8_t>(11)), 3),
+              HasSubstr("raw float32 message of 27 bytes for 3 values"));
+  // Block 0 of packed_ has a zero (values_[5]), so a zero mask follows its two header bytes.
+  const std::vector<uint8_t> block0(packed_.begin() + kPackedFloat32HeaderBytes, packed_.end());
+  EXPECT_THAT(message_of(Message(1, 300, {block0.begin(), block0.begin() + 6}), 300),
+              HasSubstr("block 0: masks run past the message"));
+  EXPECT_THAT(message_of(Message(1, 300, {block0.begin(), block0.begin() + 11}), 300),
+              HasSubstr("block 0: values run past the message"));
+  EXPECT_THAT(message_of(Message(1, 3, {1}), 3), HasSubstr("block 0: header runs past the message"));
+  // Three values, a zero mask naming value 5: outside the block.
+  EXPECT_THAT(message_of(Message(1, 3, {0x10, 127, 0x20, 0, 0, 0, 0, 0, 0, 0}), 3),
+              HasSubstr("block 0: zero masks name values outside the block or non-zeros"));
+  // A negative-zero mask naming a value the zero mask does not.
+  EXPECT_THAT(message_of(Message(1, 3, {0x30, 127, 0x01, 0, 0, 0, 0, 0, 0, 0, 0x02, 0, 0, 0, 0, 0, 0, 0}), 3),
+              HasSubstr("block 0: zero masks name values outside the block or non-zeros"));
 }
 
 TEST_F(Float32PackingMalformedTest, AnExponentAbove255IsAnError) {
