@@ -898,6 +898,10 @@ class Communicator::Impl {
       t.p2p_bytes_sent = p2p_->bytes_sent();
       t.p2p_bytes_received = p2p_->bytes_received();
     }
+    for (const auto& lane : lanes_) {
+      t.packed_allreduce_raw_bytes += lane->scratch.packed_raw_bytes.load(std::memory_order_relaxed);
+      t.packed_allreduce_wire_bytes += lane->scratch.packed_wire_bytes.load(std::memory_order_relaxed);
+    }
     return t;
   }
 

@@ -158,6 +158,11 @@ struct TrafficCounters {
   uint64_t collective_payload_bytes = 0;  // payload handed to collectives (not wire bytes)
   uint64_t p2p_bytes_sent = 0;            // payload bytes of completed sends
   uint64_t p2p_bytes_received = 0;
+  // Lossless packing (CommunicatorOptions::lossless_float32_allreduce): the float32 bytes the
+  // packed ring sent, and the bytes it put in its messages for them (their ratio is what the
+  // packing saved); both 0 with the option off.
+  uint64_t packed_allreduce_raw_bytes = 0;
+  uint64_t packed_allreduce_wire_bytes = 0;
 };
 
 class Communicator {

@@ -3,6 +3,7 @@
 // Gloo exceptions escape as they are; the caller maps them (RethrowGlooError).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -27,6 +28,11 @@ struct CollectiveScratch {
   // its pages in on every call). A call that fails hands it to RetiredBuffers instead, since
   // a receive may still be posted on it; the next call allocates anew.
   std::shared_ptr<std::vector<uint8_t>> ring;
+  // What the packed ring sent (packed_ring_allreduce.h): the float32 bytes its messages carried,
+  // and the bytes those messages took, headers included. Read by Communicator::traffic() on
+  // other threads.
+  std::atomic<uint64_t> packed_raw_bytes{0};
+  std::atomic<uint64_t> packed_wire_bytes{0};
 };
 
 // The signature check (consistency_check.h) of a collective that runs it itself, so that its

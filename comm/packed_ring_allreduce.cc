@@ -86,6 +86,8 @@ void RunPackedRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPla
     const size_t bytes = PackFloat32(absl::MakeConstSpan(values + s.first, s.count), send_slot(i));
     send_ub[i]->send(right, slot, 0, bytes);
     send_pending[i] = true;
+    call.scratch->packed_raw_bytes.fetch_add(s.count * 4, std::memory_order_relaxed);
+    call.scratch->packed_wire_bytes.fetch_add(bytes, std::memory_order_relaxed);
   };
   auto unpack = [&](int u, uint32_t* out, size_t count) {
     const absl::Status status =
@@ -143,9 +145,6 @@ void RunPackedRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPla
 }  // namespace
 
 void PackedRingAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
-  if (data.dtype != DType::kFloat32) {
-    throw InvalidArgumentError(absl::StrCat("packed ring all-reduce takes float32, got ", DTypeName(data.dtype)));
-  }
   const int n = call.context->size;
   if (n == 1 || data.count == 0) {
     RunCheck(call);

@@ -191,9 +191,12 @@ PYBIND11_MODULE(_C, m) {
              d["collective_payload_bytes"] = t.collective_payload_bytes;
              d["p2p_bytes_sent"] = t.p2p_bytes_sent;
              d["p2p_bytes_received"] = t.p2p_bytes_received;
+             d["packed_allreduce_raw_bytes"] = t.packed_allreduce_raw_bytes;
+             d["packed_allreduce_wire_bytes"] = t.packed_allreduce_wire_bytes;
              return d;
            },
-           "Bytes this rank handed to collectives and sent/received point to point.")
+           "Bytes this rank handed to collectives, sent/received point to point, and the packed "
+           "all-reduce's float32 bytes and what it sent for them.")
       .def("shutdown", &ProcessGroupGossipcc::shutdown, py::call_guard<py::gil_scoped_release>())
       // gossipcc's own collectives (process_group_gossipcc.h documents the contract).
       .def("push_sum_round", &ProcessGroupGossipcc::push_sum_round, py::arg("tensors"), py::arg("weight"),

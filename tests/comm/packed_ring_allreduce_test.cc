@@ -84,11 +84,18 @@ TEST_P(PackedRingTest, EveryOpAndSegmentationGivesThePlainRingsBits) {
     std::vector<size_t> counts = {0, 1, kDirectAllreduceMaxBytes / sizeof(float) + 3};
     const size_t three_segments = (size_t{5} << 19) * static_cast<size_t>(n) / sizeof(float) + 2 * n + 1;
     if (n <= 4) counts.push_back(three_segments);
+    // The float32 bytes this rank's packed ring must send: every chunk but its own finished one
+    // (r + 1) in the reduce-scatter, every one but r + 2 in the all-gather.
+    uint64_t expected_raw = 0;
+    auto chunk = [&](size_t count, int c) { return count * (c + 1) / n - count * c / n; };
     for (size_t count : counts) {
       for (ReduceOp op : kOps) {
         // Every op on the short ring; on three segments per chunk (the sanitizers' slowest
         // case) sum and max: the layout is the same for every op.
         if (count == three_segments && op != ReduceOp::kSum && op != ReduceOp::kMax) continue;
+        if (n > 1 && count > kDirectAllreduceMaxBytes / sizeof(float)) {
+          expected_raw += 2 * 4 * (2 * count - chunk(count, (rank + 1) % n) - chunk(count, (rank + 2) % n));
+        }
         for (bool with_infinities : {false, true}) {
           const std::string what = absl::StrCat(ReduceOpName(op), " of ", count, " floats",
                                                 with_infinities ? " with infinities" : "", " on rank ", rank);
@@ -99,6 +106,17 @@ TEST_P(PackedRingTest, EveryOpAndSegmentationGivesThePlainRingsBits) {
           ASSERT_NO_FATAL_FAILURE(ExpectSameBits(want, got, what));
         }
       }
+    }
+    // The packed communicator did pack (else the comparisons above compared the plain ring
+    // with itself), and the values took fewer bytes; the plain one packed nothing.
+    const TrafficCounters plain = comms.plain->traffic(), packed = comms.packed->traffic();
+    EXPECT_EQ(plain.packed_allreduce_raw_bytes, 0u);
+    EXPECT_EQ(plain.packed_allreduce_wire_bytes, 0u);
+    EXPECT_EQ(packed.packed_allreduce_raw_bytes, expected_raw);
+    if (n > 1) {
+      EXPECT_LT(packed.packed_allreduce_wire_bytes, packed.packed_allreduce_raw_bytes * 9 / 10);
+    } else {
+      EXPECT_EQ(packed.packed_allreduce_wire_bytes, 0u);
     }
   });
 }

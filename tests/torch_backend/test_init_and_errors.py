@@ -192,7 +192,7 @@ def test_checks_and_connection_per_direction_can_be_turned_off():
 def packed_worker(rank, world_size):
     """The default group packs (GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE=1 from the launcher), a
     second group does not: a ring-sized all-reduce must give both the same bits."""
-    import gossipcc  # noqa: F401
+    import gossipcc
     dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=20))
     del os.environ["GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE"]
@@ -204,6 +204,14 @@ def packed_worker(rank, world_size):
     dist.all_reduce(plain_result, group=plain)
     assert torch.equal(packed_result.view(torch.int32), plain_result.view(torch.int32))
     assert not torch.equal(packed_result, data)
+    # The default group did pack (else the comparison compared the plain ring with itself):
+    # 2 of its 3 chunks each way, in fewer bytes; the other group packed nothing.
+    packed_traffic = gossipcc.get_backend_object().traffic()
+    plain_traffic = gossipcc.get_backend_object(plain).traffic()
+    raw = packed_traffic["packed_allreduce_raw_bytes"]
+    assert abs(raw - 2 * 2 / 3 * data.numel() * 4) <= 16, packed_traffic
+    assert 0 < packed_traffic["packed_allreduce_wire_bytes"] < 0.9 * raw, packed_traffic
+    assert plain_traffic["packed_allreduce_raw_bytes"] == plain_traffic["packed_allreduce_wire_bytes"] == 0
     dist.destroy_process_group()
     return "same bits"
 
