@@ -194,7 +194,7 @@ class Communicator::Impl {
     const GlooMeshOptions mesh{options_.hostname, options_.interface, options_.timeout};
     context_ = ConnectGlooMesh(std::make_shared<PrefixStore>("gloo", store_), rank_, size_, mesh);
     meshes_.push_back(context_);
-    if (size_ > 1) CheckMeshLayoutAgrees();
+    if (size_ > 1) CheckSharedOptionsAgree();
     // Lane 0 runs on the first mesh; every further lane on a mesh of its own (on the same
     // device: one listening socket and event loop), so that a lane's messages never queue
     // behind another lane's payload on one socket.
@@ -241,15 +241,22 @@ class Communicator::Impl {
     if (options_.cuda_device >= 0) nccl_ = CreateNccl(options_.cuda_device);
   }
 
-  // The meshes a rank connects depend on its options: a rank connecting a mesh that a peer
-  // does not would wait out the timeout. So does what its all-reduces send (packed or not). One
-  // all-gather on the fresh mesh settles it first.
-  void CheckMeshLayoutAgrees() {
-    // Every option that decides which meshes a rank connects, or what its collectives put on
-    // the wire, one byte each.
-    const std::array<uint8_t, 3> mine = {static_cast<uint8_t>(options_.p2p_connection_per_direction ? 1 : 0),
-                                         static_cast<uint8_t>(options_.collective_lanes),
-                                         static_cast<uint8_t>(options_.lossless_float32_allreduce ? 1 : 0)};
+  // Options every rank must share, settled by one all-gather on the fresh mesh: a rank that
+  // connects a mesh a peer does not (p2p_connection_per_direction, collective_lanes), or sends
+  // its all-reduces on another ring (lossless_float32_allreduce: packed messages travel on a
+  // slot of their own), would otherwise wait out the timeout at its first use.
+  void CheckSharedOptionsAgree() {
+    struct Agreed {
+      const char* name;
+      bool is_flag;  // shown as true/false, else as a number
+    };
+    static constexpr std::array<Agreed, 3> kAgreed = {{{"p2p_connection_per_direction", true},
+                                                       {"collective_lanes", false},
+                                                       {"lossless_float32_allreduce", true}}};
+    const std::array<uint8_t, kAgreed.size()> mine = {
+        static_cast<uint8_t>(options_.p2p_connection_per_direction ? 1 : 0),
+        static_cast<uint8_t>(options_.collective_lanes),
+        static_cast<uint8_t>(options_.lossless_float32_allreduce ? 1 : 0)};
     std::vector<uint8_t> all(mine.size() * size_);
     CollectiveScratch scratch;
     try {
@@ -259,9 +266,8 @@ class Communicator::Impl {
     } catch (const std::exception& e) {
       RethrowGlooError(Where("agreeing on the connection layout"), e);
     }
-    const char* names[] = {"p2p_connection_per_direction", "collective_lanes", "lossless_float32_allreduce"};
     auto show = [](size_t field, uint8_t value) {
-      return field != 1 ? std::string(value ? "true" : "false") : absl::StrCat(value);
+      return kAgreed[field].is_flag ? std::string(value ? "true" : "false") : absl::StrCat(value);
     };
     for (size_t field = 0; field < mine.size(); ++field) {
       std::map<uint8_t, std::vector<int>> ranks_by_value;  // of the ranks that differ from this one
@@ -274,7 +280,7 @@ class Communicator::Impl {
         others.push_back(absl::StrCat(show(field, value), " on rank(s) ", absl::StrJoin(ranks, ", ")));
       }
       if (!others.empty()) {
-        throw InvalidArgumentError(absl::StrCat(Where("Communicator::Create"), ": CommunicatorOptions::", names[field],
+        throw InvalidArgumentError(absl::StrCat(Where("Communicator::Create"), ": CommunicatorOptions::", kAgreed[field].name,
                                                 " is ", show(field, mine[field]), " here but ",
                                                 absl::StrJoin(others, "; "), "; every rank must use the same setting"));
       }

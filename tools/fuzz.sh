@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fuzzes gossipcc's string parsers and the packed ring's decoder with libFuzzer (clang from Debian) for a bounded time each.
+# Fuzzes gossipcc's string parsers and the packed ring's decoder with libFuzzer (clang from
+# Debian) for a bounded time each.
 #   tools/fuzz.sh [seconds_per_target]      default 30
 # Targets (sources in tests/fuzz/, corpus in tests/fuzz/corpus/<target>/):
 #   power_sgd_options  compression::ParsePowerSGDOptions
