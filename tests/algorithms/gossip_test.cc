@@ -686,9 +686,7 @@ TEST(OverlappedPushSumMessageTest, CarriesTheBuffersAsTheyWereAtTheStart) {
 INSTANTIATE_TEST_SUITE_P(Ranks, GossipTest,
                          ::testing::Combine(::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
                                             ::testing::Range(1, 9)),
-                         [](const ::testing::TestParamInfo<Param>& info) {
-                           return absl::StrCat(LaunchModeName(std::get<0>(info.param)), "_n", std::get<1>(info.param));
-                         });
+                         ModeAndRanksName);
 
 }  // namespace
 }  // namespace testing

@@ -494,10 +494,7 @@ TEST_P(CollectivesTest, BarrierCompletesAfterEveryEarlierCollective) {
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesTest,
                          ::testing::Combine(::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
                                             ::testing::Range(1, 9)),
-                         [](const ::testing::TestParamInfo<Param>& info) {
-                           return absl::StrCat(LaunchModeName(std::get<0>(info.param)), "_n",
-                                               std::get<1>(info.param));
-                         });
+                         ModeAndRanksName);
 
 TEST(CollectiveLanesOptionTest, OutOfRangeLaneCountsAreRejected) {
   for (int bad : {0, -1, kMaxCollectiveLanes + 1}) {

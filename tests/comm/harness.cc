@@ -23,6 +23,10 @@ namespace testing {
 
 std::string LaunchModeName(LaunchMode mode) { return mode == LaunchMode::kThreads ? "threads" : "processes"; }
 
+std::string ModeAndRanksName(const ::testing::TestParamInfo<std::tuple<LaunchMode, int>>& info) {
+  return absl::StrCat(LaunchModeName(std::get<0>(info.param)), "_n", std::get<1>(info.param));
+}
+
 void ExpectCreateFailsOnEveryRank(int n, const std::function<CommunicatorOptions(int)>& options_for,
                                   const std::string& setting, const std::function<std::string(int)>& expected_for) {
   RunRanksWithStore(n, LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store> store) {

@@ -5,14 +5,18 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <tuple>
 
 #include "comm/communicator.h"
+#include "gtest/gtest.h"
 
 namespace gossipcc {
 namespace testing {
 
 enum class LaunchMode { kThreads, kProcesses };
 std::string LaunchModeName(LaunchMode mode);
+// Test names for suites parameterised by (launch mode, rank count): "threads_n4".
+std::string ModeAndRanksName(const ::testing::TestParamInfo<std::tuple<LaunchMode, int>>& info);
 
 // Creates a Communicator per rank and calls body(comm) on each. gtest failures inside a
 // rank fail the test (in process mode the child's exit status carries them). Each rank

@@ -124,10 +124,7 @@ TEST_P(PackedRingTest, EveryOpAndSegmentationGivesThePlainRingsBits) {
 INSTANTIATE_TEST_SUITE_P(Ranks, PackedRingTest,
                          ::testing::Combine(::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
                                             ::testing::Range(1, 9)),
-                         [](const ::testing::TestParamInfo<Param>& info) {
-                           return absl::StrCat(LaunchModeName(std::get<0>(info.param)), "_n",
-                                               std::get<1>(info.param));
-                         });
+                         ModeAndRanksName);
 
 // 64 MB on 4 ranks: 16 segments per chunk, so the send slots are reused many times over;
 // three all-reduces in flight at once on the two lanes (DDP's buckets), then checked against
