@@ -31,7 +31,7 @@ stage "test //... (asan+ubsan)" bazel test --config=asan --build_tests_only --bu
 stage "test C++ (tsan)" bazel test --config=tsan --build_tests_only --build_tag_filters=-python \
   --test_tag_filters=-python,-no_tsan \
   //tests/comm/... //tests/compression/... //tests/algorithms/... //tests/reliability/... \
-  //tests/torch_backend:op_lane_test "$@"
+  //tests/torch_backend:op_lane_test //tests/torch_backend:callback_executor_test "$@"
 # libFuzzer on the option/graph parsers, bounded (tools/fuzz.sh; installs clang on first use).
 stage "fuzz parsers (20 s each)" tools/fuzz.sh 20
 # The c10d backend against torch 2.x: the same build and tests in a Debian trixie root.

@@ -54,6 +54,7 @@ std::shared_ptr<const PeerGraph> ProcessGroupGossipcc::Graph(const std::string& 
 
 void ProcessGroupGossipcc::run_on_lane(const std::string& description, std::function<void()> fn,
                                        bool uses_collectives) {
+  CallbackExecutor::YieldTurn();  // a completion callback blocking here lets the next one start
   lane_->Run(description, std::move(fn), uses_collectives);
 }
 
@@ -96,7 +97,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::push_sum_round(std::vecto
       /*uses_collectives=*/false);
   std::vector<at::Tensor> outputs = tensors;
   outputs.push_back(weight);
-  return Wrap(rank_, OpType::UNKNOWN, "gossipcc:push_sum_round", std::move(inner), std::move(outputs));
+  return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:push_sum_round", std::move(inner), std::move(outputs));
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::symmetric_gossip_round(std::vector<at::Tensor> tensors,
@@ -138,7 +139,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::symmetric_gossip_round(st
         gossip->Step(*comm, buffers);
       },
       /*uses_collectives=*/false);
-  return Wrap(rank_, OpType::UNKNOWN, "gossipcc:symmetric_gossip_round", std::move(inner), tensors);
+  return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:symmetric_gossip_round", std::move(inner), tensors);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::bilateral_exchange(std::vector<at::Tensor> tensors,
@@ -197,7 +198,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::bilateral_exchange(std::v
         exchange->Step(*comm, buffers);
       },
       /*uses_collectives=*/false);
-  return Wrap(rank_, OpType::UNKNOWN, "gossipcc:bilateral_exchange", std::move(inner), tensors);
+  return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:bilateral_exchange", std::move(inner), tensors);
 }
 
 namespace {
@@ -230,7 +231,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_exchange(
       },
       /*uses_collectives=*/false);
   auto work = c10::make_intrusive<GossipccWork>(rank_, OpType::UNKNOWN, "gossipcc:async_bilateral_exchange",
-                                                std::move(inner), tensors, nullptr);
+                                                std::move(inner), tensors, nullptr, executor_,
+                                                /*ordered=*/false);
   work->set_source(peer);
   return work;
 }
@@ -266,7 +268,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_serve(std
         exchange->Serve(*comm, buffers, max_requests);
       },
       /*uses_collectives=*/false);
-  return Wrap(rank_, OpType::UNKNOWN, "gossipcc:async_bilateral_serve", std::move(inner), tensors);
+  return Wrap(rank_, Unordered(), OpType::UNKNOWN, "gossipcc:async_bilateral_serve", std::move(inner), tensors);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_finish(std::vector<at::Tensor> tensors) {
@@ -281,7 +283,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_finish(st
   auto inner = async_lane_->Submit(
       Where(op, rank_, size_), [comm, exchange, buffers]() { exchange->Finish(*comm, buffers); },
       /*uses_collectives=*/false);
-  return Wrap(rank_, OpType::UNKNOWN, "gossipcc:async_bilateral_finish", std::move(inner), tensors);
+  return Wrap(rank_, Unordered(), OpType::UNKNOWN, "gossipcc:async_bilateral_finish", std::move(inner), tensors);
 }
 
 ProcessGroupGossipcc::AsyncBilateralStats ProcessGroupGossipcc::async_bilateral_stats() const {
@@ -311,7 +313,10 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::powersgd_allreduce(
     int64_t product = 1;
     for (int64_t d : shape) {
       if (d < 0) throw InvalidArgumentError("gossipcc powersgd_allreduce: shapes[" + std::to_string(i) + "] has a negative dimension");
-      product *= d;
+      if (__builtin_mul_overflow(product, d, &product)) {
+        throw InvalidArgumentError("gossipcc powersgd_allreduce: shapes[" + std::to_string(i) + "] = " +
+                                   c10::str(c10::IntArrayRef(shape)) + ": its element count overflows 64 bits");
+      }
     }
     if (shape.empty()) shape = {1};  // a scalar: one element, averaged exactly
     if (product != t.numel()) {
@@ -327,7 +332,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::powersgd_allreduce(
       Where(op, rank_, size_) + " (" + std::to_string(tensors.size()) + " tensors)",
       [comm, state, grads = std::move(grads)]() { state->AllReduce(*comm, grads); },
       /*uses_collectives=*/true);
-  return Wrap(rank_, OpType::UNKNOWN, "gossipcc:powersgd_allreduce", std::move(inner), tensors);
+  return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:powersgd_allreduce", std::move(inner), tensors);
 }
 
 }  // namespace torch_backend

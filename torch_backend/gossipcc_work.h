@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/work.h"
+#include "torch_backend/callback_executor.h"
 #include "torch_backend/torch_version.h"
 
 namespace gossipcc {
@@ -30,20 +31,29 @@ inline std::vector<c10::Device> CudaDevicesOf(const std::vector<at::Tensor>& ten
 
 // A c10d Work over a gossipcc Work. Its future completes with `outputs` once the gossipcc
 // operation is done and `finish` (copying staged results into the caller's tensors) has run.
+// Both happen on the process group's CallbackExecutor, never on the communicator's lane thread
+// that completed the operation: the future's callbacks may block (PyTorch's powerSGD_hook waits
+// for a nested all_reduce in one), and a lane thread they blocked could not start the nested
+// collective. `ordered`: the completion runs in issue order with the group's other ordered
+// operations (collectives and gossipcc's algorithms); point-to-point operations are unordered.
 class GossipccWork : public C10dWork {
  public:
   GossipccWork(int rank, ::c10d::OpType type, const char* title, std::shared_ptr<::gossipcc::Work> inner,
-               std::vector<at::Tensor> outputs, std::function<void()> finish)
+               std::vector<at::Tensor> outputs, std::function<void()> finish,
+               std::shared_ptr<CallbackExecutor> executor, bool ordered)
       : C10dWork(rank, type, title),
         inner_(std::move(inner)),
         outputs_(std::move(outputs)),
         future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                         CudaDevicesOf(outputs_))) {
+                                                         CudaDevicesOf(outputs_))),
+        executor_(std::move(executor)),
+        ordered_(ordered),
+        ticket_(ordered ? executor_->Reserve() : 0) {
     // The callback holds what it needs, not this Work: a caller may drop the Work early.
     auto future = future_;
     auto inner_work = inner_;
     auto outputs_copy = outputs_;
-    inner_->add_done_callback([future, inner_work, outputs_copy, finish = std::move(finish)]() mutable {
+    std::function<void()> complete = [future, inner_work, outputs_copy, finish = std::move(finish)]() mutable {
       std::exception_ptr error = inner_work->exception();
       if (!error) {
         try {
@@ -58,7 +68,16 @@ class GossipccWork : public C10dWork {
       } else {
         future->markCompleted(c10::IValue(c10::List<at::Tensor>(outputs_copy)));
       }
+    };
+    inner_->add_done_callback([executor = executor_, ordered, ticket = ticket_, complete = std::move(complete)]() mutable {
+      if (ordered) {
+        executor->Post(ticket, std::move(complete));
+      } else {
+        executor->PostUnordered(std::move(complete));
+      }
     });
+    // Issued: a completion callback that issued this operation lets the next one start.
+    CallbackExecutor::YieldTurn();
   }
 
   bool isCompleted() override { return future_->completed(); }
@@ -70,8 +89,11 @@ class GossipccWork : public C10dWork {
   void synchronize() override {}
 
   bool wait(std::chrono::milliseconds timeout) override {
-    inner_->wait(timeout);  // throws TimeoutError / the operation's error
-    future_->wait();        // `finish` has run
+    CallbackExecutor::YieldTurn();  // a completion callback waiting here lets the next one start
+    inner_->wait(timeout);          // throws TimeoutError / the operation's error
+    // Done: run the completion here if its turn has come (no hand-off to an executor thread).
+    if (ordered_) executor_->RunIfTurn(ticket_);
+    future_->wait();  // `finish` has run
     if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
     return true;
   }
@@ -91,11 +113,22 @@ class GossipccWork : public C10dWork {
   std::shared_ptr<::gossipcc::Work> inner_;
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::shared_ptr<CallbackExecutor> executor_;
+  const bool ordered_;
+  const uint64_t ticket_;
 };
 
-inline c10::intrusive_ptr<C10dWork> Wrap(int rank, ::c10d::OpType type, const char* title, std::shared_ptr<::gossipcc::Work> inner,
-                                  std::vector<at::Tensor> outputs, std::function<void()> finish = nullptr) {
-  return c10::make_intrusive<GossipccWork>(rank, type, title, std::move(inner), std::move(outputs), std::move(finish));
+// Where a Work's completion runs: the group's executor, in issue order or not.
+struct Completion {
+  std::shared_ptr<CallbackExecutor> executor;
+  bool ordered;
+};
+
+inline c10::intrusive_ptr<C10dWork> Wrap(int rank, const Completion& completion, ::c10d::OpType type, const char* title,
+                                         std::shared_ptr<::gossipcc::Work> inner, std::vector<at::Tensor> outputs,
+                                         std::function<void()> finish = nullptr) {
+  return c10::make_intrusive<GossipccWork>(rank, type, title, std::move(inner), std::move(outputs), std::move(finish),
+                                           completion.executor, completion.ordered);
 }
 
 }  // namespace torch_backend

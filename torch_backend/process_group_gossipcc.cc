@@ -157,6 +157,7 @@ ProcessGroupGossipcc::ProcessGroupGossipcc(const c10::intrusive_ptr<::c10d::Stor
                                            ProcessGroupOptions options)
     : C10dBackendBase(rank, size), options_(std::move(options)) {
   communicator_ = Communicator::Create(WrapC10dStore(store), rank, size, MakeCommunicatorOptions(options_));
+  executor_ = std::make_shared<CallbackExecutor>("gossipcc completions of rank " + std::to_string(rank));
   lane_ = std::make_unique<OpLane>("gossipcc algorithms");
   async_lane_ = std::make_unique<OpLane>("gossipcc asynchronous bilateral exchange");
 }
@@ -178,7 +179,14 @@ void ProcessGroupGossipcc::shutdown() {
   if (communicator_) communicator_->shutdown();
   if (lane_) lane_->Stop("the process group was shut down");
   if (async_lane_) async_lane_->Stop("the process group was shut down");
+  // Every operation has now completed (the failed ones with the shutdown's error): deliver
+  // their completions, then stop the executor's threads, so that once shutdown returns
+  // (destroy_process_group, interpreter exit) no thread of ours runs a callback.
+  if (executor_) executor_->Stop(options_.timeout);
 }
+
+Completion ProcessGroupGossipcc::Ordered() const { return Completion{executor_, true}; }
+Completion ProcessGroupGossipcc::Unordered() const { return Completion{executor_, false}; }
 
 std::shared_ptr<Work> ProcessGroupGossipcc::IssueCollective(const char* what,
                                                             std::function<std::shared_ptr<Work>()> issue) {
@@ -191,7 +199,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::broadcast(std::vector<at::Ten
   CheckRoot(opts.rootRank, size_, "broadcast");
   if (opts.rootTensor != 0) Unsupported("broadcast with rootTensor != 0 (one tensor per rank)");
   auto work = IssueCollective("broadcast", [=] { return communicator_->broadcast(ToBuffer(t, "broadcast", "tensor"), static_cast<int>(opts.rootRank)); });
-  return Wrap(rank_, OpType::BROADCAST, "gossipcc:broadcast", std::move(work), tensors);
+  return Wrap(rank_, Ordered(), OpType::BROADCAST, "gossipcc:broadcast", std::move(work), tensors);
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce(std::vector<at::Tensor>& tensors,
@@ -199,7 +207,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce(std::vector<at::Ten
   const at::Tensor& t = SingleTensor(tensors, "allreduce", "");
   const ReduceOp op = ToReduceOp(opts.reduceOp, t, "allreduce");
   auto work = IssueCollective("allreduce", [=] { return communicator_->allreduce(ToBuffer(t, "allreduce", "tensor"), op); });
-  return Wrap(rank_, OpType::ALLREDUCE, "gossipcc:allreduce", std::move(work), tensors);
+  return Wrap(rank_, Ordered(), OpType::ALLREDUCE, "gossipcc:allreduce", std::move(work), tensors);
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce_coalesced(
@@ -219,7 +227,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce_coalesced(
   at::Tensor flat = Flatten(tensors);
   auto work = IssueCollective("allreduce", [=] { return communicator_->allreduce(ToBuffer(flat, "allreduce_coalesced", "flattened tensors"), op); });
   std::vector<at::Tensor> outputs = tensors;
-  return Wrap(rank_, OpType::ALLREDUCE_COALESCED, "gossipcc:allreduce_coalesced", std::move(work), outputs,
+  return Wrap(rank_, Ordered(), OpType::ALLREDUCE_COALESCED, "gossipcc:allreduce_coalesced", std::move(work), outputs,
               [flat, outputs]() mutable { Unflatten(flat, outputs); });
 }
 
@@ -233,11 +241,11 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce(std::vector<at::Tensor
   // left as it was (c10d leaves non-root tensors unspecified; we keep them intact).
   if (rank_ == opts.rootRank) {
     auto work = IssueCollective("allreduce", [=] { return communicator_->allreduce(ToBuffer(t, "reduce", "tensor"), op); });
-    return Wrap(rank_, OpType::REDUCE, "gossipcc:reduce", std::move(work), tensors);
+    return Wrap(rank_, Ordered(), OpType::REDUCE, "gossipcc:reduce", std::move(work), tensors);
   }
   at::Tensor scratch = t.clone();
   auto work = IssueCollective("allreduce", [=] { return communicator_->allreduce(ToBuffer(scratch, "reduce", "tensor"), op); });
-  return Wrap(rank_, OpType::REDUCE, "gossipcc:reduce", std::move(work), tensors, [scratch]() {});
+  return Wrap(rank_, Ordered(), OpType::REDUCE, "gossipcc:reduce", std::move(work), tensors, [scratch]() {});
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -257,7 +265,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather(std::vector<std::ve
   at::Tensor flat = at::empty({static_cast<int64_t>(size_) * input.numel()}, input.options());
   auto work = IssueCollective("allgather", [=] { return communicator_->allgather(ToBuffer(input, "allgather", "input"), ToBuffer(flat, "allgather", "output")); });
   std::vector<at::Tensor> result = out;
-  return Wrap(rank_, OpType::ALLGATHER, "gossipcc:allgather", std::move(work), result,
+  return Wrap(rank_, Ordered(), OpType::ALLGATHER, "gossipcc:allgather", std::move(work), result,
               [flat, result]() mutable { Unflatten(flat, result); });
 }
 
@@ -272,7 +280,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_allgather_base(at::Tensor& o
   }
   auto work = IssueCollective("allgather", [=] { return communicator_->allgather(ToBuffer(input, "_allgather_base", "input"),
                                        ToBuffer(output, "_allgather_base", "output")); });
-  return Wrap(rank_, OpType::_ALLGATHER_BASE, "gossipcc:_allgather_base", std::move(work), {output});
+  return Wrap(rank_, Ordered(), OpType::_ALLGATHER_BASE, "gossipcc:_allgather_base", std::move(work), {output});
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather_coalesced(
@@ -298,7 +306,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather_coalesced(
                                        ToBuffer(flat_out, "allgather_coalesced", "output")); });
   std::vector<at::Tensor> all;
   for (auto& list : outputs) all.insert(all.end(), list.begin(), list.end());
-  return Wrap(rank_, OpType::ALLGATHER_COALESCED, "gossipcc:allgather_coalesced", std::move(work), all,
+  return Wrap(rank_, Ordered(), OpType::ALLGATHER_COALESCED, "gossipcc:allgather_coalesced", std::move(work), all,
               [flat_in, flat_out, all]() mutable { Unflatten(flat_out, all); });
 }
 
@@ -333,7 +341,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::gather(std::vector<std::vecto
   }
   auto work = IssueCollective("alltoallv", [=] { return communicator_->alltoallv(ToBuffer(input, "gather", "input"), send_counts,
                                        ToBuffer(flat, "gather", "output"), recv_counts); });
-  return Wrap(rank_, OpType::GATHER, "gossipcc:gather", std::move(work), result,
+  return Wrap(rank_, Ordered(), OpType::GATHER, "gossipcc:gather", std::move(work), result,
               [flat, result]() mutable { Unflatten(flat, result); });
 }
 
@@ -364,7 +372,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::scatter(std::vector<at::Tenso
   }
   auto work = IssueCollective("alltoallv", [=] { return communicator_->alltoallv(ToBuffer(flat, "scatter", "input"), send_counts,
                                        ToBuffer(output, "scatter", "output"), recv_counts); });
-  return Wrap(rank_, OpType::SCATTER, "gossipcc:scatter", std::move(work), outputs, [flat]() {});
+  return Wrap(rank_, Ordered(), OpType::SCATTER, "gossipcc:scatter", std::move(work), outputs, [flat]() {});
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -380,7 +388,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce_scatter(std::vector<at
   at::Tensor flat = Flatten(inputs[0]);
   auto work = IssueCollective("reduce_scatter", [=] { return communicator_->reduce_scatter(ToBuffer(flat, "reduce_scatter", "input"),
                                             ToBuffer(output, "reduce_scatter", "output"), op); });
-  return Wrap(rank_, OpType::REDUCE_SCATTER, "gossipcc:reduce_scatter", std::move(work), outputs, [flat]() {});
+  return Wrap(rank_, Ordered(), OpType::REDUCE_SCATTER, "gossipcc:reduce_scatter", std::move(work), outputs, [flat]() {});
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -388,7 +396,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_reduce_scatter_base(at::Tens
   const ReduceOp op = ToReduceOp(opts.reduceOp, output, "_reduce_scatter_base");
   auto work = IssueCollective("reduce_scatter", [=] { return communicator_->reduce_scatter(ToBuffer(input, "_reduce_scatter_base", "input"),
                                             ToBuffer(output, "_reduce_scatter_base", "output"), op); });
-  return Wrap(rank_, OpType::_REDUCE_SCATTER_BASE, "gossipcc:_reduce_scatter_base", std::move(work), {output});
+  return Wrap(rank_, Ordered(), OpType::_REDUCE_SCATTER_BASE, "gossipcc:_reduce_scatter_base", std::move(work), {output});
 }
 
 namespace {
@@ -434,7 +442,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall_base(at::Tensor& out
   std::vector<size_t> recv = SplitCounts(output, output_split_sizes, size_, "output");
   auto work = IssueCollective("alltoallv", [=] { return communicator_->alltoallv(ToBuffer(input, "alltoall_base", "input"), send,
                                        ToBuffer(output, "alltoall_base", "output"), recv); });
-  return Wrap(rank_, OpType::ALLTOALL_BASE, "gossipcc:alltoall_base", std::move(work), {output});
+  return Wrap(rank_, Ordered(), OpType::ALLTOALL_BASE, "gossipcc:alltoall_base", std::move(work), {output});
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall(std::vector<at::Tensor>& outputs,
@@ -459,7 +467,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall(std::vector<at::Tens
   auto work = IssueCollective("alltoallv", [=] { return communicator_->alltoallv(ToBuffer(flat_in, "alltoall", "input"), send,
                                        ToBuffer(flat_out, "alltoall", "output"), recv); });
   std::vector<at::Tensor> result = outputs;
-  return Wrap(rank_, OpType::ALLTOALL, "gossipcc:alltoall", std::move(work), result,
+  return Wrap(rank_, Ordered(), OpType::ALLTOALL, "gossipcc:alltoall", std::move(work), result,
               [flat_in, flat_out, result]() mutable { Unflatten(flat_out, result); });
 }
 
@@ -467,14 +475,14 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::send(std::vector<at::Tensor>&
   const at::Tensor& t = SingleTensor(tensors, "send", "");
   CheckPeer(dst_rank, size_, "send");
   auto work = communicator_->send(ToBuffer(t, "send", "tensor"), dst_rank, ToTag(tag, "send"));
-  return Wrap(rank_, OpType::SEND, "gossipcc:send", std::move(work), tensors);
+  return Wrap(rank_, Unordered(), OpType::SEND, "gossipcc:send", std::move(work), tensors);
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   const at::Tensor& t = SingleTensor(tensors, "recv", "");
   CheckPeer(src_rank, size_, "recv");
   auto work = communicator_->recv(ToBuffer(t, "recv", "tensor"), src_rank, ToTag(tag, "recv"));
-  return Wrap(rank_, OpType::RECV, "gossipcc:recv", std::move(work), tensors);
+  return Wrap(rank_, Unordered(), OpType::RECV, "gossipcc:recv", std::move(work), tensors);
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
@@ -483,13 +491,14 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::recvAnysource(std::vector<at:
   auto inner = communicator_->recv_any_source(ToBuffer(t, "recv (any source)", "tensor"), ToTag(tag, "recv"),
                                               source.get());
   auto work = c10::make_intrusive<GossipccWork>(rank_, OpType::RECVANYSOURCE, "gossipcc:recvAnysource",
-                                                std::move(inner), tensors, [source]() {});
+                                                std::move(inner), tensors, [source]() {},
+                                                executor_, /*ordered=*/false);
   work->set_source(source);
   return work;
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::barrier(const ::c10d::BarrierOptions&) {
-  return Wrap(rank_, OpType::BARRIER, "gossipcc:barrier", IssueCollective("barrier", [this] { return communicator_->barrier(); }), {});
+  return Wrap(rank_, Ordered(), OpType::BARRIER, "gossipcc:barrier", IssueCollective("barrier", [this] { return communicator_->barrier(); }), {});
 }
 
 void ProcessGroupGossipcc::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool) {

@@ -27,6 +27,7 @@
 
 #include "comm/communicator.h"
 #include "torch_backend/allreduce_policy.h"
+#include "torch_backend/callback_executor.h"
 #include "torch_backend/op_lane.h"
 #include "torch_backend/torch_version.h"
 
@@ -42,6 +43,8 @@ class PowerSGD;
 }
 
 namespace torch_backend {
+
+struct Completion;  // gossipcc_work.h
 
 struct ProcessGroupOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
@@ -169,7 +172,7 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   AsyncBilateralStats async_bilateral_stats() const;
 
   // PowerSGD all-reduce (compression/power_sgd.h): averages `tensors` in place across the
-  // group, each compressed as the matrix `shapes[i]` (empty: the tensor's own shape; the
+  // group, each compressed as the matrix `shapes[i]` (`shapes` empty: every tensor's own shape; the
   // product must equal its numel), its state in `state` under `keys[i]` (empty: "tensor<i>").
   // `state` must not be used elsewhere until the Work completes. Future value: tensors.
   c10::intrusive_ptr<::c10d::Work> powersgd_allreduce(std::vector<at::Tensor> tensors,
@@ -192,6 +195,10 @@ class ProcessGroupGossipcc : public C10dBackendBase {
 
  private:
   std::shared_ptr<Work> IssueCollective(const char* what, std::function<std::shared_ptr<Work>()> issue);
+  // Where a returned Work completes (gossipcc_work.h): collectives and algorithm calls in issue
+  // order, point-to-point operations as they finish.
+  Completion Ordered() const;
+  Completion Unordered() const;
   std::shared_ptr<const PeerGraph> Graph(const std::string& spec, const char* op);
 
   ProcessGroupOptions options_;
@@ -209,6 +216,9 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   mutable std::mutex async_stats_mu_;
   AsyncBilateralStats async_stats_;
 
+  // Runs every Work's completion (its future's callbacks) off the communicator's threads.
+  // Declared before the lanes: destroyed after them.
+  std::shared_ptr<CallbackExecutor> executor_;
   // Declared last: destroyed (stopped, joined) before anything their tasks use.
   std::unique_ptr<OpLane> lane_;        // algorithm calls and the collectives ordered with them
   std::unique_ptr<OpLane> async_lane_;  // asynchronous bilateral exchange

@@ -234,10 +234,23 @@ PYBIND11_MODULE(_C, m) {
            "{'exchanges', 'last_peer', 'all_active_finished'} of the completed asynchronous bilateral calls.")
       .def("powersgd_allreduce",
            [](ProcessGroupGossipcc& pg, std::vector<at::Tensor> tensors,
-              std::optional<std::vector<std::vector<int64_t>>> shapes, std::shared_ptr<compression::PowerSGD> state,
-              std::optional<std::vector<std::string>> keys) {
-             return pg.powersgd_allreduce(std::move(tensors), shapes ? std::move(*shapes) : std::vector<std::vector<int64_t>>{},
-                                          std::move(state), keys ? std::move(*keys) : std::vector<std::string>{});
+              std::optional<std::vector<std::optional<std::vector<int64_t>>>> shapes,
+              std::shared_ptr<compression::PowerSGD> state, std::optional<std::vector<std::string>> keys) {
+             // shapes None: every tensor's own shape; shapes[i] None: tensor i's own shape.
+             std::vector<std::vector<int64_t>> resolved;
+             if (shapes) {
+               if (shapes->size() != tensors.size()) {
+                 throw InvalidArgumentError("gossipcc powersgd_allreduce: " + std::to_string(tensors.size()) +
+                                            " tensors but " + std::to_string(shapes->size()) + " shapes");
+               }
+               for (size_t i = 0; i < shapes->size(); ++i) {
+                 const auto& shape = (*shapes)[i];
+                 resolved.push_back(shape ? *shape
+                                          : std::vector<int64_t>(tensors[i].sizes().begin(), tensors[i].sizes().end()));
+               }
+             }
+             return pg.powersgd_allreduce(std::move(tensors), std::move(resolved), std::move(state),
+                                          keys ? std::move(*keys) : std::vector<std::string>{});
            },
            py::arg("tensors"), py::arg("shapes"), py::arg("state"), py::arg("keys") = py::none(),
            py::call_guard<py::gil_scoped_release>(),

@@ -48,9 +48,57 @@ def allreduce_policy():
     return _C.parse_allreduce_policy(text)
 
 
+# Every gossipcc backend created and not yet shut down, by id. destroy_process_group and
+# interpreter exit shut them down (see _shutdown_on_destroy).
+_live_backends = {}
+
+
 def _create_backend(store, rank, size, timeout):
     # Called by torch.distributed.init_process_group / new_group.
-    return ProcessGroupGossipcc(store, rank, size, timeout, allreduce_policy())
+    backend = ProcessGroupGossipcc(store, rank, size, timeout, allreduce_policy())
+    _live_backends[id(backend)] = backend
+    return backend
+
+
+def _shutdown_backends(backends):
+    for backend in backends:
+        _live_backends.pop(id(backend), None)
+        backend.shutdown()  # releases the GIL; runs the last completion callbacks, joins our threads
+
+
+def _shutdown_on_destroy():
+    """destroy_process_group shuts the destroyed gossipcc groups down before torch forgets them,
+    and interpreter exit shuts down whatever is left.
+
+    A process group often outlives destroy_process_group (DDP holds it) and so would keep its
+    threads, which complete operations and run their future callbacks, into interpreter
+    finalisation, where a thread that takes the GIL is killed mid-C++ (std::terminate). After
+    shutdown every pending operation has failed with a clear error, its callbacks have run and
+    every gossipcc thread has been joined: once destroy_process_group returns, no thread of
+    ours touches Python. Later calls on the group fail naming the shutdown (as ProcessGroupNCCL
+    after destroy)."""
+    import atexit
+    from torch.distributed import distributed_c10d
+    original = distributed_c10d.destroy_process_group
+    if getattr(original, "_gossipcc_wrapped", False):
+        return
+
+    def destroy_process_group(group=None):
+        if group is None or group is distributed_c10d.GroupMember.WORLD:
+            targets = list(_live_backends.values())  # the default group takes every group with it
+        else:
+            try:
+                targets = [get_backend_object(group)]
+            except (ValueError, RuntimeError, AttributeError):
+                targets = []
+        _shutdown_backends(targets)
+        return original(group)
+
+    destroy_process_group.__doc__ = original.__doc__
+    destroy_process_group._gossipcc_wrapped = True
+    distributed_c10d.destroy_process_group = destroy_process_group
+    dist.destroy_process_group = destroy_process_group
+    atexit.register(lambda: _shutdown_backends(list(_live_backends.values())))
 
 
 def _torch_lacks_libuv():
@@ -110,6 +158,7 @@ def _register():
 
 _default_tcpstore_without_libuv()
 _register()
+_shutdown_on_destroy()
 
 from . import ddp as _ddp  # noqa: E402  (installs the DDP allreduce-policy hook)
 

@@ -28,18 +28,26 @@ class PolicyHookState:
 
 
 def policy_hook(state, bucket):
+    """Issues the bucket's compressed all-reduce and returns at once: a future completed by the
+    native asynchronous collective (on gossipcc's algorithm lane), so the compression and
+    communication of this bucket overlap the rest of the backward pass, as DDP's buckets intend.
+    Buckets are issued in DDP's bucket order on every rank, so their collectives pair up."""
     grads = bucket.gradients()
     keys = [f"param{state.param_index[id(p)]}" for p in bucket.parameters()]
     # Gradients are views into the bucket's flat buffer; compressing them in place averages
-    # the buffer that DDP copies back into .grad.
+    # the buffer that DDP copies back into .grad. A non-contiguous view goes through a copy.
     contiguous = [g if g.is_contiguous() else g.contiguous() for g in grads]
-    state.powersgd.allreduce(state.backend, contiguous, keys)
-    for g, c in zip(grads, contiguous):
-        if g is not c:
-            g.copy_(c)
-    future = torch.futures.Future()
-    future.set_result(bucket.buffer())
-    return future
+    work = state.backend.powersgd_allreduce(contiguous, None, state.powersgd, keys)
+    buffer = bucket.buffer()
+
+    def finish(fut):
+        fut.value()  # re-raises the collective's error
+        for g, c in zip(grads, contiguous):
+            if g is not c:
+                g.copy_(c)
+        return buffer
+
+    return work.get_future().then(finish)
 
 
 def install_policy_hook(ddp_model, backend):
