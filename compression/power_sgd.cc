@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -76,6 +77,38 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&s, i ? ", " : "", shape[i]);
   return s + "]";
 }
+
+// Why `shape` is not a valid tensor shape, or "" when it is (then *numel is its element
+// count). Negative dimensions are refused, and so is a product of the dimensions beyond int64:
+// it is computed with checked multiplications, since a wrapped product can equal a small
+// buffer's count (3 * 6148914691236517206 is 2 modulo 2^64) and the sizes derived from it
+// (n x m, the error memory, Q) would then be wrong. A zero dimension makes the count 0 whatever
+// the others.
+std::string ShapeProblem(const std::vector<int64_t>& shape, int64_t* numel) {
+  bool empty = false;
+  for (int64_t d : shape) {
+    if (d < 0) return absl::StrCat("shape ", ShapeString(shape), " has a negative dimension");
+    empty |= d == 0;
+  }
+  int64_t count = 1;
+  if (empty) {
+    count = 0;
+  } else {
+    for (int64_t d : shape) {
+      if (__builtin_mul_overflow(count, d, &count)) {
+        return absl::StrCat("the element count of shape ", ShapeString(shape),
+                            " overflows int64 (the product of the dimensions exceeds ",
+                            std::numeric_limits<int64_t>::max(), ")");
+      }
+    }
+  }
+  *numel = count;
+  return "";
+}
+
+// The largest count AllReduceFlat can view as a square: side * side stays within int64.
+constexpr uint64_t kMaxFlatSide = 3037000499;  // floor(sqrt(2^63 - 1))
+constexpr uint64_t kMaxFlatCount = kMaxFlatSide * kMaxFlatSide;
 
 constexpr int kPSlot = 100, kQSlot = 101;  // Pack() slots besides the dtypes
 
@@ -197,14 +230,17 @@ std::vector<float> PowerSGD::InitialQ(const PowerSGDOptions& options, const std:
 }
 
 bool PowerSGD::ShouldCompress(const std::vector<int64_t>& shape, const PowerSGDOptions& options, int* rank_used) {
+  int64_t numel = 0;
+  const std::string problem = ShapeProblem(shape, &numel);
+  if (!problem.empty()) throw InvalidArgumentError("PowerSGD::ShouldCompress: " + problem);
   if (shape.size() < 2) return false;
-  int64_t numel = 1;
-  for (int64_t d : shape) numel *= d;
   if (numel == 0) return false;
   const int64_t n = shape[0], m = numel / n;
   const int64_t r = std::min<int64_t>({n, m, options.matrix_approximation_rank});
   if (rank_used) *rank_used = static_cast<int>(r);
-  return static_cast<double>((n + m) * r) * options.min_compression_rate < static_cast<double>(n * m);
+  // In double: (n + m) * r can pass int64 for counts above 2^62 (n * m is numel, which fits).
+  return (static_cast<double>(n) + static_cast<double>(m)) * static_cast<double>(r) * options.min_compression_rate <
+         static_cast<double>(numel);
 }
 
 void PowerSGD::Exact(Communicator& comm, absl::Span<const GradientTensor> tensors, const std::vector<size_t>& which,
@@ -276,12 +312,10 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
     if (!IsFloatingPoint(t.data.dtype)) {
       invalid(absl::StrCat(what, " has dtype ", DTypeName(t.data.dtype), "; PowerSGD averages float32, float64, float16 and bfloat16"));
     }
-    uint64_t numel = 1;
-    for (int64_t d : t.shape) {
-      if (d < 0) invalid(absl::StrCat(what, " has a negative dimension in shape ", ShapeString(t.shape)));
-      numel *= static_cast<uint64_t>(d);
-    }
-    if (numel != t.data.count) {
+    int64_t numel = 0;
+    const std::string problem = ShapeProblem(t.shape, &numel);
+    if (!problem.empty()) invalid(absl::StrCat(what, ": ", problem));
+    if (static_cast<uint64_t>(numel) != t.data.count) {
       invalid(absl::StrCat(what, ": shape ", ShapeString(t.shape), " has ", numel, " elements but the buffer has ", t.data.count));
     }
     if (t.data.count > 0 && t.data.data == nullptr) invalid(absl::StrCat(what, " has null data"));
@@ -610,6 +644,10 @@ PowerSGDStats PowerSGD::AllReduce(Communicator& comm, absl::Span<const GradientT
 }
 
 std::vector<int64_t> PowerSGD::FlatMatrixShape(size_t count) {
+  if (count > kMaxFlatCount) {
+    throw InvalidArgumentError(absl::StrCat("PowerSGD::FlatMatrixShape: ", count, " elements: the element count of the square (",
+                                            kMaxFlatSide + 1, " x ", kMaxFlatSide + 1, " or more) overflows int64"));
+  }
   int64_t side = static_cast<int64_t>(std::sqrt(static_cast<double>(count)));
   while (static_cast<uint64_t>(side) * side < count) ++side;
   while (side > 0 && static_cast<uint64_t>(side - 1) * (side - 1) >= count) --side;
@@ -621,6 +659,12 @@ PowerSGDStats PowerSGD::AllReduceFlat(Communicator& comm, absl::Span<const FlatG
   std::vector<std::shared_ptr<void>> padded(buffers.size());
   for (size_t i = 0; i < buffers.size(); ++i) {
     const FlatGradient& f = buffers[i];
+    if (f.data.count > kMaxFlatCount) {
+      throw InvalidArgumentError(absl::StrCat("PowerSGD allreduce (flat) on rank ", comm.rank(), " of ", comm.size(),
+                                              ": buffer ", i, " (\"", f.key, "\") has ", f.data.count,
+                                              " elements: the element count of its square shape [", kMaxFlatSide + 1, ", ",
+                                              kMaxFlatSide + 1, "] (or larger) overflows int64"));
+    }
     std::vector<int64_t> shape = FlatMatrixShape(f.data.count);
     // Never worth compressing: stays 1-D, unpadded, in the exact pack.
     if (!ShouldCompress(shape, options_)) shape = {static_cast<int64_t>(f.data.count)};
@@ -679,11 +723,10 @@ void PowerSGD::LoadState(const PowerSGDCheckpoint& c) {
   }
   std::map<std::string, std::unique_ptr<State>> loaded;
   for (const auto& [key, t] : c.tensors) {
-    uint64_t numel = 1;
-    for (int64_t d : t.shape) {
-      if (d < 0) invalid(absl::StrCat("key \"", key, "\" has a negative dimension"));
-      numel *= static_cast<uint64_t>(d);
-    }
+    int64_t signed_numel = 0;
+    const std::string problem = ShapeProblem(t.shape, &signed_numel);
+    if (!problem.empty()) invalid(absl::StrCat("key \"", key, "\": ", problem));
+    const uint64_t numel = static_cast<uint64_t>(signed_numel);
     if (!IsFloatingPoint(t.dtype)) invalid(absl::StrCat("key \"", key, "\" has a non-float dtype"));
     if (t.steps < 0) invalid(absl::StrCat("key \"", key, "\" has a negative step count"));
     uint64_t m = 0, r = 0;

@@ -103,8 +103,9 @@ class PowerSGD {
 
   // Averages `tensors` across the ranks of `comm` in place and returns this call's stats.
   // Synchronous. Errors:
-  //  - InvalidArgumentError (this rank, before any communication): bad shape/count, empty or
-  //    duplicate key, non-float dtype, mixed devices, null data.
+  //  - InvalidArgumentError (this rank, before any communication): bad shape/count (also a
+  //    negative dimension or an element count that overflows int64), empty or duplicate key,
+  //    non-float dtype, mixed devices, null data.
   //  - MismatchError (every rank, before any payload moves): ranks passed different keys,
   //    shapes, dtypes, options or per-key step counts (a fingerprint of all of them is
   //    compared), naming each rank's tensor count, element count and fingerprint.
@@ -120,7 +121,9 @@ class PowerSGD {
   // compressing stay 1-D (exact, unpadded). Costs a copy into and out of a padded scratch
   // (none when count is a perfect square). Keys and state as in AllReduce (shape {side, side}).
   PowerSGDStats AllReduceFlat(Communicator& comm, absl::Span<const FlatGradient> buffers);
-  // The square shape AllReduceFlat uses for `count` elements.
+  // The square shape AllReduceFlat uses for `count` elements. InvalidArgumentError when the
+  // square's element count would overflow int64 (count > 3037000499^2); AllReduceFlat checks
+  // each buffer first and names its key.
   static std::vector<int64_t> FlatMatrixShape(size_t count);
 
   const PowerSGDOptions& options() const { return options_; }
@@ -130,7 +133,9 @@ class PowerSGD {
   // State of every key seen (copied to host memory for CUDA tensors).
   PowerSGDCheckpoint SaveState() const;
   // Replaces every key's state. The checkpoint's options must match this object's in rank and
-  // error feedback, and each state's sizes must fit its shape (else InvalidArgumentError).
+  // error feedback, each shape must have no negative dimension and an element count within
+  // int64, and each state's sizes must fit its shape (else InvalidArgumentError, naming the key
+  // and the shape; the state is then unchanged).
   void LoadState(const PowerSGDCheckpoint& checkpoint);
   // One key's state (host copy); nullopt-like: returns false if the key is unknown.
   bool GetTensorState(const std::string& key, PowerSGDTensorState* out) const;
@@ -142,6 +147,7 @@ class PowerSGD {
                                      int64_t step);
 
   // Would a tensor of this shape be compressed (once past start_iter)? And its rank min(n,m,r).
+  // InvalidArgumentError for a negative dimension or an element count that overflows int64.
   static bool ShouldCompress(const std::vector<int64_t>& shape, const PowerSGDOptions& options, int* rank_used = nullptr);
 
  private:

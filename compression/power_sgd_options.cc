@@ -32,7 +32,7 @@ const Key kKeys[] = {
     {"warm_start", "warm_start", "0|1"},
     {"epsilon", "orthogonalization_epsilon", "number >= 0"},
     {"seed", "random_seed", "int >= 0"},
-    {"batch_same_shape", "batch_tensors_with_same_shape", "0|1"},
+    {"batch_same_shape", "batch_tensors_with_same_shape", "0; 1 is rejected"},
     {"iterations", "num_iters_per_step", "int >= 1"},
     {"nonfinite", "nonfinite", "pass|error|unchecked"},
 };
@@ -76,6 +76,13 @@ std::string ExactDouble(double v) {
 
 }  // namespace
 
+const char* const kBatchSameShapeRejected =
+    "batch_tensors_with_same_shape (batch_same_shape) = 1 is rejected: it would not cut collectives here, since "
+    "every PowerSGD call already all-reduces the P factors of all its matrices in one all-reduce and their Q "
+    "factors in another, whatever their shapes; PyTorch's option only stacks same-shape matrices into batched "
+    "GEMMs to save GPU kernel launches, and here the local products run one matrix after the other (on the CPU "
+    "with row-blocked kernels and Eigen, on CUDA with a cuBLAS call each). Leave it 0 (the default, as in PyTorch)";
+
 const char* NonFinitePolicyName(NonFinitePolicy policy) {
   switch (policy) {
     case NonFinitePolicy::kPassThrough: return "pass";
@@ -108,6 +115,7 @@ void PowerSGDOptions::Validate() const {
   if (!std::isfinite(orthogonalization_epsilon) || orthogonalization_epsilon < 0) {
     fail(absl::StrCat("orthogonalization_epsilon (epsilon) must be a finite number >= 0, got ", orthogonalization_epsilon));
   }
+  if (batch_tensors_with_same_shape) fail(kBatchSameShapeRejected);
   if (num_iters_per_step < 1) fail(absl::StrCat("num_iters_per_step (iterations) must be >= 1, got ", num_iters_per_step));
   if (nonfinite != NonFinitePolicy::kPassThrough && nonfinite != NonFinitePolicy::kError &&
       nonfinite != NonFinitePolicy::kUnchecked) {
@@ -159,7 +167,9 @@ PowerSGDOptions ParsePowerSGDOptions(const std::string& text) {
       if (!absl::SimpleAtoi(value, &v)) Fail(text, absl::StrCat(key, "=", value, " is not an unsigned integer"));
       o.random_seed = v;
     } else if (name == "batch_same_shape") {
-      o.batch_tensors_with_same_shape = ParseBool(text, key, value);
+      // Kept as a key (not "unknown key") so that PyTorch users learn why 1 is refused.
+      if (ParseBool(text, key, value)) Fail(text, kBatchSameShapeRejected);
+      o.batch_tensors_with_same_shape = false;
     } else if (name == "iterations") {
       const int64_t v = ParseInt(text, key, value);
       if (v < 1 || v > 1000) Fail(text, absl::StrCat("iterations must be in [1, 1000], got ", value));

@@ -37,8 +37,11 @@ struct PowerSGDOptions {
   double orthogonalization_epsilon = 0;
   // Seeds the initial Q of each tensor (mixed with the tensor's key; identical on every rank).
   uint64_t random_seed = 0;
-  // PyTorch batches same-shape matrices into one batched GEMM. Accepted for compatibility:
-  // results and wire bytes are the same either way (see docs/powersgd.md).
+  // PyTorch's name, kept so its options carry over; must stay false (Validate() rejects true
+  // with kBatchSameShapeRejected). PyTorch stacks same-shape matrices into batched GEMMs to save
+  // GPU kernel launches; it does not change the number of collectives, and neither would it
+  // here: every call already sends all matrices' P factors in one all-reduce and all their Q
+  // factors in another (docs/powersgd.md).
   bool batch_tensors_with_same_shape = false;
   // Power iterations per step; each one is a P all-reduce and a Q all-reduce.
   int num_iters_per_step = 1;
@@ -50,11 +53,15 @@ struct PowerSGDOptions {
   std::string ToString() const;
 };
 
+// Why batch_tensors_with_same_shape = true is rejected (the message of Validate() and of the
+// parser for batch_same_shape=1).
+extern const char* const kBatchSameShapeRejected;
+
 // Parses comma-separated key=value pairs over the defaults; an empty string gives the
 // defaults. Keys (PyTorch's long names are accepted too):
 //   rank (matrix_approximation_rank), start_iter (start_powerSGD_iter), min_compression_rate,
 //   error_feedback (use_error_feedback), warm_start, epsilon (orthogonalization_epsilon),
-//   seed (random_seed), batch_same_shape (batch_tensors_with_same_shape),
+//   seed (random_seed), batch_same_shape (batch_tensors_with_same_shape; only 0: 1 is rejected),
 //   iterations (num_iters_per_step), nonfinite (pass|error|unchecked).
 // Booleans: 0/1/true/false. Unknown keys, duplicates, malformed values and values outside the
 // ranges Validate() checks raise InvalidArgumentError; the message lists the valid keys.

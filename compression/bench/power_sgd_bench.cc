@@ -49,7 +49,11 @@ std::vector<Param> ReadShapes(const std::string& path) {
     int64_t d;
     while (ss >> d) {
       p.shape.push_back(d);
-      p.numel *= d;
+      // Checked: a wrapped product could look like a small tensor (3 * 6148914691236517206 = 2 mod 2^64).
+      if (d < 0 || __builtin_mul_overflow(p.numel, d, &p.numel)) {
+        throw std::runtime_error(path + ": \"" + line + "\": " + p.name +
+                                 (d < 0 ? " has a negative dimension" : "'s element count overflows int64"));
+      }
     }
     out.push_back(p);
   }

@@ -38,7 +38,7 @@ TEST(PowerSGDOptionsTest, DefaultsArePyTorchs) {
 TEST(PowerSGDOptionsTest, ParsesEveryKey) {
   const PowerSGDOptions o = ParsePowerSGDOptions(
       "rank=2,start_iter=10,min_compression_rate=3.5,error_feedback=0,warm_start=false,seed=42,iterations=3,"
-      "batch_same_shape=1,epsilon=1e-8,nonfinite=error");
+      "batch_same_shape=0,epsilon=1e-8,nonfinite=error");
   EXPECT_EQ(o.matrix_approximation_rank, 2);
   EXPECT_EQ(o.start_powerSGD_iter, 10);
   EXPECT_EQ(o.min_compression_rate, 3.5);
@@ -46,7 +46,7 @@ TEST(PowerSGDOptionsTest, ParsesEveryKey) {
   EXPECT_FALSE(o.warm_start);
   EXPECT_EQ(o.random_seed, 42u);
   EXPECT_EQ(o.num_iters_per_step, 3);
-  EXPECT_TRUE(o.batch_tensors_with_same_shape);
+  EXPECT_FALSE(o.batch_tensors_with_same_shape);
   EXPECT_EQ(o.orthogonalization_epsilon, 1e-8);
   EXPECT_EQ(o.nonfinite, NonFinitePolicy::kError);
   // ToString parses back to the same options.
@@ -95,6 +95,43 @@ TEST(PowerSGDOptionsTest, RejectsBadStringsListingTheValidKeys) {
     EXPECT_NE(e.find("valid keys: rank (or matrix_approximation_rank)"), std::string::npos) << e;
     EXPECT_NE(e.find("iterations (or num_iters_per_step)"), std::string::npos) << e;
   }
+}
+
+// batch_same_shape=1 (PyTorch's batch_tensors_with_same_shape=True) is refused, saying why:
+// it would not reduce collectives, since one call already sends every matrix's P in one
+// all-reduce and every Q in another (counted in power_sgd_test's
+// PowerSGDCollectivesTest). 0, PyTorch's default, stays accepted under both names.
+TEST(PowerSGDOptionsTest, RejectsBatchSameShapeSayingWhy) {
+  for (const char* text : {"batch_same_shape=1", "batch_same_shape=true", "rank=2, batch_tensors_with_same_shape = True"}) {
+    const std::string e = ErrorOf(text);
+    EXPECT_EQ(e.find("invalid PowerSGD options"), 0u) << text << " -> " << e;
+    EXPECT_NE(e.find("batch_tensors_with_same_shape (batch_same_shape) = 1 is rejected: it would not cut collectives"),
+              std::string::npos)
+        << text << " -> " << e;
+    EXPECT_NE(e.find("already all-reduces the P factors of all its matrices in one all-reduce and their Q factors in "
+                     "another, whatever their shapes"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("Leave it 0"), std::string::npos) << e;
+    EXPECT_EQ(e.find("unknown key"), std::string::npos) << e;
+    EXPECT_NE(e.find("batch_same_shape (or batch_tensors_with_same_shape) [0; 1 is rejected]"), std::string::npos) << e;
+  }
+  EXPECT_NE(ErrorOf("batch_same_shape=maybe").find("is not a boolean"), std::string::npos);
+  for (const char* text : {"batch_same_shape=0", "batch_same_shape=false", "batch_tensors_with_same_shape=0"}) {
+    EXPECT_EQ(ErrorOf(text), "") << text;
+    EXPECT_FALSE(ParsePowerSGDOptions(text).batch_tensors_with_same_shape) << text;
+  }
+  EXPECT_NE(PowerSGDOptions().ToString().find(",batch_same_shape=0,"), std::string::npos);
+  // Set in the struct: Validate() and the constructor refuse it with the same reason.
+  PowerSGDOptions o;
+  o.batch_tensors_with_same_shape = true;
+  try {
+    PowerSGD p(o);
+    ADD_FAILURE() << "expected InvalidArgumentError";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find(kBatchSameShapeRejected), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(o.Validate(), InvalidArgumentError);
 }
 
 TEST(PowerSGDOptionsTest, ValidateAndTheConstructorRejectOutOfRangeValues) {

@@ -91,10 +91,52 @@ TEST(PowerSGDBadInputTest, InvalidTensorsAreRejectedBeforeAnythingIsSent) {
   const std::string cuda = call({{"w", Buffer{f.data(), 24, DType::kFloat32, Device::CUDA(0)}, {4, 6}}});
   EXPECT_TRUE(cuda.find("CUDA device(s) are visible") != std::string::npos || cuda.find("built without CUDA") != std::string::npos)
       << cuda;
+  // Element counts that overflow 64 bits: 3 * 6148914691236517206 wraps to 2 (mod 2^64), so
+  // an unchecked product would match the 2-element buffer.
+  const std::string wrapped = call({{"w", CpuBuffer(f.data(), 2), {3, 6148914691236517206}}});
+  EXPECT_CONTAINS(wrapped, "tensor 0 (\"w\"): the element count of shape [3, 6148914691236517206] overflows int64");
+  EXPECT_CONTAINS(call({{"b", CpuBuffer(f.data(), 4), {4}}, {"conv", CpuBuffer(f.data(), 0), {1 << 22, 1 << 22, 1 << 22}}}),
+                  "tensor 1 (\"conv\"): the element count of shape [4194304, 4194304, 4194304] overflows int64");
+  // A negative dimension whose product looks right (-4 * -6 = 24), and one beside a zero.
+  EXPECT_CONTAINS(call({{"w", CpuBuffer(f.data(), 0), {0, -6}}}), "tensor 0 (\"w\"): shape [0, -6] has a negative dimension");
   EXPECT_EQ(comm->traffic().collective_payload_bytes, 0u) << "nothing may be sent for invalid input";
+  EXPECT_TRUE(psgd.SaveState().tensors.empty()) << "no state for invalid input";
+  // A zero dimension makes the count 0 even when the other dimensions' product would overflow.
+  std::vector<GradientTensor> empty = {{"e", Buffer{f.data(), 0, DType::kFloat32, Device::CPU()}, {int64_t{1} << 40, int64_t{1} << 40, 0}}};
+  EXPECT_EQ(psgd.AllReduce(*comm, empty).tensors, 1u);
   // A key must keep its shape.
   psgd.AllReduce(*comm, std::vector<GradientTensor>{{"w", CpuBuffer(f.data(), 24), {4, 6}}});
   EXPECT_CONTAINS(call({{"w", CpuBuffer(f.data(), 24), {6, 4}}}), "earlier calls gave [4, 6] float32");
+}
+
+// Shapes whose element count overflows 64 bits, or with a negative dimension, are refused by
+// every function that multiplies dimensions, naming the tensor and the shape.
+TEST(PowerSGDBadInputTest, ShapeHelpersRejectOverflowingAndNegativeShapes) {
+  PowerSGDOptions o;
+  EXPECT_CONTAINS(Expect<InvalidArgumentError>([&] { PowerSGD::ShouldCompress({3, 6148914691236517206}, o); }),
+                  "PowerSGD::ShouldCompress: the element count of shape [3, 6148914691236517206] overflows int64");
+  EXPECT_CONTAINS(Expect<InvalidArgumentError>([&] { PowerSGD::ShouldCompress({4, -6}, o); }),
+                  "shape [4, -6] has a negative dimension");
+  EXPECT_FALSE(PowerSGD::ShouldCompress({int64_t{1} << 40, int64_t{1} << 40, 0}, o));  // empty, not an overflow
+  // The largest count whose square fits int64, and the first that does not (that one used
+  // to loop for ever: side * side wrapped around below the count).
+  constexpr size_t kSide = 3037000499, kLargest = kSide * kSide;
+  EXPECT_EQ(PowerSGD::FlatMatrixShape(kLargest), (std::vector<int64_t>{int64_t{kSide}, int64_t{kSide}}));
+  EXPECT_EQ(PowerSGD::FlatMatrixShape(kLargest - 1), (std::vector<int64_t>{int64_t{kSide}, int64_t{kSide}}));
+  for (size_t count : {kLargest + 1, std::numeric_limits<size_t>::max()}) {
+    EXPECT_CONTAINS(Expect<InvalidArgumentError>([&] { PowerSGD::FlatMatrixShape(count); }), "overflows int64") << count;
+  }
+  // AllReduceFlat names the bucket, before anything is read or sent.
+  auto comm = Communicator::Create(MakeHashStore(), 0, 1);
+  PowerSGD psgd(Compressing());
+  std::vector<float> f(16);
+  std::vector<compression::FlatGradient> flat = {{"bucket0", CpuBuffer(f.data(), 16)},
+                                                 {"bucket1", Buffer{f.data(), kLargest + 1, DType::kFloat32, Device::CPU()}}};
+  EXPECT_CONTAINS(Expect<InvalidArgumentError>([&] { psgd.AllReduceFlat(*comm, flat); }),
+                  "buffer 1 (\"bucket1\") has 9223372030926249002 elements: the element count of its square shape "
+                  "[3037000500, 3037000500] (or larger) overflows int64");
+  EXPECT_EQ(comm->traffic().collective_payload_bytes, 0u);
+  EXPECT_TRUE(psgd.SaveState().tensors.empty());
 }
 
 // Rank `odd` passes something different; every rank must get MismatchError, nothing reduced,
@@ -340,6 +382,48 @@ TEST(PowerSGDCheckpointFormatTest, MalformedOrIncompatibleCheckpointsAreRejected
   ASSERT_TRUE(rank2.GetTensorState("w", &st));
   EXPECT_EQ(st.q, c.tensors["w"].q);
   EXPECT_EQ(st.steps, 2);
+}
+
+// A checkpoint (e.g. from PowerSGD.load_state_dict) whose shape's element count overflows 64
+// bits: [3, 6148914691236517206] wraps to 2 elements, which an unchecked product would match
+// with a 2-float error memory. Refused with the key and shape, through Deserialize too, and the
+// object keeps its state.
+TEST(PowerSGDCheckpointFormatTest, ShapesWhoseElementCountOverflowsAreRejected) {
+  PowerSGDOptions o;
+  o.matrix_approximation_rank = 2;
+  PowerSGD psgd(o);
+  PowerSGDCheckpoint good;
+  good.options = o;
+  good.tensors["kept"].shape = {4, 6};
+  good.tensors["kept"].steps = 3;
+  psgd.LoadState(good);
+
+  PowerSGDCheckpoint bad;
+  bad.options = o;
+  bad.tensors["fc.weight"].shape = {3, 6148914691236517206};
+  bad.tensors["fc.weight"].steps = 1;
+  bad.tensors["fc.weight"].error = {1.0f, 2.0f};
+  const std::string expected =
+      "PowerSGD::LoadState: key \"fc.weight\": the element count of shape [3, 6148914691236517206] overflows int64";
+  EXPECT_CONTAINS(Expect<InvalidArgumentError>([&] { psgd.LoadState(bad); }), expected);
+  EXPECT_CONTAINS(Expect<InvalidArgumentError>([&] { psgd.LoadState(PowerSGDCheckpoint::Deserialize(bad.Serialize())); }),
+                  expected);
+  // Without arrays, and with more dimensions.
+  bad.tensors["fc.weight"].error.clear();
+  EXPECT_CONTAINS(Expect<InvalidArgumentError>([&] { psgd.LoadState(bad); }), expected);
+  bad.tensors["fc.weight"].shape = {1 << 16, 1 << 16, 1 << 16, 1 << 16};
+  EXPECT_CONTAINS(Expect<InvalidArgumentError>([&] { psgd.LoadState(bad); }),
+                  "key \"fc.weight\": the element count of shape [65536, 65536, 65536, 65536] overflows int64");
+  // Negative dimensions, also where the product is positive.
+  bad.tensors["fc.weight"].shape = {-4, -6};
+  bad.tensors["fc.weight"].error.assign(24, 0.0f);
+  EXPECT_CONTAINS(Expect<InvalidArgumentError>([&] { psgd.LoadState(bad); }),
+                  "PowerSGD::LoadState: key \"fc.weight\": shape [-4, -6] has a negative dimension");
+  // The failed loads changed nothing.
+  PowerSGDTensorState st;
+  EXPECT_FALSE(psgd.GetTensorState("fc.weight", &st));
+  ASSERT_TRUE(psgd.GetTensorState("kept", &st));
+  EXPECT_EQ(st.steps, 3);
 }
 
 }  // namespace

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "comm/errors.h"
@@ -458,6 +460,89 @@ TEST(PowerSGDBytesTest, ShouldCompressFollowsPyTorchsRule) {
   EXPECT_EQ(r, 3);
   EXPECT_TRUE(PowerSGD::ShouldCompress({1000, 30}, o, &r));   // 1030*4*2 < 30000
   EXPECT_EQ(r, 4);
+}
+
+// The position of a collective in its communicator's order, from its Work's description
+// ("barrier #12 on rank 0 of 3"): the comm layer numbers every collective it is handed.
+uint64_t SequenceNumber(const std::shared_ptr<Work>& w) {
+  const std::string& d = w->description();
+  const size_t hash = d.find('#');
+  EXPECT_NE(hash, std::string::npos) << d;
+  return std::stoull(d.substr(hash + 1));
+}
+
+// Collectives `fn` issues on `comm`, counted by the comm layer (barriers' sequence numbers
+// before and after), not by PowerSGD's own statistics.
+uint64_t CollectivesDuring(Communicator& comm, const std::function<void()>& fn) {
+  auto before = comm.barrier();
+  const uint64_t first = SequenceNumber(before);
+  before->wait();
+  fn();
+  auto after = comm.barrier();
+  const uint64_t last = SequenceNumber(after);
+  after->wait();
+  return last - first - 1;
+}
+
+// How many collectives one AllReduce call issues, as the number of matrices grows, with one
+// shape and with several: the same constant (which of 2..4 depends only on whether the exact
+// part and the first P fit the eager limit, not on the number of matrices). All matrices' P factors travel in one all-reduce
+// and all their Q factors in another (per power iteration), plus the cross-rank check and the
+// exact part; nothing is per matrix. This is why batch_same_shape=1 is rejected (options_test):
+// batching same-shape matrices, as PyTorch's option does for its local GEMMs, could not cut
+// collectives here. Two regimes on 3 ranks (eager limit 64 KiB):
+//  - small: the exact part and the first P ride in the check's allgather: 2 collectives
+//    (allgather, Q all-reduce);
+//  - large: exact part and P above the eager limit: 4 (allgather, exact all-reduce, P, Q);
+// and each extra power iteration adds exactly 2 (P and Q), whatever the number of matrices.
+TEST(PowerSGDCollectivesTest, OneCallIssuesTheSameCollectivesWhateverTheNumberOfMatrices) {
+  RunRanks(3, LaunchMode::kThreads, [](Communicator& comm) {
+    // The counting itself: two all-reduces count 2.
+    std::vector<float> x(8, 1.0f);
+    EXPECT_EQ(CollectivesDuring(comm, [&] {
+                comm.allreduce(CpuBuffer(x.data(), x.size()))->wait();
+                comm.allreduce(CpuBuffer(x.data(), x.size()))->wait();
+              }),
+              2u);
+    struct Regime {
+      std::string name;
+      std::vector<std::vector<int64_t>> same, mixed;  // matrix shapes, cycled
+      int64_t bias;                                  // 1-D tensor, always exact
+      uint64_t expected;                             // collectives per call at 1 power iteration
+    };
+    const std::vector<Regime> regimes = {
+        {"small", {{16, 16}}, {{16, 16}, {8, 24}, {8, 3, 3, 3}}, 10, 2},
+        {"large", {{4096, 16}}, {{4096, 16}, {2048, 32}, {1024, 16, 2, 2}}, 20000, 4},
+    };
+    for (const Regime& regime : regimes) {
+      for (int iterations : {1, 2}) {
+        for (bool mixed : {false, true}) {
+          for (int matrices : {1, 2, 8}) {
+            const std::string what = absl::StrCat(regime.name, mixed ? ", mixed shapes" : ", one shape", ", ", matrices,
+                                                  " matrices, ", iterations, " iteration(s)");
+            std::vector<TensorSpec> specs = {{"bias", {regime.bias}}};
+            const auto& shapes = mixed ? regime.mixed : regime.same;
+            for (int j = 0; j < matrices; ++j) specs.push_back({absl::StrCat("m", j), shapes[j % shapes.size()]});
+            PowerSGDOptions o;
+            o.matrix_approximation_rank = 2;
+            o.start_powerSGD_iter = 0;
+            o.num_iters_per_step = iterations;
+            ASSERT_EQ(o.batch_tensors_with_same_shape, false);
+            PowerSGD psgd(o);
+            for (int step = 0; step < 2; ++step) {  // the first call and a warm-started one
+              Grads g(specs, DType::kFloat32, comm.rank(), step);
+              PowerSGDStats stats;
+              const uint64_t count = CollectivesDuring(comm, [&] { stats = psgd.AllReduce(comm, g.tensors); });
+              EXPECT_EQ(stats.compressed_tensors, static_cast<uint64_t>(matrices)) << what;
+              EXPECT_EQ(count, regime.expected + 2 * (iterations - 1)) << what << ", step " << step;
+              // PowerSGD's own count of data all-reduces agrees (the check's allgather is not one).
+              EXPECT_EQ(stats.allreduce_calls, count - 1) << what;
+            }
+          }
+        }
+      }
+    }
+  });
 }
 
 TEST(PowerSGDStartIterTest, ExactBeforeStartIterThenCompressed) {
