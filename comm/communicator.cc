@@ -161,6 +161,7 @@ class Communicator::Impl {
   struct QueuedTask {
     uint64_t seq;
     std::function<void()> run;
+    Clock::time_point issued = Clock::now();
   };
 
   // Collectives k with k % lanes == index run here, one at a time, in issue order.
@@ -175,6 +176,7 @@ class Communicator::Impl {
     CollectiveScratch scratch;  // for the one collective this lane runs at a time
     std::deque<QueuedTask> queue;  // guarded by impl->mu_
     bool running = false;          // guarded by impl->mu_: a collective runs (worker or inline)
+    uint64_t running_seq = 0;      // guarded by impl->mu_: which one, while running
     std::thread worker;
   };
 
@@ -386,18 +388,26 @@ class Communicator::Impl {
         absl::ReaderMutexLock lock(&gate->mu);
         if (gate->impl) gate->impl->TryRunInline(seq);
       });
+      // A wait ends by the timeout of the issue, plus the time the peer check may add to the
+      // collective's own error (which then arrives first).
+      work->SetDeadline(Clock::now() + options_.timeout + PeerCheckAllowance(), options_.timeout,
+                        [gate = gate_, seq = spec.seq] {
+                          absl::ReaderMutexLock lock(&gate->mu);
+                          return gate->impl ? gate->impl->DescribeProgress(seq) : std::string();
+                        });
       // `cpu` runs the signature check itself, overlapped with its first messages.
       const bool deferred = checks_itself && options_.verify_collectives && !eager.finish;
       lane->queue.push_back(
-          {spec.seq, [this, lane, spec, work, deferred, cpu = std::move(cpu), eager = std::move(eager)] {
+          {spec.seq, [this, lane, spec, work, deferred, issued = Clock::now(), cpu = std::move(cpu),
+                      eager = std::move(eager)] {
              work->Complete(Run(
-                 spec, *lane,
-                 [&] {
+                 spec, *lane, issued,
+                 [&](std::chrono::milliseconds left) {
                    if (eager.finish) {
                      eager.finish(*lane->handshake, lane->scratch);
                    } else {
-                     StagedHandshake staged(*lane->handshake, spec, options_.timeout);
-                     cpu(GlooCall{lane->context, static_cast<uint32_t>(spec.seq), options_.timeout, &lane->scratch,
+                     StagedHandshake staged(*lane->handshake, spec, left);
+                     cpu(GlooCall{lane->context, static_cast<uint32_t>(spec.seq), left, &lane->scratch,
                                   &retired_buffers_, deferred ? &staged : nullptr,
                                   options_.lossless_float32_allreduce});
                    }
@@ -407,9 +417,9 @@ class Communicator::Impl {
       return work;
     }
     auto work = std::make_shared<StagedWork>(description);
-    lane->queue.push_back({spec.seq, [this, lane, spec, work, description, cuda = std::move(cuda)] {
+    lane->queue.push_back({spec.seq, [this, lane, spec, work, description, issued = Clock::now(), cuda = std::move(cuda)] {
       std::shared_ptr<Work> launched;
-      std::exception_ptr error = Run(spec, *lane, [&] {
+      std::exception_ptr error = Run(spec, *lane, issued, [&](std::chrono::milliseconds) {
         NcclTransport& nccl = NcclFor(spec.device.index);
         absl::MutexLock launch_lock(&nccl_mu_);
         launched = cuda(nccl, description);
@@ -450,7 +460,41 @@ class Communicator::Impl {
     if (stopping_) return;
     Lane& lane = LaneOf(seq);
     if (lane.running || lane.queue.empty() || lane.queue.front().seq != seq || WaitsForEarlier(seq)) return;
+    // Only a collective that starts about when it was issued: run here, a check that waits for
+    // a late peer may hold this thread for the whole timeout from its start, and a waiter must
+    // be free to give up at the timeout from the issue (CompletionWork::SetDeadline). Later ones
+    // are left to the lane's worker.
+    if (Clock::now() - lane.queue.front().issued > InlineStartLimit()) return;
     RunFront(lane);
+  }
+
+  std::chrono::milliseconds InlineStartLimit() const {
+    return std::min(options_.timeout / 10, std::chrono::milliseconds(100));
+  }
+
+  // The most the peer check adds to a failing collective's time (see heartbeat_interval).
+  std::chrono::milliseconds PeerCheckAllowance() const {
+    return interval_.count() > 0 ? (kOwnBeatsCap + 1) * interval_ : std::chrono::milliseconds(0);
+  }
+
+  // What collective `seq` is waiting for, for a wait that gave up on it.
+  std::string DescribeProgress(uint64_t seq) {
+    absl::MutexLock lock(&mu_);
+    if (in_flight_.count(seq) == 0) return "it has just completed";
+    const Lane& lane = LaneOf(seq);
+    if (lane.running && lane.running_seq == seq) {
+      return "it is running (its signature check or data exchange waits for a peer)";
+    }
+    size_t ahead = 0;
+    for (const QueuedTask& t : lane.queue) {
+      if (t.seq == seq) break;
+      ++ahead;
+    }
+    std::string text = absl::StrCat("it has not started: lane ", seq % lanes_.size(), " of ", lanes_.size());
+    if (lane.running) absl::StrAppend(&text, " is running collective #", lane.running_seq, " and");
+    absl::StrAppend(&text, " has ", ahead, " collective(s) queued ahead of it");
+    if (WaitsForEarlier(seq)) absl::StrAppend(&text, "; an earlier collective touching its memory is still in flight");
+    return text;
   }
 
   // Takes the task at the lane's front and runs it with mu_ released; the lane stays busy
@@ -460,6 +504,7 @@ class Communicator::Impl {
     QueuedTask task = std::move(lane.queue.front());
     lane.queue.pop_front();
     lane.running = true;
+    lane.running_seq = task.seq;
     mu_.Unlock();
     task.run();
     mu_.Lock();
@@ -468,9 +513,14 @@ class Communicator::Impl {
   }
 
   // Runs one queued collective on `lane`; returns its error. Transport failures poison the
-  // communicator; mismatches do not (no data moved).
-  std::exception_ptr Run(const OpSpec& spec, Lane& lane, const std::function<void()>& body,
-                         const EagerPlan& eager = {}, bool body_runs_check = false) {
+  // communicator; mismatches do not (no data moved). The collective's deadline is counted from
+  // when it was `issued`, not from when it starts: its check and `body` get what is left of the
+  // timeout (`body`'s argument), and one whose turn comes after the deadline fails without
+  // starting. So every wait on a collective ends within the timeout of its issue (plus the
+  // peer check), however long it queued behind earlier ones.
+  std::exception_ptr Run(const OpSpec& spec, Lane& lane, Clock::time_point issued,
+                         const std::function<void(std::chrono::milliseconds)>& body, const EagerPlan& eager = {},
+                         bool body_runs_check = false) {
     {
       absl::MutexLock lock(&mu_);
       if (first_failure_) {
@@ -481,11 +531,19 @@ class Communicator::Impl {
     }
     const std::string where = absl::StrCat(spec.Describe(), " on rank ", rank_, " of ", size_);
     try {
+      const auto queued = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - issued);
+      const auto left = options_.timeout - queued;
+      if (left.count() <= 0) {
+        // Skipping it would desynchronise the ranks: a timeout like any other (poisons).
+        throw TimeoutError(absl::StrCat(where, ": not started within the timeout (", options_.timeout.count(),
+                                        " ms) of its issue: it queued for ", queued.count(),
+                                        " ms behind earlier collectives (on its lane, or touching its memory)"));
+      }
       // An eager collective's data travels in the handshake, so it always runs.
       if ((options_.verify_collectives || eager.finish) && !body_runs_check) {
-        lane.handshake->Run(spec, eager.payload, options_.timeout);
+        lane.handshake->Run(spec, eager.payload, left);
       }
-      body();
+      body(left);
       return nullptr;
     } catch (const MismatchError&) {
       return std::current_exception();

@@ -403,6 +403,32 @@ TEST_P(ErrorsTest, TimedWaitOnAPendingCollectiveReturnsAtItsTimeout) {
   }, Quick());
 }
 
+// A collective's deadline counts from its issue, not from its start: B, queued behind A
+// (one lane) while a late peer holds A up for 1.8 s, fails at its own timeout of 3 s after its
+// issue (plus the peer check), not 3 s after it started (4.8 s).
+TEST_P(ErrorsTest, QueuedCollectiveFailsWithinTheTimeoutOfItsIssue) {
+  CommunicatorOptions options = Quick(3000);
+  options.collective_lanes = 1;
+  options.heartbeat_interval = std::chrono::milliseconds(50);  // peer check: 150-200 ms
+  RunRanks(2, GetParam(), [](Communicator& comm) {
+    std::vector<float> a(4, 1.0f), b(4, 1.0f);
+    if (comm.rank() == 0) {
+      const auto issued = Clock::now();
+      auto first = comm.allreduce(CpuBuffer(a.data(), 4));
+      auto second = comm.allreduce(CpuBuffer(b.data(), 4));  // rank 1 never issues it
+      first->wait();
+      EXPECT_THAT(ExpectFailure<TimeoutError>(second), AllOf(HasSubstr("allreduce #1"), HasSubstr("rank 0 of 2")));
+      const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - issued);
+      // Expected ~3.2 s; counted from its start it would be ~5 s.
+      EXPECT_LT(took.count(), 4200) << "the queued collective outlived its timeout of 3000 ms from issue";
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1800));
+      comm.allreduce(CpuBuffer(a.data(), 4))->wait();
+      std::this_thread::sleep_for(std::chrono::milliseconds(4000));  // stays up until rank 0 has failed
+    }
+  }, options);
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, ErrorsTest, ::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
                          [](const ::testing::TestParamInfo<LaunchMode>& info) { return LaunchModeName(info.param); });
 
