@@ -22,6 +22,13 @@ PACKAGES=(
   # tools/fuzz.sh: clang with libFuzzer and the sanitizer runtimes (libclang-rt-dev ->
   # libclang-rt-14-dev on bookworm), and pkg-config for Abseil's link flags.
   clang libclang-rt-dev pkgconf
+  # tools/slurm_cluster.sh (the Slurm example's test): a one-machine Slurm cluster. slurmctld,
+  # slurmd, the client commands (sbatch, srun, sinfo, scontrol) and munge (Slurm's auth/munge);
+  # slurm-wlm is only the metapackage of the first three. On a machine whose init system lets
+  # packages start services, installing them also starts the system's own munge/slurm daemons;
+  # tools/slurm_cluster.sh uses its own config, key, socket and ports and neither needs nor
+  # touches those.
+  slurmctld slurmd slurm-client munge
 )
 
 missing=()
