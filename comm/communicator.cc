@@ -193,7 +193,10 @@ class Communicator::Impl {
   }
 
   void Connect() {
-    const GlooMeshOptions mesh{options_.hostname, options_.interface, options_.timeout};
+    // One deadline for every mesh of this communicator: Create ends within the rendezvous time.
+    const auto rendezvous =
+        options_.rendezvous_timeout.count() > 0 ? options_.rendezvous_timeout : options_.timeout;
+    const GlooMeshOptions mesh{options_.hostname, options_.interface, options_.timeout, Clock::now() + rendezvous};
     context_ = ConnectGlooMesh(std::make_shared<PrefixStore>("gloo", store_), rank_, size_, mesh);
     meshes_.push_back(context_);
     if (size_ > 1) CheckSharedOptionsAgree();
@@ -1029,6 +1032,10 @@ std::unique_ptr<Communicator> Communicator::Create(std::shared_ptr<Store> store,
     throw InvalidArgumentError(absl::StrCat("Communicator: rank ", rank, " is out of range [0, ", size, ")"));
   }
   if (!store) throw InvalidArgumentError("Communicator: store is null");
+  if (options.rendezvous_timeout.count() < 0) {
+    throw InvalidArgumentError(absl::StrCat("Communicator: rendezvous_timeout must be >= 0 (0: the timeout), got ",
+                                            options.rendezvous_timeout.count(), " ms"));
+  }
   if (options.timeout.count() <= 0) {
     throw InvalidArgumentError(absl::StrCat("Communicator: timeout must be positive, got ", options.timeout.count(),
                                             " ms"));

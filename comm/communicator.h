@@ -35,10 +35,16 @@ namespace gossipcc {
 struct CommunicatorOptions {
   // Deadline of every operation, rendezvous included.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
-  // Address this rank listens on (Gloo TCP). Empty: this host's name.
-  std::string hostname = "127.0.0.1";
-  // Network interface to listen on instead of `hostname` (e.g. "eth0"); empty: unused.
+  // How long Create may take in all, every mesh's rendezvous and connection included; zero:
+  // `timeout`. The c10d backend passes what is left of init_process_group's timeout, so that a
+  // rank fails init within its timeout even where torch's store took part of it.
+  std::chrono::milliseconds rendezvous_timeout{0};
+  // Network interface to listen on (Gloo TCP), e.g. "eth0"; it must exist.
   std::string interface;
+  // Else the name or address to listen on; it must resolve to an address of this host.
+  // Both empty: as PyTorch's ProcessGroupGloo, this host's name if it resolves to an address
+  // this host can bind, else the loopback address with a warning (comm/listen_address.h).
+  std::string hostname;
   // Compare each collective's signature across ranks before moving data. Costs one
   // exchange of a 64-byte message with every peer per collective; turning it off trusts the
   // caller (a mismatch may then corrupt memory or abort the process, as in raw Gloo). Eager

@@ -10,17 +10,22 @@
 
 #include <signal.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "absl/base/attributes.h"
 #include "absl/base/const_init.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "comm/errors.h"
+#include "comm/listen_address.h"
 
 namespace gossipcc {
 namespace {
@@ -134,20 +139,83 @@ void RethrowGlooError(const std::string& context, const std::exception& e) {
 namespace {
 
 std::shared_ptr<gloo::transport::Device> CreateDevice(int rank, const GlooMeshOptions& options) {
+  const ListenAddress where = ChooseListenAddress(options.interface, options.hostname);
   gloo::transport::tcp::attr attr;
-  if (!options.interface.empty()) {
-    attr.iface = options.interface;
+  if (!where.interface.empty()) {
+    attr.iface = where.interface;
   } else {
-    attr.hostname = options.hostname;
+    attr.hostname = where.hostname;
   }
   try {
     return gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
-    throw InvalidArgumentError(absl::StrCat("rank ", rank, ": cannot listen on ",
-                                            options.interface.empty() ? "host " + options.hostname
-                                                                      : "interface " + options.interface,
-                                            ": ", e.what()));
+    throw InvalidArgumentError(absl::StrCat("rank ", rank, ": cannot listen on ", where.description, ": ", e.what()));
   }
+}
+
+// Gloo's connect waits 5 x the timeout for a pair to connect (its "longer timeout when waiting
+// for initial connect"), so a peer at an unreachable address, or one that died after publishing
+// its address, would hold every rank for 5 timeouts. The connect runs on a thread of its own
+// and this rank gives up at the deadline; the thread (holding what it uses) ends on its own
+// when Gloo gives up.
+void ConnectWithDeadline(const std::shared_ptr<gloo::rendezvous::Context>& context,
+                         std::shared_ptr<StoreToGloo> store, const std::shared_ptr<Store>& raw_store,
+                         std::shared_ptr<gloo::transport::Device> device, std::chrono::milliseconds timeout, int rank,
+                         int size) {
+  struct Outcome {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr error;
+  };
+  auto outcome = std::make_shared<Outcome>();
+  std::thread([context, store, device, outcome]() mutable {
+    std::exception_ptr error;
+    try {
+      context->connectFullMesh(*store, device);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(outcome->mu);
+    outcome->done = true;
+    outcome->error = error;
+    outcome->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(outcome->mu);
+  // The store waits inside are bounded by `timeout` already; a little slack lets their own
+  // (more specific) error arrive first.
+  const auto slack = std::min(timeout / 10, std::chrono::milliseconds(2000));
+  if (!outcome->cv.wait_for(lock, timeout + slack, [&] { return outcome->done; })) {
+    lock.unlock();
+    std::string store_error;
+    try {
+      raw_store->set(absl::StrCat("deadline_probe_", rank), {1});
+    } catch (const std::exception& e) {
+      store_error = e.what();
+    }
+    if (!store_error.empty()) {
+      throw TimeoutError(absl::StrCat("rank ", rank, " of ", size, ": rendezvous did not complete within ",
+                                      timeout.count(), " ms, and the rendezvous store is now unreachable (its host, ",
+                                      "rank 0 for env://, may have failed and exited): ", store_error));
+    }
+    // Which peers never published their address (Gloo's key for rank r is "rank_<r>")?
+    std::vector<std::string> missing;
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      try {
+        raw_store->wait({absl::StrCat("rank_", r)}, std::chrono::milliseconds(1));
+      } catch (const std::exception&) {
+        missing.push_back(std::to_string(r));
+      }
+    }
+    throw TimeoutError(absl::StrCat(
+        "rank ", rank, " of ", size, ": rendezvous did not complete within ", timeout.count(), " ms: ",
+        missing.empty() ? "every rank published its address, but a connection to or from a peer was not "
+                          "established (a peer unreachable at the address it published, behind a firewall, or gone)"
+                        : absl::StrCat("rank(s) ", absl::StrJoin(missing, ", "),
+                                       " never published an address (did every rank start?)")));
+  }
+  if (outcome->error) std::rethrow_exception(outcome->error);
 }
 
 }  // namespace
@@ -169,14 +237,36 @@ std::shared_ptr<gloo::Context> ConnectGlooMesh(std::shared_ptr<Store> store, int
   if (!device) device = CreateDevice(rank, options);
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
   context->setTimeout(options.timeout);
-  StoreToGloo gloo_store(std::move(store), options.timeout);
+  const auto now = std::chrono::steady_clock::now();
+  const auto left = options.connect_deadline
+                        ? std::chrono::duration_cast<std::chrono::milliseconds>(*options.connect_deadline - now)
+                        : options.timeout;
+  if (left.count() <= 0) {
+    throw TimeoutError(absl::StrCat("rank ", rank, " of ", size, ": rendezvous did not complete within its time: ",
+                                    "none was left for this mesh"));
+  }
+  auto gloo_store = std::make_shared<StoreToGloo>(store, left);
   try {
-    context->connectFullMesh(gloo_store, device);
+    ConnectWithDeadline(context, gloo_store, store, device, left, rank, size);
   } catch (const TimeoutError& e) {
+    if (absl::StrContains(e.what(), "rendezvous did not complete")) throw;
     throw TimeoutError(absl::StrCat("rank ", rank, " of ", size, ": rendezvous did not complete within ",
                                     options.timeout.count(), " ms (did every rank start?): ", e.what()));
   } catch (const std::exception& e) {
-    RethrowGlooError(absl::StrCat("rank ", rank, " of ", size, ": connecting the mesh"), e);
+    const std::string what = e.what();
+    std::string hint;
+    if (MentionsLoopbackAddress(what)) {
+      hint = " (a peer published a loopback address, which only its own host can reach: on a job across hosts "
+             "set GOSSIPCC_SOCKET_IFNAME or GLOO_SOCKET_IFNAME to the network interface to use, or make each "
+             "host's name resolve to its routable address)";
+    }
+    try {
+      RethrowGlooError(absl::StrCat("rank ", rank, " of ", size, ": connecting the mesh"), e);
+    } catch (const PeerError& p) {
+      throw PeerError(p.what() + hint);
+    } catch (const TimeoutError& t) {
+      throw TimeoutError(t.what() + hint);
+    }
   }
   return context;
 }

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,7 +105,9 @@ class PostedBuffers {
 struct GlooMeshOptions {
   std::string hostname;
   std::string interface;
-  std::chrono::milliseconds timeout;
+  std::chrono::milliseconds timeout;  // of every operation on the mesh
+  // By when the rendezvous and connection must be done (unset: `timeout` from the call).
+  std::optional<std::chrono::steady_clock::time_point> connect_deadline;
 };
 
 // Gloo writes to its sockets without MSG_NOSIGNAL, so a write to a peer that has died raises

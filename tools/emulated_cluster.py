@@ -26,8 +26,13 @@ Command line (runs one command per rank inside its namespace, then prints bytes 
     tools/emulated_cluster.py presets
     tools/emulated_cluster.py cleanup
 
-Each rank's command gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR (rank 0's address),
-MASTER_PORT, GLOO_SOCKET_IFNAME (its veth, so Gloo binds that interface) and
+With --hostnames (hostnames=True) every rank is a host named host<r> (a UTS namespace per
+process, and /etc/netns/<ns>/hosts that resolves every host's name to its address, as a
+cluster's DNS would); with --no-interface-env (interface_env=False) no interface variable is set.
+
+Each rank's command gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR (rank 0's address, or host0),
+MASTER_PORT, GLOO_SOCKET_IFNAME (its veth, so Gloo binds that interface; not with
+--no-interface-env) and
 GOSSIPCC_NETNS_IFACE (the same name, for reading /sys/class/net/<iface>/statistics/tx_bytes
 from inside the rank: `ip netns exec` mounts the namespace's own sysfs).
 
@@ -173,6 +178,7 @@ def cleanup_stale():
         m = re.match(rf"^{NAME_PREFIX}(\d+)-[0-9a-f]{{4}}-", ns)
         if m and not _pid_alive(int(m.group(1))):
             subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
+            shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
             removed.append(ns)
     return removed
 
@@ -208,10 +214,18 @@ class EmulatedCluster:
             print(results.tx_bytes)
     """
 
-    def __init__(self, n, network="none", quiet=True):
+    def __init__(self, n, network="none", quiet=True, hostnames=False, interface_env=True):
+        """hostnames: each rank's namespace is a host with a name of its own, host<r> (a UTS
+        namespace per rank process), which every host resolves (/etc/netns/<ns>/hosts, which
+        `ip netns exec` mounts over /etc/hosts) to that host's address, as a real cluster's
+        DNS or hosts file does; MASTER_ADDR is then host0. interface_env: whether each rank's
+        command gets GLOO_SOCKET_IFNAME (False: nothing tells a backend which interface to use,
+        as on a cluster launched the plain torch way)."""
         if not 1 <= n <= MAX_RANKS:
             raise ValueError(f"ranks must be in 1..{MAX_RANKS}, got {n}")
         self.n = n
+        self.hostnames = hostnames
+        self.interface_env = interface_env
         self.network = network
         self.rate, self.delay = parse_network(network)
         self.name = f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(2)}"
@@ -232,13 +246,33 @@ class EmulatedCluster:
     def address(self, rank):
         return f"{ADDRESS_BASE[0]}.{ADDRESS_BASE[1]}.0.{rank + 1}"
 
+    @staticmethod
+    def hostname(rank):
+        return f"host{rank}"
+
     def env(self, rank, port=MASTER_PORT):
-        return {
+        env = {
             "RANK": str(rank), "WORLD_SIZE": str(self.n), "LOCAL_RANK": "0",
-            "MASTER_ADDR": self.address(0), "MASTER_PORT": str(port),
-            "GLOO_SOCKET_IFNAME": self.iface(rank), "GOSSIPCC_NETNS_IFACE": self.iface(rank),
-            "GOSSIPCC_NETWORK": self.network,
+            "MASTER_ADDR": self.hostname(0) if self.hostnames else self.address(0), "MASTER_PORT": str(port),
+            "GOSSIPCC_NETNS_IFACE": self.iface(rank), "GOSSIPCC_NETWORK": self.network,
         }
+        if self.interface_env:
+            env["GLOO_SOCKET_IFNAME"] = self.iface(rank)
+        return env
+
+    def hosts_file(self, names=True):
+        """/etc/hosts of every host: localhost, and (names) each host's name and address."""
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+        if names:
+            lines += [f"{self.address(r)}\t{self.hostname(r)}" for r in range(self.n)]
+        return "\n".join(lines) + "\n"
+
+    def write_hosts_file(self, rank, names=True):
+        """Writes rank's namespace's /etc/hosts (as mounted by `ip netns exec`)."""
+        directory = f"/etc/netns/{self.netns(rank)}"
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "hosts"), "w") as f:
+            f.write(self.hosts_file(names))
 
     # --- set-up / tear-down --------------------------------------------------------------------
     def __enter__(self):
@@ -284,6 +318,8 @@ class EmulatedCluster:
             _run(["ip", "-n", ns, "link", "set", "lo", "up"], f"loopback of rank {r}")
             self._shape(ns, ve, self.delay)   # upload (+ latency)
             self._shape(self.hub, port, None)  # download
+            if self.hostnames:
+                self.write_hosts_file(r)
         self._wait_reachable()
 
     def _shape(self, ns, dev, delay):
@@ -331,6 +367,7 @@ class EmulatedCluster:
         self.kill_all()
         for ns in reversed(self._made):
             subprocess.run(["ip", "netns", "del", ns], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
         self._made.clear()
         self._signals.restore()
 
@@ -348,10 +385,17 @@ class EmulatedCluster:
     def popen(self, rank, cmd, env=None, **kwargs):
         """Starts `cmd` inside rank's namespace with the rank environment (plus `env`)."""
         full_env = dict(os.environ)
+        if not self.interface_env:
+            for name in ("GLOO_SOCKET_IFNAME", "GOSSIPCC_SOCKET_IFNAME", "GOSSIPCC_HOSTNAME"):
+                full_env.pop(name, None)
         full_env.update(self.env(rank))
         full_env.update(env or {})
-        proc = subprocess.Popen(["ip", "netns", "exec", self.netns(rank)] + list(cmd), env=full_env,
-                                start_new_session=True, **kwargs)
+        prefix = ["ip", "netns", "exec", self.netns(rank)]
+        if self.hostnames:
+            # A UTS namespace of its own: the process and its children see host<r> as this
+            # host's name (gethostname), as on a real host.
+            prefix += ["unshare", "--uts", "sh", "-c", f'hostname {self.hostname(rank)} && exec "$@"', "sh"]
+        proc = subprocess.Popen(prefix + list(cmd), env=full_env, start_new_session=True, **kwargs)
         self._procs.append(proc)
         return proc
 
@@ -521,6 +565,10 @@ def main(argv=None):
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--network", default="1gbit", help=f"one of {', '.join(PRESETS)} or rate=..,delay=..")
     parser.add_argument("--timeout", type=float, default=None, help="seconds before the ranks are killed")
+    parser.add_argument("--hostnames", action="store_true",
+                        help="each rank a host named host<r> that every host resolves; MASTER_ADDR=host0")
+    parser.add_argument("--no-interface-env", action="store_true",
+                        help="set no GLOO_SOCKET_IFNAME (nor pass one through): backends choose their address")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -536,7 +584,8 @@ def main(argv=None):
         parser.error("no command given (put it after --)")
     try:
         parse_network(args.network)
-        with EmulatedCluster(args.ranks, args.network) as cluster:
+        with EmulatedCluster(args.ranks, args.network, hostnames=args.hostnames,
+                             interface_env=not args.no_interface_env) as cluster:
             result = cluster.run([cmd] * args.ranks, timeout=args.timeout)
     except (NamespacesUnavailable, ClusterError, ValueError) as e:
         print(f"emulated_cluster: {e}", file=sys.stderr)

@@ -96,9 +96,17 @@ std::string TransportHostname() {
   return "";
 }
 
+// GOSSIPCC_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME. Both take gloo's comma-separated list;
+// gossipcc listens on the first interface (ProcessGroupGloo makes a device per interface and
+// spreads its pairs over them; gossipcc's lanes and meshes share one listening device).
 std::string TransportInterface() {
   for (const char* name : {"GOSSIPCC_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
-    if (const char* v = std::getenv(name); v && *v) return v;
+    const char* v = std::getenv(name);
+    if (!v || !*v) continue;
+    const std::string list(v);
+    const std::string first = list.substr(0, list.find(','));
+    if (first.empty()) throw InvalidArgumentError(absl::StrCat(name, "='", list, "' names no interface first"));
+    return first;
   }
   return "";
 }

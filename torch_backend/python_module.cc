@@ -26,7 +26,8 @@ namespace {
 
 c10::intrusive_ptr<ProcessGroupGossipcc> CreateProcessGroup(const c10::intrusive_ptr<::c10d::Store>& store,
                                                             int rank, int size, std::chrono::milliseconds timeout,
-                                                            const std::string& allreduce_policy) {
+                                                            const std::string& allreduce_policy,
+                                                            std::optional<std::chrono::milliseconds> rendezvous_timeout) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw InvalidArgumentError("gossipcc: rank " + std::to_string(rank) + " is not in a world of size " +
                                std::to_string(size));
@@ -34,6 +35,9 @@ c10::intrusive_ptr<ProcessGroupGossipcc> CreateProcessGroup(const c10::intrusive
   ProcessGroupOptions options;
   if (timeout.count() > 0) options.timeout = timeout;
   options.allreduce_policy = AllreducePolicy::Parse(allreduce_policy);
+  // What init_process_group has left of its timeout (gossipcc/__init__.py): the rendezvous
+  // ends within it. At least 1 ms, so that a late rank still gets a chance to connect.
+  if (rendezvous_timeout) options.communicator.rendezvous_timeout = std::max(*rendezvous_timeout, std::chrono::milliseconds(1));
   py::gil_scoped_release release;  // rendezvous blocks until every rank arrives
   return c10::make_intrusive<ProcessGroupGossipcc>(store, rank, size, std::move(options));
 }
@@ -181,7 +185,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<ProcessGroupGossipcc, C10dBackendBase, c10::intrusive_ptr<ProcessGroupGossipcc>>(
       m, "ProcessGroupGossipcc")
       .def(py::init(&CreateProcessGroup), py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-           py::arg("allreduce_policy") = "exact")
+           py::arg("allreduce_policy") = "exact", py::arg("rendezvous_timeout") = py::none())
       .def_property_readonly("allreduce_policy",
                              [](const ProcessGroupGossipcc& pg) { return pg.options().allreduce_policy.ToString(); })
       .def("traffic",

@@ -14,7 +14,10 @@ Training wrappers (docs/algorithms.md): ``GossipDataParallel`` (SGP, OSGP, D-PSG
 ``BilatGossipDataParallel`` (AD-PSGD), ``AllReduceEA`` (elastic averaging) and ``AllReduceSGD``
 (all-reduce SGD with uneven step counts).
 """
+import datetime
+import functools
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -54,8 +57,15 @@ _live_backends = {}
 
 
 def _create_backend(store, rank, size, timeout):
-    # Called by torch.distributed.init_process_group / new_group.
-    backend = ProcessGroupGossipcc(store, rank, size, timeout, allreduce_policy())
+    # Called by torch.distributed.init_process_group / new_group. The rendezvous gets what is
+    # left of init_process_group's timeout: torch's store may have used some (its TCPStore
+    # waits for every worker first), and every rank must fail init within the timeout.
+    rendezvous_timeout = None
+    started = _init_started.get("at")
+    if started is not None:
+        rendezvous_timeout = max(timeout - datetime.timedelta(seconds=time.monotonic() - started),
+                                 datetime.timedelta(seconds=1))
+    backend = ProcessGroupGossipcc(store, rank, size, timeout, allreduce_policy(), rendezvous_timeout)
     _live_backends[id(backend)] = backend
     return backend
 
@@ -64,6 +74,29 @@ def _shutdown_backends(backends):
     for backend in backends:
         _live_backends.pop(id(backend), None)
         backend.shutdown()  # releases the GIL; runs the last completion callbacks, joins our threads
+
+
+_init_started = {}
+
+
+def _time_init_process_group():
+    """Wraps init_process_group to note when it started (see _create_backend)."""
+    from torch.distributed import distributed_c10d
+    original = distributed_c10d.init_process_group
+    if getattr(original, "_gossipcc_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        _init_started["at"] = time.monotonic()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _init_started.pop("at", None)
+
+    init_process_group._gossipcc_wrapped = True
+    distributed_c10d.init_process_group = init_process_group
+    dist.init_process_group = init_process_group
 
 
 def _shutdown_on_destroy():
@@ -130,7 +163,8 @@ def _tcpstores_respect_use_libuv():
     # joining the agent's store) omit use_libuv and so get the C++ default (libuv): pass the
     # environment's choice through where they look the class up.
     import importlib
-    for name in ("torch.distributed.rendezvous", "torch.distributed.elastic.rendezvous.static_tcp_rendezvous"):
+    for name in ("torch.distributed.rendezvous", "torch.distributed.elastic.rendezvous.static_tcp_rendezvous",
+                 "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"):
         try:
             module = importlib.import_module(name)
         except ImportError:
@@ -145,6 +179,20 @@ def _tcpstores_respect_use_libuv():
 
         make_store._gossipcc_wrapped = True
         module.TCPStore = make_store
+    # The dynamic (c10d) rendezvous hosts the agent's store through dist.TCPStore directly.
+    try:
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    except ImportError:
+        return
+    handler = getattr(dynamic_rendezvous, "DynamicRendezvousHandler", None)
+    original = getattr(handler, "_create_tcp_store_server", None)
+    if original is not None and not getattr(original, "_gossipcc_wrapped", False):
+        def create_tcp_store_server(self, master_addr, master_port):
+            return dist.TCPStore(host_name=master_addr, port=master_port, is_master=True, multi_tenant=True,
+                                 use_libuv=os.environ.get("USE_LIBUV", "1") == "1")
+
+        create_tcp_store_server._gossipcc_wrapped = True
+        handler._create_tcp_store_server = create_tcp_store_server
 
 
 def _register():
@@ -158,6 +206,7 @@ def _register():
 
 _default_tcpstore_without_libuv()
 _register()
+_time_init_process_group()
 _shutdown_on_destroy()
 
 from . import ddp as _ddp  # noqa: E402  (installs the DDP allreduce-policy hook)
