@@ -10,6 +10,8 @@ PACKAGES=(
   ca-certificates g++ bazel-bootstrap bazel-platforms bazel-rules-java bazel-skylib
   libgloo-dev libabsl-dev libgtest-dev libgmock-dev libeigen3-dev
   libtorch-dev python3-torch python3-dev pybind11-dev python3-pybind11 python3-pytest python3-numpy python3-expecttest python3-setuptools
+  # The multi-host tests (tests/torch_backend:multihost_test): ip and tc for tools/emulated_cluster.py.
+  iproute2
 )
 marker="$ROOT/.gossipcc-packages"
 want="${PACKAGES[*]}"
