@@ -21,6 +21,11 @@
 namespace gossipcc {
 namespace testing {
 
+std::string CurrentTestName() {
+  const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return info == nullptr ? "(no test)" : absl::StrCat(info->test_suite_name(), ".", info->name());
+}
+
 std::string LaunchModeName(LaunchMode mode) { return mode == LaunchMode::kThreads ? "threads" : "processes"; }
 
 std::string ModeAndRanksName(const ::testing::TestParamInfo<std::tuple<LaunchMode, int>>& info) {
@@ -30,9 +35,10 @@ std::string ModeAndRanksName(const ::testing::TestParamInfo<std::tuple<LaunchMod
 void ExpectCreateFailsOnEveryRank(int n, const std::function<CommunicatorOptions(int)>& options_for,
                                   const std::string& setting, const std::function<std::string(int)>& expected_for) {
   RunRanksWithStore(n, LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store> store) {
+    const CommunicatorOptions options = options_for(rank);
     const auto start = std::chrono::steady_clock::now();
     try {
-      Communicator::Create(store, rank, n, options_for(rank));
+      Communicator::Create(store, rank, n, options);
       ADD_FAILURE() << "rank " << rank << ": created a communicator with a disagreeing peer";
     } catch (const InvalidArgumentError& e) {
       const std::string what = e.what();
@@ -40,7 +46,10 @@ void ExpectCreateFailsOnEveryRank(int n, const std::function<CommunicatorOptions
         EXPECT_NE(what.find(part), std::string::npos) << "rank " << rank << ": no \"" << part << "\" in: " << what;
       }
     }
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << "rank " << rank;
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    EXPECT_LT(took, options.timeout / 2) << CurrentTestName() << ": rank " << rank << " took " << took.count()
+                                         << " ms to fail on a disagreement on " << setting << " (timeout "
+                                         << options.timeout.count() << " ms)";
   });
 }
 
@@ -80,8 +89,8 @@ void RunRanksWithStore(int n, LaunchMode mode, const std::function<void(int, std
         for (int r = 0; r < n; ++r) {
           if (!finished[r]) absl::StrAppend(&late, late.empty() ? "" : ", ", r);
         }
-        std::cerr << "rank(s) " << late << " did not finish within " << deadline.count()
-                  << " ms; threads cannot be killed, so the test aborts" << std::endl;
+        std::cerr << CurrentTestName() << ": rank(s) " << late << " of " << n << " did not finish within "
+                  << deadline.count() << " ms; threads cannot be killed, so the test aborts" << std::endl;
         std::abort();
       }
     }
@@ -133,7 +142,8 @@ void RunRanksWithStore(int n, LaunchMode mode, const std::function<void(int, std
         if (!done[r]) {
           kill(children[r], SIGKILL);
           waitpid(children[r], nullptr, 0);
-          ADD_FAILURE() << "rank " << r << " did not finish within " << deadline.count() << " ms (killed)";
+          ADD_FAILURE() << CurrentTestName() << ": rank " << r << " of " << n << " did not finish within "
+                        << deadline.count() << " ms (killed)";
         }
       }
       return;

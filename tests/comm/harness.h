@@ -13,6 +13,25 @@
 namespace gossipcc {
 namespace testing {
 
+// True in builds with AddressSanitizer or ThreadSanitizer (.bazelrc's asan and tsan configs; GCC
+// and Clang define these macros there). Such builds run 5-15x slower (TSan the most), so the
+// large cases run at sizes that take the same code paths in less time.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitizerBuild = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool kSanitizerBuild = true;
+#else
+inline constexpr bool kSanitizerBuild = false;
+#endif
+#else
+inline constexpr bool kSanitizerBuild = false;
+#endif
+
+// "Suite.Name" of the gtest case running now (with its parameter's name for a parameterised
+// one), or "(no test)" outside one: for messages of safety nets, which must say which case fired.
+std::string CurrentTestName();
+
 enum class LaunchMode { kThreads, kProcesses };
 std::string LaunchModeName(LaunchMode mode);
 // Test names for suites parameterised by (launch mode, rank count): "threads_n4".
@@ -21,7 +40,10 @@ std::string ModeAndRanksName(const ::testing::TestParamInfo<std::tuple<LaunchMod
 // Creates a Communicator per rank and calls body(comm) on each. gtest failures inside a
 // rank fail the test (in process mode the child's exit status carries them). Each rank
 // must finish within `deadline`, else the test fails: processes are killed; threads cannot
-// be, so the test binary aborts naming the ranks (rather than hang until Bazel's timeout).
+// be, so the test binary aborts (rather than hang until Bazel's timeout). Either way the
+// message names the test case and the late ranks. The deadline is a safety net against a
+// hang, not a speed check: keep it far (10x or more) above what the slowest stage (TSan on a
+// loaded 2-core machine) takes, and below Bazel's timeout for the test's size.
 void RunRanks(int n, LaunchMode mode, const std::function<void(Communicator&)>& body,
               CommunicatorOptions options = {}, std::chrono::milliseconds deadline = std::chrono::seconds(120));
 
@@ -31,8 +53,9 @@ void RunRanksWithStore(int n, LaunchMode mode, const std::function<void(int, std
 
 // Ranks that disagree on a setting that decides the connections: creates a communicator on
 // each of n ranks (threads) with options_for(rank) and expects every rank to fail with
-// InvalidArgumentError naming "rank r of n", `setting` and expected_for(rank), within 10 s (a
-// disagreement must not wait out the timeout).
+// InvalidArgumentError naming "rank r of n", `setting` and expected_for(rank), in less than
+// half of the options' timeout (a disagreement must not wait the timeout out; it takes well
+// under a second).
 void ExpectCreateFailsOnEveryRank(int n, const std::function<CommunicatorOptions(int)>& options_for,
                                   const std::string& setting, const std::function<std::string(int)>& expected_for);
 

@@ -14,15 +14,19 @@ namespace {
 
 using std::chrono::milliseconds;
 
+// The ranks that are not late do nothing, so they finish in milliseconds: a deadline 100x that
+// (on a loaded machine, under sanitizers) fires only on the late one.
+constexpr milliseconds kDeadline{3000};
+
 TEST(HarnessTest, ProcessRankPastItsDeadlineIsKilledAndNamed) {
   EXPECT_NONFATAL_FAILURE(
       RunRanksWithStore(
           2, LaunchMode::kProcesses,
           [](int rank, std::shared_ptr<Store>) {
-            if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(30));
+            if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(300));
           },
-          milliseconds(300)),
-      "rank 1 did not finish within 300 ms (killed)");
+          kDeadline),
+      "HarnessTest.ProcessRankPastItsDeadlineIsKilledAndNamed: rank 1 of 2 did not finish within 3000 ms (killed)");
 }
 
 TEST(HarnessDeathTest, ThreadRankPastItsDeadlineAbortsNamingIt) {
@@ -30,10 +34,11 @@ TEST(HarnessDeathTest, ThreadRankPastItsDeadlineAbortsNamingIt) {
   EXPECT_DEATH(RunRanksWithStore(
                    3, LaunchMode::kThreads,
                    [](int rank, std::shared_ptr<Store>) {
-                     if (rank == 2) std::this_thread::sleep_for(std::chrono::seconds(30));
+                     if (rank == 2) std::this_thread::sleep_for(std::chrono::seconds(300));
                    },
-                   milliseconds(300)),
-               "rank\\(s\\) 2 did not finish within 300 ms");
+                   kDeadline),
+               "HarnessDeathTest.ThreadRankPastItsDeadlineAbortsNamingIt: rank\\(s\\) 2 of 3 did not finish within "
+               "3000 ms");
 }
 
 TEST(HarnessTest, RanksWithinTheirDeadlinePass) {
