@@ -171,7 +171,11 @@ TEST_P(BadInputTest, WorkOutlivesItsCommunicator) {
     reduce->wait();  // both ranks issued it: it completes
     const auto start = Clock::now();
     comm.reset();
-    EXPECT_LT(std::chrono::duration_cast<Ms>(Clock::now() - start).count(), 4000);
+    // Bounded by the timeout (1 s): a safety net 10x that, against a destructor that waits for
+    // the orphan forever, not a speed check.
+    const auto took = std::chrono::duration_cast<Ms>(Clock::now() - start);
+    EXPECT_LT(took.count(), 10000) << CurrentTestName() << ": rank " << rank << "'s communicator took " << took.count()
+                                   << " ms to go with an unmatched receive (timeout 1000 ms)";
     EXPECT_TRUE(orphan->is_completed());
     EXPECT_THROW(orphan->wait(), CommError);
     EXPECT_EQ(v[0], 2.0f);
@@ -193,9 +197,12 @@ void ExpectShutdownEndsAWaiter(Communicator& comm, const std::function<std::shar
   const auto begin = Clock::now();
   comm.shutdown();
   waiter.join();
-  // Bounded by the running operation's own timeout (1.5 s in these tests).
-  EXPECT_LT(std::chrono::duration_cast<Ms>(Clock::now() - begin).count(), 4000);
-  EXPECT_TRUE(waited_with_error.load());
+  // Bounded by the running operation's own timeout (1.5 s in these tests): a safety net 10x
+  // that, against a shutdown or a waiter that hangs, not a speed check.
+  const auto took = std::chrono::duration_cast<Ms>(Clock::now() - begin);
+  EXPECT_LT(took.count(), 15000) << CurrentTestName() << ": rank " << comm.rank() << ": shutdown and the waiter took "
+                                 << took.count() << " ms (timeout 1500 ms)";
+  EXPECT_TRUE(waited_with_error.load()) << CurrentTestName() << ": rank " << comm.rank();
 }
 
 // shutdown() from one thread while another waits on a receive that will never match: the wait
@@ -244,10 +251,12 @@ TEST_P(BadInputTest, UnresponsivePeersNamesAPeerThatShutDown) {
     EXPECT_TRUE(comm->UnresponsivePeers().empty());
     comm->barrier()->wait();
     if (rank == 2) {
-      comm->shutdown();
+      comm->shutdown();  // has written "down" when it returns
+      store->set("shut_down/2", {'1'});
       return;
     }
-    std::this_thread::sleep_for(Ms(300));
+    // Not a sleep: on a loaded machine rank 2 may take any time to get there.
+    store->wait({"shut_down/2"}, std::chrono::seconds(60));
     EXPECT_EQ(comm->UnresponsivePeers(), std::vector<int>{2});
     // Neither of the two may shut down before the other has checked.
     store->set(absl::StrCat("checked/", rank), {'1'});
@@ -263,7 +272,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, BadInputTest, ::testing::Values(LaunchMode::kThr
 // a healthy peer.
 TEST(BadStoreTest, WriteOnceStoreDisablesThePeerCheckHonestly) {
   auto store = WrapGlooStore(std::make_shared<gloo::rendezvous::HashStore>());
-  RunRanksWithStore(2, LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store>) {
+  RunRanksWithStore(2, LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store> signals) {
     CommunicatorOptions o = Quick(1000);
     o.heartbeat_interval = Ms(50);
     auto comm = Communicator::Create(store, rank, 2, o);
@@ -278,8 +287,12 @@ TEST(BadStoreTest, WriteOnceStoreDisablesThePeerCheckHonestly) {
         EXPECT_THAT(e.what(), HasSubstr("peer check on rank 0 unavailable"));
         EXPECT_THAT(e.what(), ::testing::Not(HasSubstr("not responding")));
       }
+      signals->set("checked", {'1'});
     } else {
-      std::this_thread::sleep_for(Ms(1500));
+      // Stays connected until rank 0's receive has timed out and been checked (its leaving
+      // would end that receive with a closed connection instead); not a sleep, which a loaded
+      // machine can outlast.
+      signals->wait({"checked"}, std::chrono::seconds(60));
     }
   });
 }
