@@ -36,4 +36,6 @@ stage "test C++ (tsan)" bazel test --config=tsan --build_tests_only --build_tag_
 stage "fuzz parsers (20 s each)" tools/fuzz.sh 20
 # The c10d backend against torch 2.x: the same build and tests in a Debian trixie root.
 stage "trixie root (torch 2.x)" tools/trixie_root.sh
-stage "test backend (torch 2.x)" tools/in_trixie.sh bazel test //torch_backend/... //tests/torch_backend/... "$@"
+# Tests tagged "one_torch" (the 90-run exit test, PyTorch's suite on 4 ranks) ran above already.
+stage "test backend (torch 2.x)" tools/in_trixie.sh bazel test --test_tag_filters=-one_torch \
+  //torch_backend/... //tests/torch_backend/... "$@"
