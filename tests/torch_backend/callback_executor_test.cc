@@ -5,6 +5,7 @@
 // Torch-free, so it also runs under the sanitizer configs.
 #include "torch_backend/callback_executor.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
