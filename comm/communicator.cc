@@ -161,7 +161,6 @@ class Communicator::Impl {
   struct QueuedTask {
     uint64_t seq;
     std::function<void()> run;
-    Clock::time_point issued = Clock::now();
   };
 
   // Collectives k with k % lanes == index run here, one at a time, in issue order.
@@ -176,7 +175,6 @@ class Communicator::Impl {
     CollectiveScratch scratch;  // for the one collective this lane runs at a time
     std::deque<QueuedTask> queue;  // guarded by impl->mu_
     bool running = false;          // guarded by impl->mu_: a collective runs (worker or inline)
-    uint64_t running_seq = 0;      // guarded by impl->mu_: which one, while running
     std::thread worker;
   };
 
@@ -391,13 +389,6 @@ class Communicator::Impl {
         absl::ReaderMutexLock lock(&gate->mu);
         if (gate->impl) gate->impl->TryRunInline(seq);
       });
-      // A wait ends by the timeout of the issue, plus the time the peer check may add to the
-      // collective's own error (which then arrives first).
-      work->SetDeadline(Clock::now() + options_.timeout + PeerCheckAllowance(), options_.timeout,
-                        [gate = gate_, seq = spec.seq] {
-                          absl::ReaderMutexLock lock(&gate->mu);
-                          return gate->impl ? gate->impl->DescribeProgress(seq) : std::string();
-                        });
       // `cpu` runs the signature check itself, overlapped with its first messages.
       const bool deferred = checks_itself && options_.verify_collectives && !eager.finish;
       lane->queue.push_back(
@@ -463,41 +454,7 @@ class Communicator::Impl {
     if (stopping_) return;
     Lane& lane = LaneOf(seq);
     if (lane.running || lane.queue.empty() || lane.queue.front().seq != seq || WaitsForEarlier(seq)) return;
-    // Only a collective that starts about when it was issued: run here, a check that waits for
-    // a late peer may hold this thread for the whole timeout from its start, and a waiter must
-    // be free to give up at the timeout from the issue (CompletionWork::SetDeadline). Later ones
-    // are left to the lane's worker.
-    if (Clock::now() - lane.queue.front().issued > InlineStartLimit()) return;
     RunFront(lane);
-  }
-
-  std::chrono::milliseconds InlineStartLimit() const {
-    return std::min(options_.timeout / 10, std::chrono::milliseconds(100));
-  }
-
-  // The most the peer check adds to a failing collective's time (see heartbeat_interval).
-  std::chrono::milliseconds PeerCheckAllowance() const {
-    return interval_.count() > 0 ? (kOwnBeatsCap + 1) * interval_ : std::chrono::milliseconds(0);
-  }
-
-  // What collective `seq` is waiting for, for a wait that gave up on it.
-  std::string DescribeProgress(uint64_t seq) {
-    absl::MutexLock lock(&mu_);
-    if (in_flight_.count(seq) == 0) return "it has just completed";
-    const Lane& lane = LaneOf(seq);
-    if (lane.running && lane.running_seq == seq) {
-      return "it is running (its signature check or data exchange waits for a peer)";
-    }
-    size_t ahead = 0;
-    for (const QueuedTask& t : lane.queue) {
-      if (t.seq == seq) break;
-      ++ahead;
-    }
-    std::string text = absl::StrCat("it has not started: lane ", seq % lanes_.size(), " of ", lanes_.size());
-    if (lane.running) absl::StrAppend(&text, " is running collective #", lane.running_seq, " and");
-    absl::StrAppend(&text, " has ", ahead, " collective(s) queued ahead of it");
-    if (WaitsForEarlier(seq)) absl::StrAppend(&text, "; an earlier collective touching its memory is still in flight");
-    return text;
   }
 
   // Takes the task at the lane's front and runs it with mu_ released; the lane stays busy
@@ -507,7 +464,6 @@ class Communicator::Impl {
     QueuedTask task = std::move(lane.queue.front());
     lane.queue.pop_front();
     lane.running = true;
-    lane.running_seq = task.seq;
     mu_.Unlock();
     task.run();
     mu_.Lock();
@@ -517,10 +473,12 @@ class Communicator::Impl {
 
   // Runs one queued collective on `lane`; returns its error. Transport failures poison the
   // communicator; mismatches do not (no data moved). The collective's deadline is counted from
-  // when it was `issued`, not from when it starts: its check and `body` get what is left of the
+  // when it was `issued`, not from when it starts: its data exchange gets what is left of the
   // timeout (`body`'s argument), and one whose turn comes after the deadline fails without
-  // starting. So every wait on a collective ends within the timeout of its issue (plus the
-  // peer check), however long it queued behind earlier ones.
+  // starting. One wait is bounded from the start instead: the signature check's wait for a
+  // peer's header, which Gloo bounds by the connection's timeout alone (its bound buffers
+  // take none other), so a collective that queued and then waits for a late peer's header can
+  // take up to twice the timeout from its issue.
   std::exception_ptr Run(const OpSpec& spec, Lane& lane, Clock::time_point issued,
                          const std::function<void(std::chrono::milliseconds)>& body, const EagerPlan& eager = {},
                          bool body_runs_check = false) {

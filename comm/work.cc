@@ -1,8 +1,6 @@
 #include "comm/work.h"
 
 #include "absl/strings/str_cat.h"
-#include <algorithm>
-
 #include "absl/time/time.h"
 #include "comm/errors.h"
 
@@ -16,15 +14,6 @@ bool CompletionWork::is_completed() {
 void CompletionWork::SetInlineRunner(std::function<void()> runner) {
   absl::MutexLock lock(&mu_);
   inline_runner_ = std::move(runner);
-}
-
-void CompletionWork::SetDeadline(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout,
-                                 std::function<std::string()> state) {
-  absl::MutexLock lock(&mu_);
-  has_deadline_ = true;
-  deadline_ = deadline;
-  deadline_timeout_ = timeout;
-  deadline_state_ = std::move(state);
 }
 
 void CompletionWork::wait(std::chrono::milliseconds timeout) {
@@ -44,24 +33,6 @@ void CompletionWork::wait(std::chrono::milliseconds timeout) {
     if (!mu_.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(timeout.count()))) {
       throw TimeoutError(absl::StrCat(description_, ": wait timed out after ", timeout.count(),
                                       " ms (the operation is still running)"));
-    }
-  } else if (has_deadline_) {
-    const auto left = deadline_ - std::chrono::steady_clock::now();
-    if (!mu_.AwaitWithTimeout(absl::Condition(&done), absl::FromChrono(std::max(left, left.zero())))) {
-      std::function<std::string()> state = deadline_state_;
-      const auto configured = deadline_timeout_;
-      mu_.Unlock();  // state() takes the communicator's lock
-      std::string what;
-      try {
-        what = state ? state() : "";
-      } catch (...) {
-      }
-      mu_.Lock();
-      if (!done_) {
-        throw TimeoutError(absl::StrCat(description_, ": not completed within the timeout (", configured.count(),
-                                        " ms) of its issue", what.empty() ? "" : ": ", what,
-                                        " (the operation itself goes on to its own end)"));
-      }
     }
   } else {
     mu_.Await(absl::Condition(&done));

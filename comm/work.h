@@ -49,14 +49,6 @@ class CompletionWork : public Work {
   // Marks the operation finished (error == nullptr: success) and runs the callbacks.
   void Complete(std::exception_ptr error);
 
-  // Bounds an untimed wait(): one still waiting at `deadline` throws TimeoutError naming the
-  // operation, `timeout` (what the deadline was derived from) and `state()` (what the operation
-  // is waiting for), while the operation itself goes on to its own end. The communicator sets
-  // it for collectives (issue + timeout + the peer check's time), so that no wait outlives the
-  // timeout, not even on a collective that has not started.
-  void SetDeadline(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout,
-                   std::function<std::string()> state);
-
   // Lets an untimed wait() run the operation on the waiting thread: `runner` starts it there
   // if it has not started yet (and its turn has come), else does nothing. This saves the two
   // thread hand-offs (to the worker and back) that dominate a small collective's latency.
@@ -69,10 +61,6 @@ class CompletionWork : public Work {
   std::exception_ptr error_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void()>> callbacks_ ABSL_GUARDED_BY(mu_);
   std::function<void()> inline_runner_ ABSL_GUARDED_BY(mu_);
-  bool has_deadline_ ABSL_GUARDED_BY(mu_) = false;
-  std::chrono::steady_clock::time_point deadline_ ABSL_GUARDED_BY(mu_);
-  std::chrono::milliseconds deadline_timeout_ ABSL_GUARDED_BY(mu_){0};
-  std::function<std::string()> deadline_state_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gossipcc
