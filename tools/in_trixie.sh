@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs a command inside the trixie (torch 2.x) root made by tools/trixie_root.sh, with this
-# repository bind-mounted at the same path and /proc, /dev, /dev/shm mounted; every mount is
+# repository bind-mounted at the same path and /proc (of a PID namespace of its own), /dev,
+# /dev/shm mounted; every mount is
 # undone on exit, also on failure or Ctrl-C.
 #   tools/in_trixie.sh COMMAND...      (run from anywhere; COMMAND runs in the repository root)
 set -euo pipefail
@@ -20,11 +21,15 @@ mount_once() {  # mount_once TARGET MOUNT-ARGS...
   mkdir -p "$target"
   if ! mountpoint -q "$target"; then mount "$@" "$target"; mounted+=("$target"); fi
 }
-mount_once "$ROOT/proc" -t proc proc
+# The root a mount point of its own, so that `ip netns exec` (the multi-host tests) can make
+# "/" a slave mount inside the chroot.
+mount_once "$ROOT" --bind "$ROOT"
 mount_once "$ROOT/dev" --bind /dev
 mount_once "$ROOT/dev/shm" -t tmpfs tmpfs
 mount_once "$ROOT/tmp" -t tmpfs tmpfs
 mount_once "$ROOT$REPO" --bind "$REPO"
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
-chroot "$ROOT" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+# In a PID namespace of its own, with its /proc: trixie's `ip netns` reads /proc/1/ns (the
+# "init namespace"), which the host's /proc does not let a chroot read.
+unshare --pid --fork --mount-proc="$ROOT/proc" chroot "$ROOT" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   LANG=C.UTF-8 TERM="${TERM:-dumb}" /bin/bash -c 'cd "$0" && exec "$@"' "$REPO" "$@"
