@@ -9,6 +9,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -218,6 +219,34 @@ void ConnectWithDeadline(const std::shared_ptr<gloo::rendezvous::Context>& conte
   if (outcome->error) std::rethrow_exception(outcome->error);
 }
 
+std::string HostName() {
+  char name[256] = {0};
+  return gethostname(name, sizeof(name) - 1) == 0 ? std::string(name) : std::string("?");
+}
+
+// When a connection failed: the peers that listen on a loopback address on another host (as
+// they published at creation), which no other host can reach, and what to set instead.
+std::string LoopbackHint(Store& store, int rank, int size, const std::string& error) {
+  std::vector<std::string> loopback_peers;
+  const std::string me = HostName();
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    try {
+      const std::vector<char> v = store.get(absl::StrCat("listen_", r), std::chrono::milliseconds(100));
+      const std::string text(v.begin(), v.end());
+      if (absl::StartsWith(text, "loopback ") && text.substr(9) != me) {
+        loopback_peers.push_back(absl::StrCat(r, " (host ", text.substr(9), ")"));
+      }
+    } catch (const std::exception&) {
+    }
+  }
+  if (loopback_peers.empty() && !MentionsLoopbackAddress(error)) return "";
+  return absl::StrCat(" (", loopback_peers.empty() ? "a peer" : absl::StrCat("rank(s) ", absl::StrJoin(loopback_peers, ", ")),
+                      " listen(s) on a loopback address, which only its own host can reach: on a job across hosts "
+                      "set GOSSIPCC_SOCKET_IFNAME or GLOO_SOCKET_IFNAME to the network interface to use, or make each "
+                      "host's name resolve to its routable address)");
+}
+
 }  // namespace
 
 void IgnoreSigpipeUnlessHandled() {
@@ -234,7 +263,18 @@ std::shared_ptr<gloo::Context> ConnectGlooMesh(std::shared_ptr<Store> store, int
                                                const GlooMeshOptions& options,
                                                std::shared_ptr<gloo::transport::Device> device) {
   IgnoreSigpipeUnlessHandled();
-  if (!device) device = CreateDevice(rank, options);
+  if (!device) {
+    device = CreateDevice(rank, options);
+    // Whether this rank listens on a loopback address, and on which host: a peer that fails
+    // to connect reads it to say why (LoopbackHint).
+    const ListenAddress where = ChooseListenAddress(options.interface, options.hostname);
+    try {
+      const std::string text = absl::StrCat(where.loopback ? "loopback " : "routable ", HostName());
+      store->set(absl::StrCat("listen_", rank), std::vector<char>(text.begin(), text.end()));
+    } catch (const std::exception&) {
+      // Only a hint: the rendezvous below reports a store that does not work.
+    }
+  }
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
   context->setTimeout(options.timeout);
   const auto now = std::chrono::steady_clock::now();
@@ -253,13 +293,7 @@ std::shared_ptr<gloo::Context> ConnectGlooMesh(std::shared_ptr<Store> store, int
     throw TimeoutError(absl::StrCat("rank ", rank, " of ", size, ": rendezvous did not complete within ",
                                     options.timeout.count(), " ms (did every rank start?): ", e.what()));
   } catch (const std::exception& e) {
-    const std::string what = e.what();
-    std::string hint;
-    if (MentionsLoopbackAddress(what)) {
-      hint = " (a peer published a loopback address, which only its own host can reach: on a job across hosts "
-             "set GOSSIPCC_SOCKET_IFNAME or GLOO_SOCKET_IFNAME to the network interface to use, or make each "
-             "host's name resolve to its routable address)";
-    }
+    const std::string hint = LoopbackHint(*store, rank, size, e.what());
     try {
       RethrowGlooError(absl::StrCat("rank ", rank, " of ", size, ": connecting the mesh"), e);
     } catch (const PeerError& p) {

@@ -21,6 +21,9 @@ def main():
     mode, backend, out_dir = sys.argv[1], sys.argv[2], sys.argv[3]
     timeout_s = float(sys.argv[4]) if len(sys.argv) > 4 else 30.0
     rank = int(os.environ["RANK"])
+    # Debian's torch 2.x lacks libuv, which its TCPStore asks for by default (import gossipcc
+    # sets this itself; the gloo control run does not import gossipcc). Any torch accepts 0.
+    os.environ.setdefault("USE_LIBUV", "0")
     record = {"rank": rank, "host": os.uname().nodename}
     import torch
     import torch.distributed as dist

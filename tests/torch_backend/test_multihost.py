@@ -164,8 +164,8 @@ def test_deadline_when_a_rank_never_arrives(capsys):
             print(f"\na rank never arrives: rank {r}: gossipcc {records[r]['init_seconds']:.2f} s, "
                   f"gloo {gloo[r]['init_seconds']:.2f} s: {records[r]['init_error'][:200]}")
             assert records[r]["init_seconds"] < bound, f"rank {r}: {records[r]}"
-    assert any("rank(s) 3 never published" in records[r]["init_error"] or "rank_3" in records[r]["init_error"]
-               for r in range(3)), logs
+    # Gossipcc's own error where its rendezvous was the one to give up (torch's store may be first).
+    assert any("rendezvous did not complete" in records[r]["init_error"] for r in range(3)), records
 
 
 def test_deadline_and_message_when_a_peer_advertises_the_loopback(capsys):

@@ -154,7 +154,8 @@ def _default_tcpstore_without_libuv():
     requested but PyTorch was build without libuv support". Default USE_LIBUV to 0 there."""
     if "USE_LIBUV" not in os.environ and _torch_lacks_libuv():
         os.environ["USE_LIBUV"] = "0"
-    if os.environ.get("USE_LIBUV") == "0":
+    # torch 1.x's TCPStore has no use_libuv argument (and never used libuv).
+    if os.environ.get("USE_LIBUV") == "0" and int(torch.__version__.split(".")[0]) >= 2:
         _tcpstores_respect_use_libuv()
 
 
