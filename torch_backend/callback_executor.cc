@@ -119,6 +119,32 @@ bool CallbackExecutor::RunIfTurn(uint64_t ticket) {
   return true;
 }
 
+bool CallbackExecutor::HoldsTurn() const {
+  for (const Running& r : tl_running) {
+    if (r.key != s_.get() || !r.ordered) continue;
+    std::lock_guard<std::mutex> lock(s_->mu);
+    if (s_->turn_held && s_->turn_ticket == r.ticket) return true;
+  }
+  return false;
+}
+
+void CallbackExecutor::NestedIssued() {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  ++s_->nested_pending;
+}
+
+void CallbackExecutor::PostNested(std::function<void()> task) {
+  PostUnordered([s = s_, task = std::move(task)]() mutable {
+    RunTask(*s, task);
+    std::lock_guard<std::mutex> lock(s->mu);
+    --s->nested_pending;
+    // The holder, which may have been waiting for this, gets handoff_after anew to go on
+    // (issue its next nested operation, or return) before a watcher may take the turn away.
+    s->turn_since = std::chrono::steady_clock::now();
+    s->cv.notify_all();
+  });
+}
+
 void CallbackExecutor::YieldTurn() {
   for (Running& r : tl_running) {
     if (!r.ordered) continue;
@@ -160,14 +186,19 @@ void CallbackExecutor::Loop(std::shared_ptr<State> s, Worker* self) {
         continue;
       }
       // The turn is held while the next task waits: take it away once it has been held
-      // for handoff_after (the holder is blocked on something we cannot see).
+      // for handoff_after with no nested operation pending (the holder is blocked on
+      // something we cannot see). Nested operations end by their own deadlines.
       const auto deadline = s->turn_since + s->options.handoff_after;
-      if (now >= deadline) {
+      if (now >= deadline && s->nested_pending == 0) {
         s->turn_held = false;
         continue;
       }
       ++s->idle;
-      s->cv.wait_until(lock, deadline);
+      if (now >= deadline) {
+        s->cv.wait(lock);  // until a nested completion (or anything else) changes the state
+      } else {
+        s->cv.wait_until(lock, deadline);
+      }
       --s->idle;
       continue;
     }

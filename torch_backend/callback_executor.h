@@ -14,11 +14,15 @@
 //    in ticket order, one at a time: a task holds the *turn* until it returns, so callbacks that
 //    issue collectives issue them in the same order on every rank whatever order the
 //    operations completed in on this one.
-//  - A task gives up the turn early (the next ordered task may start on another thread) when it
-//    issues an operation or blocks on one: the process group calls YieldTurn() then. A task that
-//    holds the turn for `handoff_after` while a later ordered task is ready loses it anyway (a
-//    callback blocked on something the executor cannot see, e.g. a later operation's future):
-//    the order is kept where callbacks cooperate, and progress is guaranteed where they do not.
+//  - Operations issued by a task that holds the turn are nested: their completions run at once,
+//    outside the order, and the holder keeps the turn while it waits for them, so a callback that
+//    issues a collective and waits for it (powerSGD_hook) runs to its end before the next one
+//    starts, and every rank issues the same collectives in the same order.
+//  - A task gives up the turn early when it waits for an operation that is not nested (its
+//    completion may need the turn): the process group calls YieldTurn() then. A task that holds
+//    the turn for `handoff_after` (1 s) with no nested operation pending while a later ordered task is
+//    ready loses it anyway (a callback blocked on something the executor cannot see): the order
+//    is kept where callbacks cooperate, and progress is guaranteed where they do not.
 //  - Unordered tasks (point-to-point operations, whose completion order is the peers' affair)
 //    start at once on a free thread.
 //  - Stop() waits for every reserved ticket's task and every posted task to finish (bounded by
@@ -45,8 +49,11 @@ namespace torch_backend {
 class CallbackExecutor {
  public:
   struct Options {
-    // How long a task may hold the turn while a later ordered task waits for it.
-    std::chrono::milliseconds handoff_after{100};
+    // How long a task may hold the turn, with no nested operation pending (counted from its
+    // start or its last nested completion), while a later ordered task waits for it. A safety
+    // net for callbacks blocked on what the executor cannot see; long enough for a callback's
+    // own computation between its nested collectives.
+    std::chrono::milliseconds handoff_after{1000};
     // An idle thread beyond the first exits after this long without work.
     std::chrono::milliseconds idle_exit_after{10000};
   };
@@ -70,9 +77,24 @@ class CallbackExecutor {
   // runs it here (saving the hand-off to an executor thread and back) and returns true.
   bool RunIfTurn(uint64_t ticket);
 
-  // Called by the process group whenever an operation is issued or waited for: if the calling
-  // thread runs an ordered task of any executor that holds the turn, the next ordered task may
-  // start now. Cheap when it does not.
+  // Whether the calling thread runs an ordered task of this executor that holds the turn. An
+  // operation issued there is *nested*: its completion is posted with PostNested, not ordered,
+  // since the holder may wait for it (PyTorch's powerSGD_hook waits inside its callback for the
+  // all_reduce it issued there). The holder keeps the turn meanwhile, so callbacks that issue
+  // collectives and wait for them run one after another in ticket order: the same issue order
+  // on every rank.
+  bool HoldsTurn() const;
+  // A nested operation was issued (HoldsTurn() was true): the turn is not taken away from its
+  // holder while nested operations are pending (they end by their own deadlines).
+  void NestedIssued();
+  // Runs the completion of a nested operation at once, outside the order (NestedIssued() was
+  // called for it).
+  void PostNested(std::function<void()> task);
+
+  // Called by the process group when a thread waits for an operation that is not nested: if
+  // the calling thread runs an ordered task of any executor that holds the turn, the next
+  // ordered task may start now (the waited-for operation's completion may need the turn).
+  // Cheap when it does not.
   static void YieldTurn();
 
   // Waits until every reserved ticket has been posted and run and every unordered task has
@@ -102,6 +124,7 @@ class CallbackExecutor {
     bool turn_held = false;
     uint64_t turn_ticket = 0;
     std::chrono::steady_clock::time_point turn_since;
+    int nested_pending = 0;  // nested operations of the turn's holder not yet completed
     int running = 0;  // tasks running (on executor threads or inline)
     int idle = 0;     // threads waiting for work
     bool closing = false;  // Stop() began

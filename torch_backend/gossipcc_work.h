@@ -35,7 +35,9 @@ inline std::vector<c10::Device> CudaDevicesOf(const std::vector<at::Tensor>& ten
 // that completed the operation: the future's callbacks may block (PyTorch's powerSGD_hook waits
 // for a nested all_reduce in one), and a lane thread they blocked could not start the nested
 // collective. `ordered`: the completion runs in issue order with the group's other ordered
-// operations (collectives and gossipcc's algorithms); point-to-point operations are unordered.
+// operations (collectives and gossipcc's algorithms); point-to-point operations are unordered;
+// an operation issued by a callback holding the executor's turn is nested (completes at once,
+// while the callback keeps the turn: callback_executor.h).
 class GossipccWork : public C10dWork {
  public:
   GossipccWork(int rank, ::c10d::OpType type, const char* title, std::shared_ptr<::gossipcc::Work> inner,
@@ -47,8 +49,11 @@ class GossipccWork : public C10dWork {
         future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                          CudaDevicesOf(outputs_))),
         executor_(std::move(executor)),
-        ordered_(ordered),
-        ticket_(ordered ? executor_->Reserve() : 0) {
+        // Issued by a callback that holds the executor's turn: nested (callback_executor.h).
+        nested_(ordered && executor_->HoldsTurn()),
+        ordered_(ordered && !nested_),
+        ticket_(ordered_ ? executor_->Reserve() : 0) {
+    if (nested_) executor_->NestedIssued();
     // The callback holds what it needs, not this Work: a caller may drop the Work early.
     auto future = future_;
     auto inner_work = inner_;
@@ -69,15 +74,16 @@ class GossipccWork : public C10dWork {
         future->markCompleted(c10::IValue(c10::List<at::Tensor>(outputs_copy)));
       }
     };
-    inner_->add_done_callback([executor = executor_, ordered, ticket = ticket_, complete = std::move(complete)]() mutable {
-      if (ordered) {
+    inner_->add_done_callback([executor = executor_, ordered = ordered_, nested = nested_, ticket = ticket_,
+                               complete = std::move(complete)]() mutable {
+      if (nested) {
+        executor->PostNested(std::move(complete));
+      } else if (ordered) {
         executor->Post(ticket, std::move(complete));
       } else {
         executor->PostUnordered(std::move(complete));
       }
     });
-    // Issued: a completion callback that issued this operation lets the next one start.
-    CallbackExecutor::YieldTurn();
   }
 
   bool isCompleted() override { return future_->completed(); }
@@ -89,7 +95,9 @@ class GossipccWork : public C10dWork {
   void synchronize() override {}
 
   bool wait(std::chrono::milliseconds timeout) override {
-    CallbackExecutor::YieldTurn();  // a completion callback waiting here lets the next one start
+    // A callback waiting here for an operation it did not issue lets the next one start (that
+    // operation's completion may need the turn); its own nested ones complete without it.
+    if (!nested_) CallbackExecutor::YieldTurn();
     inner_->wait(timeout);          // throws TimeoutError / the operation's error
     // Done: run the completion here if its turn has come (no hand-off to an executor thread).
     if (ordered_) executor_->RunIfTurn(ticket_);
@@ -114,6 +122,7 @@ class GossipccWork : public C10dWork {
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::shared_ptr<CallbackExecutor> executor_;
+  const bool nested_;
   const bool ordered_;
   const uint64_t ticket_;
 };

@@ -12,6 +12,7 @@
 #include <future>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -79,13 +80,53 @@ TEST(CallbackExecutorTest, ATaskThatYieldsThenWaitsForALaterTaskDoesNotDeadlock)
   Event nested_ran, first_done;
   executor.Post(first, [&] {
     const uint64_t nested = executor.Reserve();  // "issues" an operation...
-    CallbackExecutor::YieldTurn();               // ...as GossipccWork's constructor does
+    CallbackExecutor::YieldTurn();               // ...and waits for it: as GossipccWork::wait does
     std::thread([&executor, nested, &nested_ran] { executor.Post(nested, [&] { nested_ran.Set(); }); }).detach();
     EXPECT_TRUE(nested_ran.WaitFor(kSafetyNet)) << "yield: the nested task never ran";
     first_done.Set();
   });
   ASSERT_TRUE(first_done.WaitFor(kSafetyNet)) << "yield: the first task never finished";
   executor.Stop(kSafetyNet);
+}
+
+// PyTorch's powerSGD_hook again, as the process group runs it: the operation issued while
+// holding the turn is nested; its completion runs at once while the holder keeps the turn,
+// even past handoff_after, so the next ordered task starts only once the holder is done.
+TEST(CallbackExecutorTest, NestedOperationsCompleteWhileTheHolderKeepsTheTurn) {
+  CallbackExecutor::Options options;
+  options.handoff_after = std::chrono::milliseconds(200);  // the nested one takes 300 ms
+  CallbackExecutor executor("test", options);
+  EXPECT_FALSE(executor.HoldsTurn());
+  const uint64_t first = executor.Reserve();
+  const uint64_t second = executor.Reserve();
+  std::mutex mu;
+  std::vector<std::string> events;
+  auto note = [&](const std::string& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(e);
+  };
+  Event second_ran;
+  executor.Post(first, [&] {
+    EXPECT_TRUE(executor.HoldsTurn());
+    executor.NestedIssued();
+    Event nested_done;
+    std::thread([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // > handoff_after
+      executor.PostNested([&] {
+        note("nested");
+        nested_done.Set();
+      });
+    }).detach();
+    EXPECT_TRUE(nested_done.WaitFor(kSafetyNet)) << "nested: never completed";
+    note("first done");
+  });
+  executor.Post(second, [&] {
+    note("second");
+    second_ran.Set();
+  });
+  ASSERT_TRUE(second_ran.WaitFor(kSafetyNet)) << "nested: the second task never ran";
+  EXPECT_TRUE(executor.Stop(kSafetyNet));
+  EXPECT_EQ(events, (std::vector<std::string>{"nested", "first done", "second"}));
 }
 
 // A callback blocked on something the executor cannot see (no yield) loses the turn after
