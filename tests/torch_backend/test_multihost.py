@@ -193,9 +193,15 @@ def test_bad_listening_address_is_named_on_every_rank(case, env, needle, capsys)
         assert needle in records[r]["init_error"], logs
 
 
-def test_unresolvable_master_addr_fails_within_the_timeout(capsys):
-    """torch's own store (env://) fails, as with gloo; measured for the record."""
+def test_unresolvable_master_addr_fails_as_with_gloo(capsys):
+    """torch's own store (env://) is what fails, before any backend exists: as with gloo (torch
+    2.6 retries the connection past the timeout, 13-18 s with 8 s); measured for the record."""
     with cluster_or_skip(2, hostnames=True, interface_env=False) as cluster:
+        gloo, _ = run_hosts(cluster, "init", "gloo", TIMEOUT_S, env={"MASTER_ADDR": "no-such-host"})
         records, logs = run_hosts(cluster, "init", "gossipcc", TIMEOUT_S, env={"MASTER_ADDR": "no-such-host"})
     with capsys.disabled():
-        expect_init_fails_in_time(records, range(2), "unresolvable MASTER_ADDR", logs)
+        for r in range(2):
+            assert records[r]["init_error"] and gloo[r]["init_error"], logs
+            print(f"\nunresolvable MASTER_ADDR: rank {r}: gossipcc {records[r]['init_seconds']:.2f} s, "
+                  f"gloo {gloo[r]['init_seconds']:.2f} s: {records[r]['init_error'][:200]}")
+            assert records[r]["init_seconds"] < max(TIMEOUT_S, gloo[r]["init_seconds"]) + SLACK_S, records[r]

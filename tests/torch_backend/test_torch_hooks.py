@@ -208,17 +208,29 @@ def test_pytorch_hooks_match_gloo(world_size, lanes, capsys):
                 value, g_value = torch.tensor(value), torch.tensor(g_value)
                 diff = (value - g_value).abs().max().item()
                 assert torch.allclose(value, g_value, rtol=1e-4, atol=1e-5), f"{where}: max |diff| {diff}"
-    # gossipcc alone, several buckets: completes, and every rank holds the same parameters.
+    # gossipcc alone, several buckets: never a hang. The hook's callbacks issue collectives while
+    # backward still issues the next buckets' from the autograd thread; the two threads' issue
+    # order can differ between ranks (on any backend: gloo deadlocks here on torch 2.6). gossipcc
+    # then either runs to the end with every rank holding the same parameters, or fails the step
+    # on every rank with a MismatchError naming the collectives that disagree (seen with
+    # fp16_compress_wrapper(powerSGD_hook) on torch 2.6). docs/pytorch.md, "DDP comm hooks".
+    outcomes = {}
     for name in sorted(BLOCKING_IN_CALLBACKS):
         name += MANY_BUCKETS_SUFFIX
         base = name.replace(MANY_BUCKETS_SUFFIX, "")
         if base in skipped:
             continue
-        for rank, by_case in enumerate(results):
-            status, value = by_case[("gossipcc", name)]
-            assert status == "ok", f"{name}, {world_size} ranks, {lanes} lanes, rank {rank}: {value}"
-            assert value == results[0][("gossipcc", name)][1], f"{name}: rank {rank} differs from rank 0"
+        statuses = [by_case[("gossipcc", name)] for by_case in results]
+        if all(status == "ok" for status, _ in statuses):
+            assert all(value == statuses[0][1] for _, value in statuses), f"{name}: ranks differ"
+            outcomes[name] = "ran, ranks identical"
+        else:
+            assert all(status == "error" and "MismatchError" in value for status, value in statuses), \
+                f"{name}, {world_size} ranks, {lanes} lanes: {statuses}"
+            outcomes[name] = "MismatchError on every rank"
     with capsys.disabled():
         for name, reason in skipped.items():
             print(f"\nSKIPPED {name}: {reason}")
+        for name, outcome in outcomes.items():
+            print(f"\n{name}: {outcome}")
     assert not (MUST_RUN & skipped.keys()), f"hooks that must run were skipped: {MUST_RUN & skipped.keys()}"
