@@ -204,4 +204,7 @@ def test_unresolvable_master_addr_fails_as_with_gloo(capsys):
             assert records[r]["init_error"] and gloo[r]["init_error"], logs
             print(f"\nunresolvable MASTER_ADDR: rank {r}: gossipcc {records[r]['init_seconds']:.2f} s, "
                   f"gloo {gloo[r]['init_seconds']:.2f} s: {records[r]['init_error'][:200]}")
-            assert records[r]["init_seconds"] < max(TIMEOUT_S, gloo[r]["init_seconds"]) + SLACK_S, records[r]
+            # torch's own store fails, before any backend exists; torch 2.6 retries the connection
+            # for 10-20 s with an 8 s timeout, for gloo alike: a safety net only, far above that.
+            assert "no-such-host" in records[r]["init_error"], records[r]
+            assert records[r]["init_seconds"] < 4 * TIMEOUT_S + SLACK_S, records[r]
