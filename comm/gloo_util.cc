@@ -139,8 +139,7 @@ void RethrowGlooError(const std::string& context, const std::exception& e) {
 
 namespace {
 
-std::shared_ptr<gloo::transport::Device> CreateDevice(int rank, const GlooMeshOptions& options) {
-  const ListenAddress where = ChooseListenAddress(options.interface, options.hostname);
+std::shared_ptr<gloo::transport::Device> CreateDevice(int rank, const ListenAddress& where) {
   gloo::transport::tcp::attr attr;
   if (!where.interface.empty()) {
     attr.iface = where.interface;
@@ -264,10 +263,10 @@ std::shared_ptr<gloo::Context> ConnectGlooMesh(std::shared_ptr<Store> store, int
                                                std::shared_ptr<gloo::transport::Device> device) {
   IgnoreSigpipeUnlessHandled();
   if (!device) {
-    device = CreateDevice(rank, options);
+    const ListenAddress where = ChooseListenAddress(options.interface, options.hostname);
+    device = CreateDevice(rank, where);
     // Whether this rank listens on a loopback address, and on which host: a peer that fails
     // to connect reads it to say why (LoopbackHint).
-    const ListenAddress where = ChooseListenAddress(options.interface, options.hostname);
     try {
       const std::string text = absl::StrCat(where.loopback ? "loopback " : "routable ", HostName());
       store->set(absl::StrCat("listen_", rank), std::vector<char>(text.begin(), text.end()));

@@ -463,6 +463,11 @@ TEST(CreateTest, RejectsBadArgumentsAndTimesOutWhenRanksAreMissing) {
               HasSubstr("rank 3 is out of range [0, 2)"));
   EXPECT_THAT(ExpectThrow<InvalidArgumentError>([] { Communicator::Create(MakeHashStore(), 0, 0); }),
               HasSubstr("size must be >= 1"));
+  CommunicatorOptions negative_rendezvous;
+  negative_rendezvous.rendezvous_timeout = std::chrono::milliseconds(-1);
+  EXPECT_THAT(ExpectThrow<InvalidArgumentError>(
+                  [&] { Communicator::Create(MakeHashStore(), 0, 1, negative_rendezvous); }),
+              HasSubstr("rendezvous_timeout must be >= 0"));
   EXPECT_THAT(ExpectThrow<InvalidArgumentError>([] { Communicator::Create(nullptr, 0, 1); }), HasSubstr("store"));
   CommunicatorOptions bad_device;
   bad_device.cuda_device = -2;
