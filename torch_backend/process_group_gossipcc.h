@@ -38,6 +38,7 @@ class PushSum;
 class SymmetricGossip;
 class BilateralExchange;
 class AsyncBilateralExchange;
+class FaultTolerantPushSum;
 namespace compression {
 class PowerSGD;
 }
@@ -180,6 +181,24 @@ class ProcessGroupGossipcc : public C10dBackendBase {
                                                       std::shared_ptr<compression::PowerSGD> state,
                                                       std::vector<std::string> keys);
 
+  // Fault-tolerant push-sum (SGP that survives dead peers: algorithms/fault_tolerant_push_sum.h,
+  // docs/reliability.md "Dropping a dead peer"). Collective: every rank creates one, in the same
+  // order, with the same `graph` (a spec that fits every size down to 1, since it is re-derived
+  // over the survivors). The state owns a communicator of its own (it replaces it in each
+  // recovery) over this group's ranks, rendezvoused through this group's c10d store under a key
+  // prefix of its own, with this group's timeout and transport settings: the store must survive
+  // any rank that may die (a FileStore, or a TCPStore whose host is not among them; under env://
+  // rank 0 hosts it). Ranks are this group's ranks; members()/dead() name them.
+  std::shared_ptr<FaultTolerantPushSum> fault_tolerant_push_sum(const std::string& graph);
+  // One round of `state` on `tensors` (together this rank's numerator x, in place; CPU
+  // float32/float64, one dtype), on the algorithm lane. If a peer failed, the call recovers
+  // instead (the survivors agree on who is left and settle the mass; state->epoch() grows and
+  // state->last_recovery() says what happened) and the Work succeeds. Errors that fail the Work:
+  // the survivors could not agree or this rank was excluded (PeerError), mismatched calls
+  // (MismatchError). Bad tensors raise InvalidArgumentError at the call. Future value: tensors.
+  c10::intrusive_ptr<::c10d::Work> fault_tolerant_push_sum_round(std::vector<at::Tensor> tensors,
+                                                                 std::shared_ptr<FaultTolerantPushSum> state);
+
   // Runs `fn` (a blocking algorithm call on communicator()) on the algorithm lane and waits
   // for it: ordered with every other collective of the group. For the blocking bindings
   // (elastic averaging, uneven all-reduce SGD, PowerSGD.allreduce). `uses_collectives`: `fn`
@@ -215,6 +234,10 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   std::shared_ptr<AsyncBilateralExchange> async_bilateral_;
   mutable std::mutex async_stats_mu_;
   AsyncBilateralStats async_stats_;
+  // Fault-tolerant push-sum: the c10d store (wrapped) its communicators rendezvous through, and
+  // how many states this group has created (each gets the key prefix "gossipcc_ftps/<n>/").
+  std::shared_ptr<Store> fault_tolerant_store_;
+  int fault_tolerant_states_ = 0;
 
   // Runs every Work's completion (its future's callbacks) off the communicator's threads.
   // Declared before the lanes: destroyed after them.

@@ -10,6 +10,7 @@
 #include "algorithms/async_bilateral_exchange.h"
 #include "algorithms/bilateral_exchange.h"
 #include "algorithms/elastic_averaging.h"
+#include "algorithms/fault_tolerant_push_sum.h"
 #include "algorithms/peer_graph.h"
 #include "algorithms/symmetric_gossip.h"
 #include "algorithms/uneven_allreduce_sgd.h"
@@ -259,7 +260,55 @@ PYBIND11_MODULE(_C, m) {
            py::arg("tensors"), py::arg("shapes"), py::arg("state"), py::arg("keys") = py::none(),
            py::call_guard<py::gil_scoped_release>(),
            "PowerSGD all-reduce (average) in place over `tensors`, each compressed as shapes[i] (None: own "
-           "shapes), state in `state` (gossipcc._C.PowerSGD) under keys[i] (None: 'tensor<i>'). Returns a Work.");
+           "shapes), state in `state` (gossipcc._C.PowerSGD) under keys[i] (None: 'tensor<i>'). Returns a Work.")
+      .def("fault_tolerant_push_sum", &ProcessGroupGossipcc::fault_tolerant_push_sum, py::arg("graph") = "exponential",
+           py::call_guard<py::gil_scoped_release>(),
+           "Collective: a FaultTolerantPushSum state (push-sum that survives dead peers) over this group's ranks, "
+           "with a communicator of its own rendezvoused through the group's store (which must survive).")
+      .def("fault_tolerant_push_sum_round", &ProcessGroupGossipcc::fault_tolerant_push_sum_round, py::arg("tensors"),
+           py::arg("state"), py::call_guard<py::gil_scoped_release>(),
+           "One fault-tolerant push-sum round of `state` in place on `tensors` (this rank's numerator x; CPU "
+           "float32/float64); a peer failure makes it recover instead (state.epoch grows). Returns a Work.");
+
+  // The state of a fault-tolerant push-sum (algorithms/fault_tolerant_push_sum.h), made by
+  // ProcessGroupGossipcc.fault_tolerant_push_sum. Read it only while no round is in flight.
+  py::class_<FaultTolerantPushSum, std::shared_ptr<FaultTolerantPushSum>>(m, "FaultTolerantPushSum")
+      .def_property_readonly("weight", &FaultTolerantPushSum::weight, "This rank's push-sum weight w.")
+      .def_property_readonly("step", &FaultTolerantPushSum::step, "The agreed step counter (rounds).")
+      .def_property_readonly("epoch", &FaultTolerantPushSum::epoch, "Recoveries so far.")
+      .def_property_readonly("rank", &FaultTolerantPushSum::rank, "This rank (original).")
+      .def_property_readonly("members", &FaultTolerantPushSum::members, "Original ranks alive, ascending.")
+      .def_property_readonly("dead", &FaultTolerantPushSum::dead, "Original ranks dropped so far, ascending.")
+      .def_property_readonly("last_recovery",
+                             [](const FaultTolerantPushSum& ps) {
+                               const RecoveryReport& r = ps.last_recovery();
+                               py::dict d;
+                               d["epoch"] = r.epoch;
+                               d["dead"] = r.dead;
+                               d["members"] = r.members;
+                               d["step"] = r.step;
+                               d["weight_correction"] = r.weight_correction;
+                               return d;
+                             },
+                             "{'epoch', 'dead', 'members', 'step', 'weight_correction'} of the last recovery.")
+      .def("average",
+           [](std::shared_ptr<FaultTolerantPushSum> ps, ProcessGroupGossipcc& pg, const std::vector<at::Tensor>& x,
+              const at::Tensor& out) {
+             std::vector<Buffer> b;
+             auto keep = CheckedParams(x, "FaultTolerantPushSum.average", &b);
+             Buffer o = ToBuffer(out, "FaultTolerantPushSum.average", "out");
+             RunBlocking(pg, "FaultTolerantPushSum.average", [&] { ps->Average(b, o); });
+           },
+           py::arg("process_group"), py::arg("x"), py::arg("out"),
+           "Collective over the members: out <- sum x / sum w (bitwise equal everywhere); x, w unchanged.")
+      .def("mean_over_members",
+           [](std::shared_ptr<FaultTolerantPushSum> ps, ProcessGroupGossipcc& pg, const std::vector<at::Tensor>& tensors) {
+             std::vector<Buffer> b;
+             auto keep = CheckedParams(tensors, "FaultTolerantPushSum.mean_over_members", &b);
+             RunBlocking(pg, "FaultTolerantPushSum.mean_over_members", [&] { ps->MeanOverMembers(b); });
+           },
+           py::arg("process_group"), py::arg("tensors"),
+           "Collective over the members: each tensor <- the members' mean (in place, bitwise equal everywhere).");
 
   // Peer graphs and matchings as the collectives use them (for references in tests and tools).
   m.def("peer_graph_out_peers",

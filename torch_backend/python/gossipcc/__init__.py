@@ -225,11 +225,11 @@ def get_backend_object(group=None):
     raise ValueError("gossipcc: the process group does not use the gossipcc backend")
 
 
-from .gossip import BilatGossipDataParallel, GossipDataParallel  # noqa: E402
+from .gossip import BilatGossipDataParallel, GossipDataParallel, PeerLostWarning  # noqa: E402
 from .distlearn import AllReduceEA, AllReduceSGD  # noqa: E402
 
 __all__ = [
-    "GossipDataParallel", "BilatGossipDataParallel", "AllReduceEA", "AllReduceSGD",
+    "GossipDataParallel", "BilatGossipDataParallel", "AllReduceEA", "AllReduceSGD", "PeerLostWarning",
     "BACKEND_NAME", "ENV_ALLREDUCE", "configure", "allreduce_policy", "get_backend_object",
     "ProcessGroupGossipcc", "CommError", "InvalidArgumentError", "MismatchError", "TimeoutError",
     "PeerError", "AbortedError",

@@ -16,7 +16,7 @@ training-mode forward (one forward per optimizer step; wrap extra forwards, e.g.
 accumulation, in `with model.no_gossip():`); eval-mode forwards do not gossip.
 
 GossipDataParallel(module, process_group=None, graph=None, peers_per_step=1,
-                   algorithm="sgp", synch_freq=0, broadcast_init=True)
+                   algorithm="sgp", synch_freq=0, broadcast_init=True, fault_tolerant=False)
   algorithm  "sgp":   push-sum (Assran et al. 2019). Each rank keeps the push-sum numerator x
                       and weight w; the module's parameters hold the de-biased z = x / w for the
                       forward pass. The optimizer's update of z is added to x (x <- x - lr*g,
@@ -31,6 +31,15 @@ GossipDataParallel(module, process_group=None, graph=None, peers_per_step=1,
              SGP/OSGP and "ring" for D-PSGD (which needs a symmetric graph, e.g. "ring",
              "bipartite_exponential", "hypercube", "complete").
   broadcast_init  start every rank from rank 0's parameters and buffers (as DDP does).
+  fault_tolerant  SGP only: push-sum that survives dead or stalled peers (the C++
+             FaultTolerantPushSum, docs/reliability.md "Dropping a dead peer"). When a rank dies,
+             the survivors agree on who is left (within the group's timeout plus a join window
+             of twice that), settle the push-sum mass exactly among themselves and go on; each
+             survivor gets a PeerLostWarning naming the dead rank. The de-biased models then
+             converge to the survivors' average (the dead rank's own share, its initial value
+             and its updates, is lost). Drive the loop by `.step` (the agreed step counter) and
+             read `.alive_ranks`. The group's store must survive (a FileStore, or a TCPStore
+             whose host, rank 0 under env://, does not die). CPU float32/float64 parameters.
 
 BilatGossipDataParallel(module, process_group=None, broadcast_init=True): AD-PSGD, see its class.
 
@@ -44,6 +53,7 @@ left in flight.
 """
 import contextlib
 import threading
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -53,6 +63,10 @@ from ._wrapper_utils import (average_buffers, broadcast_from_first, check_params
                              unflatten_into)
 
 ALGORITHMS = ("sgp", "osgp", "dpsgd")
+
+
+class PeerLostWarning(RuntimeWarning):
+    """A fault-tolerant GossipDataParallel dropped a dead or stalled rank and trains on without it."""
 
 
 def _graph_spec(algorithm, graph, peers_per_step):
@@ -74,11 +88,16 @@ class GossipDataParallel(torch.nn.Module):
     """SGP / OSGP / D-PSGD data parallelism (see the module docstring)."""
 
     def __init__(self, module, process_group=None, graph=None, peers_per_step=1, algorithm="sgp",
-                 synch_freq=0, broadcast_init=True):
+                 synch_freq=0, broadcast_init=True, fault_tolerant=False):
         super().__init__()
         algorithm = str(algorithm).lower()
         if algorithm not in ALGORITHMS:
             raise ValueError(f"GossipDataParallel: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+        if not isinstance(fault_tolerant, bool):
+            raise ValueError(f"GossipDataParallel: fault_tolerant must be True or False, got {fault_tolerant!r}")
+        if fault_tolerant and algorithm != "sgp":
+            raise ValueError(f"GossipDataParallel: fault_tolerant=True needs algorithm=\"sgp\" (synchronous "
+                             f"push-sum), got {algorithm!r}")
         if not isinstance(synch_freq, int) or synch_freq < 0:
             raise ValueError(f"GossipDataParallel: synch_freq must be an integer >= 0, got {synch_freq!r}")
         if algorithm != "osgp" and synch_freq != 0:
@@ -93,8 +112,17 @@ class GossipDataParallel(torch.nn.Module):
         _C.peer_graph_info(self.graph, self.world_size)  # InvalidArgumentError (a ValueError) naming the spec
         self._params = list(module.parameters())
         check_params(self._params, "GossipDataParallel")
+        self.fault_tolerant = fault_tolerant
+        if fault_tolerant and (self._params[0].device.type != "cpu" or
+                               self._params[0].dtype not in (torch.float32, torch.float64)):
+            raise ValueError(f"GossipDataParallel: fault_tolerant=True needs CPU float32 or float64 parameters, "
+                             f"got {self._params[0].dtype} on {self._params[0].device}")
         if broadcast_init:
             broadcast_from_first(self.process_group, self._params + list(module.buffers()))
+        # Fault-tolerant push-sum state (C++; owns its communicator); None otherwise.
+        self._ft = self._backend.fault_tolerant_push_sum(self.graph) if fault_tolerant else None
+        self._ft_epoch = 0
+        self._ft_dead_warned = set()
 
         self._gossip_on_forward = True
         self._local_step = 0  # gossip steps so far
@@ -156,7 +184,13 @@ class GossipDataParallel(torch.nn.Module):
 
     def _pushsum_step(self):
         self._absorb_optimizer_update()
-        if self.staleness == 0:
+        if self._ft is not None:
+            self._backend.fault_tolerant_push_sum_round([self._x], self._ft).wait()
+            self._w.fill_(self._ft.weight)
+            self._rounds = self._ft.step
+            if self._ft.epoch != self._ft_epoch:
+                self._warn_recovery()
+        elif self.staleness == 0:
             self._backend.push_sum_round([self._x], self._w, self._rounds, self.graph).wait()
             self._rounds += 1
         else:
@@ -165,6 +199,18 @@ class GossipDataParallel(torch.nn.Module):
             if self._pending is None:
                 self._start_round()
         self._write_debiased()
+
+    def _warn_recovery(self):
+        report = self._ft.last_recovery
+        for dead in report["dead"]:
+            if dead in self._ft_dead_warned:
+                continue
+            warnings.warn(f"gossipcc GossipDataParallel on rank {self.rank}: rank {dead} died or stalled and "
+                          f"was dropped (recovery {report['epoch']}, at step {report['step']}); training goes on "
+                          f"with ranks {report['members']}, whose models converge to their own average "
+                          f"(rank {dead}'s share of the model is lost)", PeerLostWarning, stacklevel=4)
+            self._ft_dead_warned.add(dead)
+        self._ft_epoch = self._ft.epoch
 
     def _start_round(self):
         sent = self._x.clone()
@@ -198,7 +244,27 @@ class GossipDataParallel(torch.nn.Module):
     def average_parameters(self):
         """Collective: every rank's parameters <- the exact average (push-sum: sum x / sum w, the
         value push-sum converges to), bitwise equal on every rank; push-sum weight reset to 1.
-        Floating-point buffers are averaged too. For evaluation and the end of training."""
+        Floating-point buffers are averaged too. For evaluation and the end of training.
+
+        fault_tolerant=True: over the surviving ranks only, and the push-sum state (x, w) is left
+        as it is (so that the mass records stay exact): the parameters hold the average until the
+        next training forward rewrites x / w. Other buffers keep their own values. If a rank
+        dies during it, it raises; the next training step recovers."""
+        if self._ft is not None:
+            with torch.no_grad():
+                self._absorb_optimizer_update()
+                avg = torch.empty_like(self._x)
+                self._ft.average(self._backend, [self._x], avg)
+                unflatten_into(avg, self._params)
+                self._z_ref = avg
+                floating = [b for b in self.module.buffers()
+                            if b.dtype in (torch.float32, torch.float64) and b.device.type == "cpu"]
+                if floating:
+                    flat = [b.detach().reshape(-1).clone() for b in floating]
+                    self._ft.mean_over_members(self._backend, flat)
+                    for b, f in zip(floating, flat):
+                        b.copy_(f.view_as(b))
+            return
         with torch.no_grad():
             if self._pushsum:
                 self.flush()
@@ -229,17 +295,38 @@ class GossipDataParallel(torch.nn.Module):
 
     @property
     def step(self):
-        """Training forwards (gossip steps) taken."""
+        """Training forwards (gossip steps) taken. fault_tolerant=True: the agreed step counter
+        (push-sum rounds), the same on every survivor after a recovery although some may have
+        completed one round more than others: drive the training loop by it."""
+        if self._ft is not None:
+            return self._ft.step
         return self._local_step
+
+    @property
+    def alive_ranks(self):
+        """Ranks (of the process group) still training: all of them unless fault_tolerant=True
+        dropped some."""
+        if self._ft is not None:
+            return list(self._ft.members)
+        return list(range(self.world_size))
+
+    @property
+    def dead_ranks(self):
+        """Ranks dropped by fault_tolerant=True so far (empty otherwise)."""
+        return list(self._ft.dead) if self._ft is not None else []
 
     @property
     def in_flight(self):
         return self._pending is not None
 
     def gossip_state(self):
-        return {"algorithm": self.algorithm, "graph": self.graph, "staleness": self.staleness,
-                "step": self._local_step, "rounds": self._rounds, "ps_weight": self._w.item(),
-                "numerator": None if self._x is None else self._x.clone()}
+        state = {"algorithm": self.algorithm, "graph": self.graph, "staleness": self.staleness,
+                 "step": self._local_step, "rounds": self._rounds, "ps_weight": self._w.item(),
+                 "numerator": None if self._x is None else self._x.clone()}
+        if self._ft is not None:
+            state["fault_tolerant"] = {"step": self._ft.step, "epoch": self._ft.epoch,
+                                       "alive_ranks": list(self._ft.members), "dead_ranks": list(self._ft.dead)}
+        return state
 
     def state_dict(self, *args, finish_gossip=True, **kwargs):
         """{"module": module state dict (de-biased parameters), "gossip": step counters, push-sum
@@ -257,6 +344,10 @@ class GossipDataParallel(torch.nn.Module):
 
     def load_state_dict(self, state):
         """Restores a state_dict() (same algorithm, graph and model)."""
+        if self._ft is not None:
+            raise ValueError("GossipDataParallel.load_state_dict: not supported with fault_tolerant=True (the "
+                             "push-sum mass records that make a recovery exact cannot be restored); load "
+                             "state['module'] into a fresh wrapper instead")
         gossip = state["gossip"]
         for key in ("algorithm", "graph", "staleness"):
             if gossip[key] != getattr(self, key):
