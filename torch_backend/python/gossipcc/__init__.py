@@ -227,9 +227,10 @@ def get_backend_object(group=None):
 
 from .gossip import BilatGossipDataParallel, GossipDataParallel, PeerLostWarning  # noqa: E402
 from .distlearn import AllReduceEA, AllReduceSGD  # noqa: E402
+from .diloco import DiLoCo  # noqa: E402
 
 __all__ = [
-    "GossipDataParallel", "BilatGossipDataParallel", "AllReduceEA", "AllReduceSGD", "PeerLostWarning",
+    "GossipDataParallel", "BilatGossipDataParallel", "AllReduceEA", "AllReduceSGD", "PeerLostWarning", "DiLoCo",
     "BACKEND_NAME", "ENV_ALLREDUCE", "configure", "allreduce_policy", "get_backend_object",
     "ProcessGroupGossipcc", "CommError", "InvalidArgumentError", "MismatchError", "TimeoutError",
     "PeerError", "AbortedError",
