@@ -438,17 +438,25 @@ PYBIND11_MODULE(_C, m) {
            [](std::shared_ptr<UnevenAllReduceSGD> u, ProcessGroupGossipcc& pg, const std::vector<at::Tensor>& params) {
              std::vector<Buffer> b;
              auto keep = CheckedParams(params, "UnevenAllReduceSGD.synchronize_parameters", &b);
+             int winner = 0;
              RunBlocking(pg, "UnevenAllReduceSGD.synchronize_parameters",
-                         [&] { u->SynchronizeParameters(pg.communicator(), b); });
+                         [&] { winner = u->SynchronizeParameters(pg.communicator(), b); });
+             return winner;
            },
-           py::arg("process_group"), py::arg("params"), "Collective: params <- average, bitwise equal on every rank.")
+           py::arg("process_group"), py::arg("params"),
+           "Collective: params <- those of the rank with the most steps since the last synchronisation "
+           "(highest rank among ties), bitwise on every rank; returns that rank.")
+      .def_static("winner", &UnevenAllReduceSGD::Winner, py::arg("steps_per_rank"),
+                  "The rank synchronize_parameters picks for these step counts (index = rank).")
       .def_property_readonly("steps_contributed", &UnevenAllReduceSGD::steps_contributed)
       .def_property_readonly("collectives", &UnevenAllReduceSGD::collectives)
+      .def_property_readonly("steps_since_sync", &UnevenAllReduceSGD::steps_since_sync)
       .def("state_dict",
            [](const UnevenAllReduceSGD& u) {
              py::dict d;
              d["steps_contributed"] = u.steps_contributed();
              d["collectives"] = u.collectives();
+             d["steps_since_sync"] = u.steps_since_sync();
              return d;
            })
       .def("load_state_dict",
@@ -456,7 +464,11 @@ PYBIND11_MODULE(_C, m) {
              for (const char* k : {"steps_contributed", "collectives"}) {
                if (!d.contains(k)) throw InvalidArgumentError(std::string("UnevenAllReduceSGD.load_state_dict: missing key '") + k + "'");
              }
-             u.Restore(d["steps_contributed"].cast<int64_t>(), d["collectives"].cast<int64_t>());
+             const int64_t steps = d["steps_contributed"].cast<int64_t>();
+             // States saved before steps_since_sync existed: AllReduceSGD synchronises once, at
+             // finish(), so until then every contributed step is one since the last synchronisation.
+             const int64_t since = d.contains("steps_since_sync") ? d["steps_since_sync"].cast<int64_t>() : steps;
+             u.Restore(steps, d["collectives"].cast<int64_t>(), since);
            },
            py::arg("state"));
 
@@ -484,7 +496,18 @@ PYBIND11_MODULE(_C, m) {
            [](compression::PowerSGD& p, const py::bytes& bytes) {
              p.LoadState(compression::PowerSGDCheckpoint::Deserialize(std::string(bytes)));
            },
-           py::arg("state"));
+           py::arg("state"))
+      .def_static(
+          "checkpoint_tensors",
+          [](const py::bytes& bytes) {
+            py::dict out;
+            for (const auto& [key, t] : compression::PowerSGDCheckpoint::Deserialize(std::string(bytes)).tensors) {
+              out[py::str(key)] = py::make_tuple(py::tuple(py::cast(t.shape)), DTypeName(t.dtype), t.steps);
+            }
+            return out;
+          },
+          py::arg("state"),
+          "{key: (shape, dtype name, steps)} of a state_dict() byte string, to check it against a model before loading.");
 }
 
 }  // namespace torch_backend
