@@ -1,6 +1,8 @@
 """AllReduceEA (elastic averaging) and AllReduceSGD (uneven step counts) on 4 CPU ranks:
-training lowers the loss; EASGD conserves sum(x) + center and keeps the centers identical;
-the uneven run ends bitwise equal; checkpoints resume bit for bit."""
+training lowers the loss; EASGD conserves sum(x) + center and keeps the centers identical,
+and every rank's parameters and the center match torch-distlearn's AllReduceEA computed here
+(tau = 1 and 3, a checkpoint resumed mid-period); the uneven run ends bitwise equal;
+checkpoints resume bit for bit."""
 import copy
 
 import pytest
@@ -71,6 +73,82 @@ def easgd(rank, world_size):
     return losses
 
 
+EPS32 = 2.0 ** -24  # float32 unit roundoff
+
+
+def reference_average(xs, center, alpha):
+    """torch-distlearn's AllReduceEA averaging (lua/AllReduceEA.lua), computed here from every
+    rank's parameters xs (float32) and the center (float64, as gossipcc holds it):
+    d_r = alpha (x_r - c) rounded to x's dtype; x_r <- x_r - d_r; c <- c + sum_r d_r (summed
+    exactly here). Also returns (n + 1) u sum_r |d_r| elementwise: a bound on what gossipcc's
+    center may gain over this one's in the averaging besides the gap it had (one rounding of
+    each d_r in each, and the float32 all-reduce's rounding of sum_r d_r in whatever order)."""
+    ds = [((x.double() - center) * alpha).to(x.dtype) for x in xs]
+    rounding = (len(xs) + 1) * EPS32 * sum(d.double().abs() for d in ds)
+    return [x - d for x, d in zip(xs, ds)], center + sum(d.double() for d in ds), rounding
+
+
+def easgd_reference(rank, world_size, tau, alpha, steps=24, save_at=10):
+    """Every step, each rank's parameters and the center against reference_average applied to
+    the parameters gathered before the step; a checkpoint taken at step `save_at` (between two
+    averagings when tau > 1) is restored into a fresh wrapper that repeats the steps after it."""
+    import gossipcc
+
+    def make(seed):
+        model = make_model(seed)
+        ea = gossipcc.AllReduceEA(model, tau=tau, alpha=alpha)
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), ea
+
+    def run(model, opt, ea, first, last, ref, log):
+        ref_center, drift = ref  # drift: bound on |gossipcc's center - ref_center| so far
+        for i in range(first, last):
+            step(model, opt, rank, i)
+            xs = gather(flat_params(model))
+            own_center = center_flat(ea)
+            averaged = ea.step()
+            assert averaged == ((i + 1) % tau == 0), (i, averaged)
+            assert ea.steps == i + 1
+            x = flat_params(model)
+            if averaged:
+                expected, ref_center, rounding = reference_average(xs, ref_center, alpha)
+                # The same formula from this wrapper's own center: the same bits.
+                own = xs[rank] - ((xs[rank].double() - own_center) * alpha).to(x.dtype)
+                assert torch.equal(x, own), (i, (x - own).abs().max())
+                # From the reference center, carried independently since the start: d differs
+                # by at most alpha * drift plus its roundings, x - d by its roundings.
+                d = (xs[rank] - expected[rank]).double().abs()
+                bound = alpha * drift + 4 * EPS32 * (xs[rank].double().abs() + d) + 1e-12
+                error = (x.double() - expected[rank].double()).abs()
+                assert bool((error <= bound).all()), (i, (error - bound).max())
+                # Both centers move by the same sum of alpha (x_r - c): a gap e becomes
+                # (1 - n alpha) e, plus this averaging's roundings.
+                drift = abs(1 - world_size * alpha) * drift + rounding + 1e-12
+            else:
+                assert torch.equal(x, xs[rank]) and torch.equal(center_flat(ea), own_center), i
+            error = (center_flat(ea) - ref_center).abs()
+            assert bool((error <= drift).all()), (i, (error - drift).max(), drift.max())
+            log.append(x.clone())
+        return ref_center, drift
+
+    model, opt, ea = make(rank)
+    ref_center = gather(flat_params(model))[0].double()  # everyone starts from rank 0's
+    assert torch.equal(center_flat(ea), ref_center)
+    ref = run(model, opt, ea, 0, save_at, (ref_center, torch.zeros_like(ref_center)), [])
+    saved = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict(), "ea": ea.state_dict()})
+    continued = []
+    run(model, opt, ea, save_at, steps, ref, continued)
+    fresh, fresh_opt, fresh_ea = make(50 + rank)
+    fresh.load_state_dict(saved["model"])
+    fresh_opt.load_state_dict(saved["opt"])
+    fresh_ea.load_state_dict(saved["ea"])
+    assert fresh_ea.steps == save_at
+    resumed = []
+    run(fresh, fresh_opt, fresh_ea, save_at, steps, ref, resumed)
+    assert all(torch.equal(a, b) for a, b in zip(resumed, continued)), "resumed run differs"
+    assert torch.equal(center_flat(fresh_ea), center_flat(ea))
+    return len(continued)
+
+
 def uneven(rank, world_size):
     import gossipcc
     model = make_model(rank)
@@ -102,7 +180,10 @@ def uneven(rank, world_size):
 def worker(rank, world_size):
     # One set of processes for both (starting 4 Python processes costs more than the checks).
     init(rank, world_size)
-    results = {"easgd": easgd(rank, world_size), "uneven": uneven(rank, world_size)}
+    results = {"easgd": easgd(rank, world_size),
+               "easgd_reference": [easgd_reference(rank, world_size, tau=1, alpha=0.5),
+                                   easgd_reference(rank, world_size, tau=3, alpha=0.3)],
+               "uneven": uneven(rank, world_size)}
     dist.destroy_process_group()
     return results
 
@@ -114,6 +195,10 @@ def results():
 
 def test_elastic_averaging(results):
     assert all(len(r["easgd"]) == 40 for r in results)  # the checks run inside the worker
+
+
+def test_elastic_averaging_matches_reference(results):
+    assert all(r["easgd_reference"] == [14, 14] for r in results)  # steps checked after the checkpoint
 
 
 def test_uneven_allreduce_sgd(results):

@@ -81,7 +81,7 @@ class AllReduceEA:
     @property
     def steps(self):
         """Local steps counted (step() calls since initialisation or the restored checkpoint)."""
-        return self._ea.step
+        return self._ea.local_step
 
     def state_dict(self):
         """{"tau", "alpha", "step", "center"} for checkpoints."""
