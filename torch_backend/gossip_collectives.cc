@@ -331,6 +331,25 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_finish(st
   return Wrap(rank_, Unordered(), OpType::UNKNOWN, "gossipcc:async_bilateral_finish", std::move(inner), tensors);
 }
 
+c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_restore(int64_t exchanges) {
+  const char* op = "async_bilateral_restore";
+  if (exchanges < 0) {
+    throw InvalidArgumentError("gossipcc async_bilateral_restore: exchanges must be >= 0, got " +
+                               std::to_string(exchanges));
+  }
+  auto exchange = GetAsync(cache_mu_, async_bilateral_);
+  auto inner = async_lane_->Submit(
+      Where(op, rank_, size_) + " (exchanges " + std::to_string(exchanges) + ")",
+      [this, exchange, exchanges]() {
+        exchange->Restore(exchanges);
+        std::lock_guard<std::mutex> lock(async_stats_mu_);
+        async_stats_.exchanges = exchanges;
+      },
+      /*uses_collectives=*/false);
+  return Wrap(rank_, Unordered(), OpType::UNKNOWN, "gossipcc:async_bilateral_restore", std::move(inner),
+              std::vector<at::Tensor>{});
+}
+
 ProcessGroupGossipcc::AsyncBilateralStats ProcessGroupGossipcc::async_bilateral_stats() const {
   std::lock_guard<std::mutex> lock(async_stats_mu_);
   return async_stats_;

@@ -171,6 +171,10 @@ class ProcessGroupGossipcc : public C10dBackendBase {
     bool all_active_finished = false;  // passive: every active peer has finished
   };
   AsyncBilateralStats async_bilateral_stats() const;
+  // Sets the asynchronous exchange's request counter (a checkpoint's position in an active
+  // rank's peer schedule: its next request goes to PassivePeers()[exchanges % their number]).
+  // Runs on the asynchronous lane in issue order; call it before a restored run's first exchange.
+  c10::intrusive_ptr<::c10d::Work> async_bilateral_restore(int64_t exchanges);
 
   // PowerSGD all-reduce (compression/power_sgd.h): averages `tensors` in place across the
   // group, each compressed as the matrix `shapes[i]` (`shapes` empty: every tensor's own shape; the

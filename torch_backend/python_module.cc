@@ -237,6 +237,9 @@ PYBIND11_MODULE(_C, m) {
              return d;
            },
            "{'exchanges', 'last_peer', 'all_active_finished'} of the completed asynchronous bilateral calls.")
+      .def("async_bilateral_restore", &ProcessGroupGossipcc::async_bilateral_restore, py::arg("exchanges"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Sets the asynchronous exchange's request counter (a checkpoint's peer-schedule position). Returns a Work.")
       .def("powersgd_allreduce",
            [](ProcessGroupGossipcc& pg, std::vector<at::Tensor> tensors,
               std::optional<std::vector<std::optional<std::vector<int64_t>>>> shapes,
