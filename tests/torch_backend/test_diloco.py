@@ -15,6 +15,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from launcher import run_ranks
 from wrapper_common import batch, flat_params, init, make_model
 
+import pytest
+
 
 INNER_LR = 0.1
 
@@ -58,8 +60,12 @@ def test_h1_equals_ddp():
 H, FRAGMENTS, OVERLAP, MIX, OUTER_LR, MOMENTUM, STEPS = 4, 2, 1, 0.25, 0.7, 0.9, 13
 
 
-def simulate(world_size):
-    """Every rank's flat parameters after every step, from the paper's update, by hand."""
+def simulate(world_size, transport="exact"):
+    """Every rank's flat parameters after every step, from the paper's update, by hand.
+    transport "gossip": each rank keeps its own theta_global, and the outer gradient of rank r at
+    outer round k is (delta_r + delta_s) / 2 with s = r - 2^(k mod T) (push-sum on the one-peer
+    exponential graph, docs/gossip.md: out(i, k) = i + 2^(k mod T), T = floor(log2(n - 1)) + 1,
+    half kept, half sent; the weights stay 1)."""
     models = [make_model(0) for _ in range(world_size)]
     opts = [torch.optim.SGD(m.parameters(), lr=INNER_LR) for m in models]
     params = [list(m.parameters()) for m in models]
@@ -68,9 +74,11 @@ def simulate(world_size):
     from gossipcc.diloco import split_fragments
     frags = split_fragments(params[0], FRAGMENTS)
     offsets = [f * H // FRAGMENTS for f in range(FRAGMENTS)]
-    glob = {i: params[0][i].detach().clone() for i in range(n_params)}   # theta_global (same on every rank)
-    buf = {}  # Nesterov momentum per parameter
-    pending = {}  # fragment -> (apply_at, averaged delta per parameter)
+    period = (world_size - 1).bit_length()  # floor(log2(n - 1)) + 1
+    glob = [{i: params[0][i].detach().clone() for i in range(n_params)} for _ in range(world_size)]
+    buf = [{} for _ in range(world_size)]  # Nesterov momentum per rank and parameter
+    pending = {}  # fragment -> (apply_at, averaged delta per rank and parameter)
+    rounds = [0] * FRAGMENTS
     history = []
     for t in range(1, STEPS + 1):
         for r in range(world_size):
@@ -78,29 +86,38 @@ def simulate(world_size):
         for f in sorted(pending):
             if pending[f][0] <= t:
                 _, avg = pending.pop(f)
-                for i in frags[f]:
-                    g = avg[i]
-                    buf[i] = g.clone() if i not in buf else MOMENTUM * buf[i] + g
-                    glob[i] = glob[i] - OUTER_LR * (g + MOMENTUM * buf[i])
-                    for r in range(world_size):
+                for r in range(world_size):
+                    for i in frags[f]:
+                        g = avg[r][i]
+                        buf[r][i] = g.clone() if i not in buf[r] else MOMENTUM * buf[r][i] + g
+                        glob[r][i] = glob[r][i] - OUTER_LR * (g + MOMENTUM * buf[r][i])
                         with torch.no_grad():
-                            params[r][i].copy_(MIX * params[r][i] + (1 - MIX) * glob[i])
+                            params[r][i].copy_(MIX * params[r][i] + (1 - MIX) * glob[r][i])
         for f in range(FRAGMENTS):
             if (t + offsets[f]) % H == 0:
-                avg = {i: sum(glob[i] - params[r][i].detach() for r in range(world_size)) / world_size
-                       for i in frags[f]}
+                delta = [{i: glob[r][i] - params[r][i].detach() for i in frags[f]} for r in range(world_size)]
+                if transport == "exact":
+                    mean = {i: sum(d[i] for d in delta) / world_size for i in frags[f]}
+                    avg = [mean] * world_size
+                else:
+                    k = rounds[f] * FRAGMENTS + f
+                    shift = 2 ** (k % period)
+                    avg = [{i: (delta[r][i] + delta[(r - shift) % world_size][i]) / 2 for i in frags[f]}
+                           for r in range(world_size)]
+                rounds[f] += 1
                 pending[f] = (t + OVERLAP, avg)
         history.append([flat_params(m) for m in models])
     return history
 
 
-def streaming_worker(rank, world_size):
+def streaming_worker(rank, world_size, transport="exact"):
     import gossipcc
     init(rank, world_size)
     model = make_model(0)
     inner = torch.optim.SGD(model.parameters(), lr=INNER_LR)
     outer = torch.optim.SGD(model.parameters(), lr=OUTER_LR, momentum=MOMENTUM, nesterov=True)
-    diloco = gossipcc.DiLoCo(model, inner, outer, sync_every=H, fragments=FRAGMENTS, overlap=OVERLAP, mix=MIX)
+    diloco = gossipcc.DiLoCo(model, inner, outer, sync_every=H, fragments=FRAGMENTS, overlap=OVERLAP, mix=MIX,
+                             outer_sync=transport)
     history = []
     for step in range(STEPS):
         inner_step(model, inner, rank, step)
@@ -110,14 +127,14 @@ def streaming_worker(rank, world_size):
     return history
 
 
-def test_streaming_matches_simulation():
-    world_size = 3
-    results = run_ranks(streaming_worker, world_size)
-    reference = simulate(world_size)
+@pytest.mark.parametrize("transport, world_size", [("exact", 3), ("gossip", 4)])
+def test_streaming_matches_simulation(transport, world_size):
+    results = run_ranks(streaming_worker, world_size, transport)
+    reference = simulate(world_size, transport)
     for rank, history in enumerate(results):
         for t, (got, want) in enumerate(zip(history, reference)):
             diff = (torch.tensor(got) - want[rank]).abs().max().item()
-            assert diff < 2e-5, f"rank {rank}, after inner step {t + 1}: max |diff| {diff}"
+            assert diff < 2e-5, f"{transport}, rank {rank}, after inner step {t + 1}: max |diff| {diff}"
     # The averaging did something: the ranks' parameters moved towards each other.
     assert (torch.tensor(results[0][-1]) - torch.tensor(results[1][-1])).abs().max() > 0
 
