@@ -22,7 +22,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from . import _C
+from ._torch_check import check_torch as _check_torch
+from .version import __version__
+
+_check_torch(torch)  # before _C: ImportError naming both versions if torch is not the one built for
+from . import _C  # noqa: E402
 from ._C import (AbortedError, CommError, InvalidArgumentError, MismatchError, PeerError,
                  ProcessGroupGossipcc, TimeoutError)
 
