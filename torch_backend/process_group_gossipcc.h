@@ -185,6 +185,19 @@ class ProcessGroupGossipcc : public C10dBackendBase {
                                                       std::shared_ptr<compression::PowerSGD> state,
                                                       std::vector<std::string> keys);
 
+  // Quantized all-reduce (comm/quantized_allreduce.h): `tensors` (together one float32 vector, CPU)
+  // <- the sum (average: the mean) of every rank's, sent as `bits` (8 or 4) per element plus a
+  // float32 scale per `block_size` elements; lossy, within the bound that header states, and
+  // bitwise identical on every rank. Error feedback: `residual` and `owned_residual`, float32 CPU
+  // tensors of the tensors' total element count (zeros at first), updated in place when the Work
+  // succeeds (both or neither). Bad bits, block size, dtype or device, residuals of the wrong size,
+  // and ranks that disagree: the Work fails on every rank (InvalidArgumentError or MismatchError),
+  // nothing modified. Future value: tensors.
+  c10::intrusive_ptr<::c10d::Work> quantized_allreduce(std::vector<at::Tensor> tensors, int64_t bits, bool average,
+                                                       std::optional<at::Tensor> residual,
+                                                       std::optional<at::Tensor> owned_residual,
+                                                       int64_t block_size);
+
   // Fault-tolerant push-sum (SGP that survives dead peers: algorithms/fault_tolerant_push_sum.h,
   // docs/reliability.md "Dropping a dead peer"). Collective: every rank creates one, in the same
   // order, with the same `graph` (a spec that fits every size down to 1, since it is re-derived

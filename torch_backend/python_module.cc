@@ -264,6 +264,14 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>(),
            "PowerSGD all-reduce (average) in place over `tensors`, each compressed as shapes[i] (None: own "
            "shapes), state in `state` (gossipcc._C.PowerSGD) under keys[i] (None: 'tensor<i>'). Returns a Work.")
+      .def("quantized_allreduce", &ProcessGroupGossipcc::quantized_allreduce, py::arg("tensors"), py::arg("bits") = 8,
+           py::arg("average") = true, py::arg("residual") = py::none(), py::arg("owned_residual") = py::none(),
+           py::arg("block_size") = 256, py::call_guard<py::gil_scoped_release>(),
+           "Lossy all-reduce (average, or sum with average=False) of `tensors` (together one float32 CPU vector) in "
+           "place, sent as `bits` (8 or 4) per element plus a float32 scale per block_size elements; the same bits "
+           "on every rank (comm/quantized_allreduce.h states the error bound). Error feedback: residual and "
+           "owned_residual, float32 CPU tensors of the total element count (zeros at first), updated in place. "
+           "Bad arguments or ranks that disagree fail the Work on every rank. Returns a Work.")
       .def("fault_tolerant_push_sum", &ProcessGroupGossipcc::fault_tolerant_push_sum, py::arg("graph") = "exponential",
            py::call_guard<py::gil_scoped_release>(),
            "Collective: a FaultTolerantPushSum state (push-sum that survives dead peers) over this group's ranks, "
