@@ -75,16 +75,16 @@ def _dist_info_name():
 
 def _metadata():
     torch = _torch()
-    public = str(torch.__version__).split("+")[0]
     return "\n".join([
         "Metadata-Version: 2.1",
         f"Name: {NAME}",
         f"Version: {version()}",
         f"Summary: {SUMMARY}",
         "Requires-Python: ==%d.%d.*" % sys.version_info[:2],
-        # The torch it was built against (the public part of its version: a local label such as
-        # +debian is not pinned; `import gossipcc` checks the whole version string).
-        f"Requires-Dist: torch=={public}",
+        # No Requires-Dist on torch: pip would then check torch's own requirements, which
+        # Debian's python3-torch states as PyPI pins its Debian dependencies do not meet
+        # (torch 2.6: sympy==1.13.1), and fail offline. The torch it needs is the one it was
+        # built with, which is installed already; `import gossipcc` checks that it still is.
         "",
         f"Built with Bazel against torch {torch.__version__} of {sys.executable}. "
         "`python -m gossipcc.info` prints what it was built for and the settings it reads.",
