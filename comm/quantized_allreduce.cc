@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <sstream>
+#include <utility>
 
 #include "comm/errors.h"
 
@@ -94,13 +96,19 @@ std::string FieldValue(Field f, int64_t v) {
 
 void QuantizeValues(const float* v, size_t count, int bits, uint8_t* out, float* residual_out) {
   const int levels = LevelsOf(bits);
-  float max_abs = 0.0f;
-  bool finite = true;
+  // The largest |x| as the largest magnitude bit pattern: for non-negative floats the integer
+  // order is the numeric order, and NaN patterns lie above infinity's, so one integer maximum
+  // (which vectorises) gives both the block maximum and whether the block is finite.
+  int32_t max_bits = 0;
   for (size_t i = 0; i < count; ++i) {
-    const float a = std::fabs(v[i]);
-    max_abs = a > max_abs ? a : max_abs;
-    finite &= a <= std::numeric_limits<float>::max();  // false for inf and NaN
+    int32_t b;
+    std::memcpy(&b, v + i, 4);
+    b &= 0x7FFFFFFF;
+    max_bits = b > max_bits ? b : max_bits;
   }
+  const bool finite = max_bits < 0x7F800000;
+  float max_abs;
+  std::memcpy(&max_abs, &max_bits, 4);
   uint8_t* codes = out + 4;
   const size_t code_bytes = CodeBytes(count, bits);
   if (!finite || max_abs < kTinyBlockMax) {
@@ -117,30 +125,36 @@ void QuantizeValues(const float* v, size_t count, int bits, uint8_t* out, float*
   const float inverse = static_cast<float>(levels) / max_abs;
   std::memcpy(out, &scale, 4);
   const float lo = -static_cast<float>(levels), hi = static_cast<float>(levels);
-  if (bits == 8) {
-    auto* q = reinterpret_cast<int8_t*>(codes);
-    for (size_t i = 0; i < count; ++i) {
-      float r = (v[i] * inverse + kRoundMagic) - kRoundMagic;
-      r = r < lo ? lo : (r > hi ? hi : r);
-      q[i] = static_cast<int8_t>(static_cast<int32_t>(r));
-    }
-    if (residual_out) {
-      for (size_t i = 0; i < count; ++i) residual_out[i] = v[i] - scale * static_cast<float>(q[i]);
-    }
-    return;
+  // 8 bits: the codes themselves; 4 bits: staged, then packed two per byte.
+  thread_local std::vector<int8_t> staged;
+  int8_t* q = reinterpret_cast<int8_t*>(codes);
+  if (bits == 4) {
+    if (staged.size() < count + 1) staged.resize(count + 1);
+    q = staged.data();
+    q[count] = 0;  // the pad nibble of an odd count
   }
-  // 4 bits: two's complement nibbles, element 2k in the low nibble of byte k.
-  for (size_t k = 0; k < code_bytes; ++k) {
-    int32_t pair[2] = {0, 0};
-    for (int j = 0; j < 2; ++j) {
-      const size_t i = 2 * k + j;
-      if (i >= count) break;
-      float r = (v[i] * inverse + kRoundMagic) - kRoundMagic;
-      r = r < lo ? lo : (r > hi ? hi : r);
-      pair[j] = static_cast<int32_t>(r);
-      if (residual_out) residual_out[i] = v[i] - scale * static_cast<float>(pair[j]);
+  for (size_t i = 0; i < count; ++i) {
+    float r = (v[i] * inverse + kRoundMagic) - kRoundMagic;
+    r = r < lo ? lo : (r > hi ? hi : r);
+    q[i] = static_cast<int8_t>(static_cast<int32_t>(r));
+  }
+  if (residual_out) {
+    for (size_t i = 0; i < count; ++i) residual_out[i] = v[i] - scale * static_cast<float>(q[i]);
+  }
+  if (bits == 4) {
+    // Two's complement nibbles, element 2k in the low nibble of byte k.
+    for (size_t k = 0; k < code_bytes; ++k) {
+      codes[k] = static_cast<uint8_t>((q[2 * k] & 0xF) | ((q[2 * k + 1] & 0xF) << 4));
     }
-    codes[k] = static_cast<uint8_t>((pair[0] & 0xF) | ((pair[1] & 0xF) << 4));
+  }
+}
+
+template <bool kAdd>
+inline void Put(float* out, size_t i, float value) {
+  if (kAdd) {
+    out[i] += value;
+  } else {
+    out[i] = value;
   }
 }
 
@@ -151,26 +165,20 @@ void Dequantize(const uint8_t* in, size_t count, int bits, float* out) {
   const uint8_t* codes = in + 4;
   if (bits == 8) {
     const auto* q = reinterpret_cast<const int8_t*>(codes);
-    for (size_t i = 0; i < count; ++i) {
-      const float value = scale * static_cast<float>(q[i]);
-      if (kAdd) {
-        out[i] += value;
-      } else {
-        out[i] = value;
-      }
-    }
+    for (size_t i = 0; i < count; ++i) Put<kAdd>(out, i, scale * static_cast<float>(q[i]));
     return;
   }
-  for (size_t i = 0; i < count; ++i) {
-    const uint8_t byte = codes[i / 2];
-    const int nibble = (i % 2 == 0) ? (byte & 0xF) : (byte >> 4);
-    const int q = nibble >= 8 ? nibble - 16 : nibble;
-    const float value = scale * static_cast<float>(q);
-    if (kAdd) {
-      out[i] += value;
-    } else {
-      out[i] = value;
-    }
+  const size_t pairs = count / 2;
+  for (size_t k = 0; k < pairs; ++k) {
+    const auto byte = static_cast<int8_t>(codes[k]);
+    const int low = static_cast<int8_t>(static_cast<uint8_t>(byte << 4)) >> 4;  // sign-extended nibbles
+    const int high = byte >> 4;
+    Put<kAdd>(out, 2 * k, scale * static_cast<float>(low));
+    Put<kAdd>(out, 2 * k + 1, scale * static_cast<float>(high));
+  }
+  if (count % 2) {
+    const int low = static_cast<int8_t>(static_cast<uint8_t>(codes[pairs] << 4)) >> 4;
+    Put<kAdd>(out, count - 1, scale * static_cast<float>(low));
   }
 }
 
@@ -189,6 +197,38 @@ void QuantizeRange(const float* x, const float* residual_in, float* residual_out
     QuantizeValues(values, len, bits, out, residual_out ? residual_out + start : nullptr);
     out += 4 + CodeBytes(len, bits);
   }
+}
+
+// A slice of the buffer: blocks [b0, b1) and, per rank r, the blocks it owns in it, as
+// elements [elem[r], elem[r+1]) and quantized bytes [byte[r], byte[r+1]).
+struct Slice {
+  std::vector<size_t> elem, byte, range_bytes;
+  std::vector<uint8_t> received, mine;
+  std::vector<float> new_owned;
+  std::shared_ptr<Work> scatter, gather;
+};
+
+size_t SliceBlocks(size_t block_size) { return std::max<size_t>(1, kQuantizedSliceElements / block_size); }
+
+std::vector<Slice> PlanSlices(size_t count, size_t block, int bits, int n) {
+  const size_t blocks = BlockCount(count, block);
+  const size_t per_slice = SliceBlocks(block);
+  std::vector<Slice> slices;
+  for (size_t b0 = 0; b0 < blocks; b0 += per_slice) {
+    const size_t b1 = std::min(blocks, b0 + per_slice);
+    Slice sl;
+    sl.elem.resize(n + 1);
+    sl.byte.resize(n + 1);
+    sl.range_bytes.resize(n);
+    for (int r = 0; r <= n; ++r) {
+      const size_t b = b0 + FirstBlockOf(b1 - b0, r, n);
+      sl.elem[r] = std::min(count, b * block);
+      sl.byte[r] = BlockOffset(b, count, bits, block);
+    }
+    for (int r = 0; r < n; ++r) sl.range_bytes[r] = sl.byte[r + 1] - sl.byte[r];
+    slices.push_back(std::move(sl));
+  }
+  return slices;
 }
 
 }  // namespace
@@ -214,10 +254,13 @@ size_t QuantizedBytes(size_t count, int bits, size_t block_size) {
   return (blocks - 1) * FullBlockBytes(bits, block_size) + 4 + CodeBytes(last, bits);
 }
 
-void QuantizedOwnedRange(size_t count, size_t block_size, int rank, int ranks, size_t* begin, size_t* end) {
-  const size_t blocks = BlockCount(count, block_size);
-  *begin = std::min(count, FirstBlockOf(blocks, rank, ranks) * block_size);
-  *end = std::min(count, FirstBlockOf(blocks, rank + 1, ranks) * block_size);
+std::vector<std::pair<size_t, size_t>> QuantizedOwnedRanges(size_t count, size_t block_size, int rank, int ranks) {
+  std::vector<std::pair<size_t, size_t>> out;
+  if (block_size < 1 || ranks < 1 || rank < 0 || rank >= ranks) return out;
+  for (const Slice& sl : PlanSlices(count, block_size, 8, ranks)) {
+    if (sl.elem[rank + 1] > sl.elem[rank]) out.emplace_back(sl.elem[rank], sl.elem[rank + 1]);
+  }
+  return out;
 }
 
 double QuantizedAllreduceErrorBound(int bits, int ranks, double sum_of_block_maxima, ReduceOp op) {
@@ -299,84 +342,109 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
   if (count == 0) return stats;
   const int bits = options.bits;
   const size_t block = options.block_size;
-  const size_t blocks = BlockCount(count, block);
   stats.quantized_bytes = QuantizedBytes(count, bits, block);
   auto* x = static_cast<float*>(data.data);
   float* sent_residual = feedback ? static_cast<float*>(residual.sent.data) : nullptr;
   float* owned_residual = feedback ? static_cast<float*>(residual.owned.data) : nullptr;
 
-  // Every rank's range: elements [elem[r], elem[r+1]), bytes [byte[r], byte[r+1]).
-  std::vector<size_t> elem(n + 1), byte(n + 1);
-  for (int r = 0; r <= n; ++r) {
-    const size_t b = FirstBlockOf(blocks, r, n);
-    elem[r] = std::min(count, b * block);
-    byte[r] = BlockOffset(b, count, bits, block);
-  }
-  std::vector<size_t> range_bytes(n);
-  for (int r = 0; r < n; ++r) range_bytes[r] = byte[r + 1] - byte[r];
-
-  // 2. Quantize this rank's input (plus residual); the new residual is kept aside until the end.
-  std::vector<uint8_t> quantized(stats.quantized_bytes);
+  // Slices of the buffer go through the two phases one after another, so that quantizing,
+  // summing and dequantizing one slice overlap the transfers of the others (lanes).
+  std::vector<Slice> slices = PlanSlices(count, block, bits, n);
+  std::vector<uint8_t> quantized(stats.quantized_bytes), gathered(stats.quantized_bytes);
   std::vector<float> new_sent(feedback ? count : 0);
-  QuantizeRange(x, sent_residual, feedback ? new_sent.data() : nullptr, count, bits, block, quantized.data());
-
-  // 3. Reduce-scatter: every rank's copy of my blocks, then their float32 sum in rank order.
-  const size_t my_bytes = range_bytes[me];
-  std::vector<uint8_t> received(my_bytes * n);
-  if (n > 1) {
-    comm.alltoallv(CpuBuffer(quantized.data(), quantized.size()), range_bytes,
-                   CpuBuffer(received.data(), received.size()), std::vector<size_t>(n, my_bytes))
-        ->wait();
-    stats.bytes_sent += stats.quantized_bytes - my_bytes;
-  } else {
-    received = quantized;
-  }
-  const size_t my_count = elem[me + 1] - elem[me];
-  std::vector<float> sum(my_count);
-  for (int r = 0; r < n; ++r) {
-    const uint8_t* in = received.data() + static_cast<size_t>(r) * my_bytes;
-    for (size_t start = 0; start < my_count; start += block) {
-      const size_t len = std::min(block, my_count - start);
-      if (r == 0) {
-        quantized_internal::DequantizeBlock(in, len, bits, sum.data() + start);
-      } else {
-        quantized_internal::DequantizeAddBlock(in, len, bits, sum.data() + start);
+  std::vector<float> sum;
+  // Every issued collective is waited for before this frame's buffers go, also on an error.
+  auto wait_all = [&slices]() {
+    for (Slice& sl : slices) {
+      for (auto* w : {&sl.scatter, &sl.gather}) {
+        if (!*w) continue;
+        try {
+          (*w)->wait();
+        } catch (...) {
+        }
+        w->reset();
       }
-      in += 4 + CodeBytes(len, bits);
     }
-  }
-  if (options.op == ReduceOp::kAvg) {
-    const float ranks = static_cast<float>(n);
-    for (float& v : sum) v /= ranks;
-  }
-  received = {};
-
-  // 4. The owner quantizes the sum again; every rank gathers every owner's bytes.
-  std::vector<uint8_t> gathered(stats.quantized_bytes);
-  std::vector<uint8_t> my_part(my_bytes);
-  std::vector<float> new_owned(feedback ? my_count : 0);
-  QuantizeRange(sum.data(), feedback ? owned_residual + elem[me] : nullptr, feedback ? new_owned.data() : nullptr,
-                my_count, bits, block, my_part.data());
-  sum = {};
-  if (n > 1) {
-    comm.allgatherv(CpuBuffer(my_part.data(), my_part.size()), CpuBuffer(gathered.data(), gathered.size()),
-                    range_bytes)
-        ->wait();
-    stats.bytes_sent += my_bytes * (n - 1);  // what a direct all-gather sends; Gloo's ring forwards as much
-  } else {
-    gathered = my_part;
-  }
-
-  // Everything arrived: write the result and the residuals.
-  const uint8_t* in = gathered.data();
-  for (size_t start = 0; start < count; start += block) {
-    const size_t len = std::min(block, count - start);
-    quantized_internal::DequantizeBlock(in, len, bits, x + start);
-    in += 4 + CodeBytes(len, bits);
+  };
+  try {
+    // 2. Quantize each slice (plus residual) and send its blocks to their owners at once.
+    for (Slice& sl : slices) {
+      const size_t e0 = sl.elem[0], e1 = sl.elem[n];
+      QuantizeRange(x + e0, sent_residual ? sent_residual + e0 : nullptr, feedback ? new_sent.data() + e0 : nullptr,
+                    e1 - e0, bits, block, quantized.data() + sl.byte[0]);
+      const size_t my_bytes = sl.range_bytes[me];
+      sl.received.resize(my_bytes * n);
+      if (n > 1) {
+        sl.scatter = comm.alltoallv(CpuBuffer(quantized.data() + sl.byte[0], sl.byte[n] - sl.byte[0]), sl.range_bytes,
+                                    CpuBuffer(sl.received.data(), sl.received.size()),
+                                    std::vector<size_t>(n, my_bytes));
+        stats.bytes_sent += sl.byte[n] - sl.byte[0] - my_bytes;
+      } else {
+        std::memcpy(sl.received.data(), quantized.data() + sl.byte[0], my_bytes);
+      }
+    }
+    // 3-4. As each slice's blocks arrive: sum every rank's copy of this rank's blocks in float32 in
+    // rank order, quantize the sum again and send it to every rank.
+    for (Slice& sl : slices) {
+      if (sl.scatter) {
+        std::shared_ptr<Work> w = std::move(sl.scatter);
+        w->wait();
+      }
+      const size_t my_bytes = sl.range_bytes[me];
+      const size_t my_begin = sl.elem[me], my_count = sl.elem[me + 1] - my_begin;
+      sum.resize(my_count);
+      for (int r = 0; r < n; ++r) {
+        const uint8_t* in = sl.received.data() + static_cast<size_t>(r) * my_bytes;
+        for (size_t start = 0; start < my_count; start += block) {
+          const size_t len = std::min(block, my_count - start);
+          if (r == 0) {
+            quantized_internal::DequantizeBlock(in, len, bits, sum.data() + start);
+          } else {
+            quantized_internal::DequantizeAddBlock(in, len, bits, sum.data() + start);
+          }
+          in += 4 + CodeBytes(len, bits);
+        }
+      }
+      sl.received = {};
+      if (options.op == ReduceOp::kAvg) {
+        const float ranks = static_cast<float>(n);
+        for (float& v : sum) v /= ranks;
+      }
+      sl.mine.resize(my_bytes);
+      sl.new_owned.resize(feedback ? my_count : 0);
+      QuantizeRange(sum.data(), feedback ? owned_residual + my_begin : nullptr,
+                    feedback ? sl.new_owned.data() : nullptr, my_count, bits, block, sl.mine.data());
+      if (n > 1) {
+        sl.gather = comm.allgatherv(CpuBuffer(sl.mine.data(), my_bytes),
+                                    CpuBuffer(gathered.data() + sl.byte[0], sl.byte[n] - sl.byte[0]), sl.range_bytes);
+        stats.bytes_sent += my_bytes * (n - 1);  // a direct all-gather's; Gloo's ring forwards as much
+      } else {
+        std::memcpy(gathered.data() + sl.byte[0], sl.mine.data(), my_bytes);
+      }
+    }
+    // Every rank dequantizes the same bytes, slice by slice as they arrive.
+    for (Slice& sl : slices) {
+      if (sl.gather) {
+        std::shared_ptr<Work> w = std::move(sl.gather);
+        w->wait();
+      }
+      const uint8_t* in = gathered.data() + sl.byte[0];
+      for (size_t start = sl.elem[0]; start < sl.elem[n]; start += block) {
+        const size_t len = std::min(block, sl.elem[n] - start);
+        quantized_internal::DequantizeBlock(in, len, bits, x + start);
+        in += 4 + CodeBytes(len, bits);
+      }
+    }
+  } catch (...) {
+    wait_all();
+    throw;
   }
   if (feedback) {
     std::memcpy(sent_residual, new_sent.data(), count * sizeof(float));
-    if (my_count) std::memcpy(owned_residual + elem[me], new_owned.data(), my_count * sizeof(float));
+    for (const Slice& sl : slices) {
+      const size_t my_count = sl.elem[me + 1] - sl.elem[me];
+      if (my_count) std::memcpy(owned_residual + sl.elem[me], sl.new_owned.data(), my_count * sizeof(float));
+    }
   }
   return stats;
 }

@@ -5,20 +5,24 @@
 //   o.bits = 4;                                   // or 8
 //   gossipcc::QuantizedAllreduce(*comm, gossipcc::CpuBuffer(x.data(), n), o);   // x <- ~average
 //
-// Algorithm (n ranks, B = ceil(count / block_size) blocks; rank r owns the contiguous blocks
-// [B*r/n, B*(r+1)/n)):
+// Algorithm (n ranks; the buffer in slices of kQuantizedSliceElements, whole blocks; in a slice of B
+// blocks rank r owns the contiguous blocks [B*r/n, B*(r+1)/n)):
 //  1. Check: every rank all-gathers a 64-byte header (dtype, count, bits, block size, op, device,
 //     and whether its own arguments are valid); one eager exchange.
 //  2. Quantize: each block of this rank's input becomes a float32 scale s = M / Q, M = max |x| of
 //     the block, Q = 2^(bits-1) - 1 (127 or 7), and per element the symmetric signed integer
 //     q = round(x / s) in [-Q, Q] (round to nearest, ties to even: see "Rounding"), 8 bits one per
 //     byte, 4 bits two per byte (low nibble first).
-//  3. Reduce-scatter (one alltoallv): each block's bytes go to the block's owner, which
+//  3. Reduce-scatter (one alltoallv per slice): each block's bytes go to the block's owner, which
 //     dequantizes every rank's copy (s * q, float32) and adds them in rank order in float32
 //     (average: then divides by n).
-//  4. The owner quantizes that sum again (same format); an allgatherv brings every owner's bytes to
-//     every rank, and every rank dequantizes the same bytes: the result is bitwise identical on
-//     every rank (and on each a pure function of every rank's input and state).
+//  4. The owner quantizes that sum again (same format); an allgatherv (per slice) brings every
+//     owner's bytes to every rank, and every rank dequantizes the same bytes: the result is bitwise
+//     identical on every rank (and a pure function of every rank's input and state: neither the
+//     slicing nor the ownership changes a block's arithmetic).
+// Pipelined: every slice's alltoallv is issued as soon as it is quantized, and a slice's
+// allgatherv as soon as its sum is, so the CPU work of one slice overlaps other slices' transfers
+// (on the communicator's lanes).
 // Per rank on the wire: 2 (n-1)/n of the quantized size, (bits/8 + 4/block_size) bytes per
 // element: 1.016 (8 bits) or 0.516 (4 bits) bytes with the default block of 256, against 4
 // bytes for the exact all-reduce's 2 (n-1)/n.
@@ -56,7 +60,8 @@
 //  - MismatchError when the ranks disagree on dtype, element count, bits, block size or op,
 //    naming each rank's value;
 //  - whatever the Communicator raises (TimeoutError, PeerError, AbortedError); after a transport
-//    failure part-way, data and residuals are unchanged too (both are written once, at the end).
+//    failure part-way the residuals are unchanged (written at the end) and data may hold the
+//    result in some slices, its input in others.
 // Synchronous: call it from one thread per communicator at a time (it issues three collectives
 // and waits for each), in the same order with respect to other collectives on every rank.
 #pragma once
@@ -64,6 +69,7 @@
 #include <cstddef>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -73,6 +79,9 @@ namespace gossipcc {
 
 inline constexpr size_t kDefaultQuantizedBlockSize = 256;
 inline constexpr size_t kMaxQuantizedBlockSize = size_t{1} << 20;
+// The buffer goes through the algorithm in slices of this many elements (rounded down to whole
+// blocks, at least one): quantizing and summing one slice overlaps the transfers of others.
+inline constexpr size_t kQuantizedSliceElements = size_t{1} << 20;
 
 struct QuantizedAllreduceOptions {
   int bits = 8;                                 // 4 or 8
@@ -107,9 +116,9 @@ double QuantizedAllreduceErrorBound(int bits, int ranks, double sum_of_block_max
 // Bytes of `count` elements quantized in blocks of `block_size` (scales included).
 size_t QuantizedBytes(size_t count, int bits, size_t block_size);
 
-// The blocks rank `rank` of `ranks` owns: [first, last) block indices, and the elements they
-// cover: [*begin, *end).
-void QuantizedOwnedRange(size_t count, size_t block_size, int rank, int ranks, size_t* begin, size_t* end);
+// The elements rank `rank` of `ranks` owns (sums and quantizes again): per slice, a range of
+// whole blocks; ascending [begin, end) ranges, empty ones left out.
+std::vector<std::pair<size_t, size_t>> QuantizedOwnedRanges(size_t count, size_t block_size, int rank, int ranks);
 
 // Error feedback kept per key (e.g. a parameter's or fragment's name): AllReduce adds the key's
 // residuals and keeps the new ones. A key's state starts at zero, and starts again at zero when

@@ -171,17 +171,18 @@ TEST(QuantizedCodecTest, SizesAndOwnershipCoverTheBufferOnce) {
   EXPECT_EQ(QuantizedBytes(257, 4, 256), 132u + 5u);
   EXPECT_EQ(QuantizedBytes(3, 4, 256), 4u + 2u);
   for (int n = 1; n <= 8; ++n) {
-    for (size_t count : {0u, 1u, 300u, 256u * 8 + 1}) {
-      size_t expect_begin = 0;
+    for (size_t count : {size_t{0}, size_t{1}, size_t{300}, size_t{256} * 8 + 1, kQuantizedSliceElements * 2 + 700}) {
+      // Every element owned by exactly one rank, in whole blocks.
+      std::vector<int> owners(count, 0);
       for (int r = 0; r < n; ++r) {
-        size_t b, e;
-        QuantizedOwnedRange(count, 256, r, n, &b, &e);
-        EXPECT_EQ(b, expect_begin);
-        EXPECT_LE(b, e);
-        EXPECT_TRUE(b % 256 == 0 || b == count);
-        expect_begin = e;
+        for (const auto& [b, e] : QuantizedOwnedRanges(count, 256, r, n)) {
+          EXPECT_LT(b, e);
+          EXPECT_TRUE(b % 256 == 0);
+          EXPECT_TRUE(e % 256 == 0 || e == count);
+          for (size_t i = b; i < e; ++i) ++owners[i];
+        }
       }
-      EXPECT_EQ(expect_begin, count);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(owners[i], 1) << i;
     }
   }
 }
@@ -362,11 +363,11 @@ TEST(QuantizedErrorFeedbackTest, StateIsKeptPerKeyAndRestartsOnANewSize) {
     EXPECT_EQ(ef.state("b")->sent.size(), 300u);
     EXPECT_EQ(ef.state("c"), nullptr);
     // The owner's residual is written in the owned range only.
-    size_t begin, end;
-    QuantizedOwnedRange(600, 256, comm.rank(), 2, &begin, &end);
+    const auto ranges = QuantizedOwnedRanges(600, 256, comm.rank(), 2);
+    ASSERT_EQ(ranges.size(), 1u);
     const auto& owned = ef.state("a")->owned;
     for (size_t i = 0; i < 600; ++i) {
-      if (i < begin || i >= end) EXPECT_EQ(owned[i], 0.0f) << i;
+      if (i < ranges[0].first || i >= ranges[0].second) EXPECT_EQ(owned[i], 0.0f) << i;
     }
     // A saved state restored into a fresh object gives the same next result.
     QuantizedErrorFeedback restored;
