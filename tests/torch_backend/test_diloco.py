@@ -5,7 +5,10 @@
   every step equal a single-process simulation of all ranks written from the paper's update
   (inner SGD per rank, the outer step and the mixing by hand), to float32 rounding.
 - Fragments cover every parameter once, each synchronised once per H steps.
-- A checkpoint taken with an averaging in flight (PowerSGD transport) resumes bit for bit.
+- A checkpoint taken with an averaging in flight resumes bit for bit, for every transport
+  (quantized: its error-feedback residuals are in the checkpoint).
+- Quantized transport: every rank holds bitwise the same parameters after a synchronisation, close
+  to the exact transport's, and the residuals carry what quantization dropped.
 - Bad arguments and ranks that disagree: a ValueError on every rank, naming what differs.
 """
 import torch
@@ -13,7 +16,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from launcher import run_ranks
-from wrapper_common import batch, flat_params, init, make_model
+from wrapper_common import batch, flat_params, gather, init, make_model
 
 import pytest
 
@@ -197,7 +200,8 @@ def checkpoint_worker(rank, world_size, outer_sync, stop_at):
 
 
 def checkpoint_all_worker(rank, world_size):
-    return {t: checkpoint_worker(rank, world_size, t, 6) for t in ("exact", "powersgd:rank=2", "gossip")}
+    return {t: checkpoint_worker(rank, world_size, t, 6)
+            for t in ("exact", "powersgd:rank=2", "gossip", "quantized:bits=8", "quantized:bits=4")}
 
 
 def test_checkpoint_resumes_bit_for_bit():
@@ -209,6 +213,47 @@ def test_checkpoint_resumes_bit_for_bit():
             assert in_flight == 1, f"{transport}, rank {rank}: {in_flight} averagings in flight at the checkpoint"
 
 
+# ---- quantized transport ---------------------------------------------------------------------
+def quantized_worker(rank, world_size):
+    import gossipcc
+    init(rank, world_size)
+    finals = {}
+    for outer_sync in ("exact", "quantized:bits=8", "quantized:bits=4"):
+        model = make_model(0)
+        inner = torch.optim.SGD(model.parameters(), lr=INNER_LR)
+        diloco = gossipcc.DiLoCo(model, inner, sync_every=3, outer_sync=outer_sync)  # mix 0: reset to theta_global
+        for step in range(9):
+            inner_step(model, inner, rank, step)
+            diloco.step()
+        finals[outer_sync] = flat_params(model)
+        if diloco._residuals is not None:
+            finals[outer_sync + " residual"] = max(r.abs().max().item() for r, _ in diloco._residuals)
+    # Plain lists back to the test: tensors would travel as shared memory of an exiting process.
+    everyone = {k: [t.tolist() for t in gather(v)] for k, v in finals.items() if isinstance(v, torch.Tensor)}
+    finals = {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in finals.items()}
+    dist.destroy_process_group()
+    return finals, everyone
+
+
+def test_quantized_transport_same_bits_everywhere_and_close_to_exact():
+    for rank, (finals, everyone) in enumerate(run_ranks(quantized_worker, 3)):
+        exact = torch.tensor(finals["exact"])
+        for bits, tolerance in ((8, 0.02), (4, 0.3)):
+            key = f"quantized:bits={bits}"
+            # After the last outer step (step 9) every rank holds theta_global: the same bits.
+            for other, theirs in enumerate(everyone[key]):
+                assert theirs == everyone[key][0], f"{key}: rank {other} differs from rank 0"
+            moved = (exact - make_flat_init()).abs().max().item()
+            diff = (torch.tensor(finals[key]) - exact).abs().max().item()
+            print(f"{key}: max |quantized - exact| {diff:.3g}, parameters moved {moved:.3g}")
+            assert 0 < diff <= tolerance * moved, f"{key}, rank {rank}: {diff} from exact (moved {moved})"
+            assert finals[key + " residual"] > 0, f"{key}: no residual kept"
+
+
+def make_flat_init():
+    return flat_params(make_model(0))
+
+
 # ---- bad input ---------------------------------------------------------------------------
 BAD_CASES = {  # case: (DiLoCo arguments on `rank`, words the error must contain)
     "H < 1": (lambda rank: dict(sync_every=0), "sync_every"),
@@ -217,7 +262,12 @@ BAD_CASES = {  # case: (DiLoCo arguments on `rank`, words the error must contain
     "tau >= H": (lambda rank: dict(sync_every=4, overlap=4), "overlap"),
     "unknown transport": (lambda rank: dict(outer_sync="carrier-pigeon"), "unknown outer_sync"),
     "powersgd without rank": (lambda rank: dict(outer_sync="powersgd"), "rank=<r>"),
-    "quantized (not in this version)": (lambda rank: dict(outer_sync="quantized:bits=4"), "not in this version"),
+    "quantized bits 3": (lambda rank: dict(outer_sync="quantized:bits=3"), "bits=8 or bits=4, got '3'"),
+    "quantized bits 16": (lambda rank: dict(outer_sync="quantized:bits=16"), "bits=8 or bits=4, got '16'"),
+    "quantized without bits": (lambda rank: dict(outer_sync="quantized"), "bits=8 or bits=4"),
+    "quantized unknown key": (lambda rank: dict(outer_sync="quantized:bits=8,rank=2"), "unknown key"),
+    "quantized bits differ": (lambda rank: dict(outer_sync=f"quantized:bits={8 if rank == 0 else 4}"),
+                              "disagree on outer_sync"),
     "H differs": (lambda rank: dict(sync_every=4 + rank), "disagree on sync_every"),
     "P differs": (lambda rank: dict(fragments=1 + rank), "disagree on fragments"),
     "transport differs": (lambda rank: dict(outer_sync="exact" if rank == 0 else "gossip"), "disagree on outer_sync"),

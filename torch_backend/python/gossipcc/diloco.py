@@ -29,6 +29,18 @@ outer_sync (how delta travels):
   "gossip"            decentralised DiLoCo: one push-sum round with one peer of the time-varying
                       exponential graph per outer step, instead of an average over all ranks;
                       each rank then keeps its own theta_global; gossipcc backend only
+  "quantized:bits=b"  gossipcc's quantized all-reduce (comm/quantized_allreduce.h), b = 8 or 4:
+                      delta travels as b-bit integers with a float32 scale per block of 256
+                      (1.02 or 0.52 bytes per element instead of 4; at 100 Mbit/s on 4 hosts
+                      16 MB took 3.0x and 6.1x less time than the exact all-reduce,
+                      docs/benchmarks.md (f)), with error feedback kept per fragment: what
+                      quantization dropped from this rank's delta (and from the average of the
+                      blocks this rank owns) is added to the next outer step's, so nothing is
+                      lost for good. Per element the average is within about 1/(2^(b-1)-1) times
+                      the ranks' mean block maximum |delta + residual| of the exact one (the
+                      header states the bound), and bitwise the same on every rank, so every
+                      rank keeps the same theta_global. A checkpoint holds the residuals.
+                      float32 parameters (else ValueError); gossipcc backend only
 
 H = 1, fragments = 1, outer SGD with lr 1 and no momentum, exact: every step equals DDP's step
 (theta - lr_inner * mean gradient), to rounding.
@@ -36,7 +48,8 @@ H = 1, fragments = 1, outer SGD with lr 1 and no momentum, exact: every step equ
 Every rank must construct DiLoCo with the same arguments and a model with bitwise equal
 parameters (both checked at construction: a ValueError on every rank, naming what differs).
 state_dict()/load_state_dict() carry DiLoCo's own state (inner step, every fragment's theta_global,
-the outer optimizer's state, averages in flight, PowerSGD's memory); save the model and the inner
+the outer optimizer's state, averages in flight, PowerSGD's memory, the quantized transport's
+residuals); save the model and the inner
 optimizer beside it, as for any optimizer. A run resumed from them continues bit for bit.
 """
 import hashlib
@@ -46,11 +59,12 @@ import torch.distributed as dist
 
 from ._wrapper_utils import check_params, flatten
 
-_EXACT, _POWERSGD, _GOSSIP = 0, 1, 2
+_EXACT, _POWERSGD, _GOSSIP, _QUANTIZED = 0, 1, 2, 3
 
 
 def _parse_outer_sync(text):
-    """(kind, PowerSGD options string) of an outer_sync string; ValueError naming what is wrong."""
+    """(kind, PowerSGD options string or quantized bits) of an outer_sync string; ValueError naming
+    what is wrong."""
     if not isinstance(text, str):
         raise ValueError(f"DiLoCo: outer_sync must be a string, got {type(text).__name__}")
     name, _, rest = text.partition(":")
@@ -66,9 +80,17 @@ def _parse_outer_sync(text):
         options = rest if "start_iter" in keys else rest + ",start_iter=0"
         return _POWERSGD, options
     if name == "quantized":
-        raise ValueError(f"DiLoCo: outer_sync {text!r}: the quantized all-reduce is not in this version of "
-                         "gossipcc; use 'exact', 'powersgd:rank=<r>' or 'gossip'")
-    raise ValueError(f"DiLoCo: unknown outer_sync {text!r}: expected 'exact', 'powersgd:rank=<r>[,...]' or 'gossip'")
+        keys = dict(kv.partition("=")[::2] for kv in rest.split(",")) if rest else {}
+        unknown = sorted(set(keys) - {"bits"})
+        if unknown:
+            raise ValueError(f"DiLoCo: outer_sync {text!r}: unknown key(s) {unknown}; expected 'quantized:bits=8' "
+                             "or 'quantized:bits=4'")
+        if keys.get("bits") not in ("4", "8"):
+            raise ValueError(f"DiLoCo: outer_sync {text!r}: quantized needs bits=8 or bits=4, got "
+                             f"{keys.get('bits', 'none')!r} (e.g. 'quantized:bits=8')")
+        return _QUANTIZED, int(keys["bits"])
+    raise ValueError(f"DiLoCo: unknown outer_sync {text!r}: expected 'exact', 'powersgd:rank=<r>[,...]', 'gossip' "
+                     "or 'quantized:bits=8|4'")
 
 
 def split_fragments(params, fragments):
@@ -130,6 +152,9 @@ class DiLoCo:
         if not isinstance(mix, (int, float)) or isinstance(mix, bool) or not 0.0 <= mix <= 1.0:
             raise ValueError(f"DiLoCo: mix (alpha) must be a number in [0, 1], got {mix!r}")
         self.kind, psgd_options = _parse_outer_sync(outer_sync)
+        if self.kind == _QUANTIZED and self.params[0].dtype != torch.float32:
+            raise ValueError(f"DiLoCo: outer_sync {outer_sync!r} averages float32 only; the model's parameters are "
+                             f"{self.params[0].dtype}")
         if not dist.is_initialized():
             raise RuntimeError("DiLoCo: call torch.distributed.init_process_group first")
         self.group = process_group
@@ -148,6 +173,7 @@ class DiLoCo:
         self.sync_every, self.fragments, self.overlap, self.mix = sync_every, fragments, overlap, float(mix)
         self.outer_sync = outer_sync
         self._psgd = None
+        self._bits = psgd_options if self.kind == _QUANTIZED else None
         if self.kind == _POWERSGD:
             from . import _C
             self._psgd = _C.PowerSGD(psgd_options)
@@ -159,6 +185,11 @@ class DiLoCo:
         self.inner_steps = 0
         self.outer_steps = [0] * fragments  # synchronisations started, per fragment
         self._pending = {}
+        # Quantized transport: per fragment the error-feedback residuals (this rank's delta, and
+        # the average of the blocks this rank owns), updated in place by each averaging.
+        self._residuals = None
+        if self.kind == _QUANTIZED:
+            self._residuals = [(torch.zeros(g.numel()), torch.zeros(g.numel())) for g in self._global]
 
     # ---- checks --------------------------------------------------------------------------
     def _check_optimizer(self, opt):
@@ -221,6 +252,10 @@ class DiLoCo:
             shapes = [list(self.params[i].shape) for i in idx]
             work = self.backend.powersgd_allreduce(views, shapes, self._psgd, [f"param{i}" for i in idx])
             finish = lambda: delta  # noqa: E731
+        elif self.kind == _QUANTIZED:
+            residual, owned = self._residuals[f]
+            work = self.backend.quantized_allreduce([delta], self._bits, True, residual, owned)
+            finish = lambda: delta  # noqa: E731
         else:
             weight = torch.ones(1, dtype=torch.float64)
             # One round per outer step; the round index (the same on every rank) picks the peer.
@@ -273,7 +308,10 @@ class DiLoCo:
                 "inner_steps": self.inner_steps, "outer_steps": list(self.outer_steps),
                 "global": [g.clone() for g in self._global], "pending": pending,
                 "outer_optimizer": self.outer_optimizer.state_dict(),
-                "powersgd": self._psgd.state_dict() if self._psgd is not None else None}
+                "powersgd": self._psgd.state_dict() if self._psgd is not None else None,
+                # After the pending averagings above were waited for: their residual updates are in.
+                "quantized_residuals": None if self._residuals is None else
+                [(r.clone(), o.clone()) for r, o in self._residuals]}
 
     def load_state_dict(self, state):
         """Restores state_dict() of a DiLoCo with the same configuration and model (ValueError
@@ -290,10 +328,19 @@ class DiLoCo:
             if g.shape != mine.shape or g.dtype != mine.dtype:
                 raise ValueError(f"DiLoCo.load_state_dict: fragment {f} has {g.numel()} {g.dtype} elements in the "
                                  f"checkpoint, {mine.numel()} {mine.dtype} here: a checkpoint of another model?")
+        if self._residuals is not None:
+            saved = state.get("quantized_residuals")
+            if saved is None or len(saved) != len(self._residuals) or any(
+                    r.shape != mine[0].shape or o.shape != mine[1].shape or r.dtype != torch.float32
+                    or o.dtype != torch.float32 for (r, o), mine in zip(saved, self._residuals)):
+                raise ValueError("DiLoCo.load_state_dict: the checkpoint's quantized residuals are missing or do "
+                                 "not fit this model's fragments")
         self.outer_optimizer.load_state_dict(state["outer_optimizer"])
         if self._psgd is not None:
             self._psgd.load_state_dict(state["powersgd"])
         self._global = [g.clone() for g in state["global"]]
+        if self._residuals is not None:
+            self._residuals = [(r.clone(), o.clone()) for r, o in state["quantized_residuals"]]
         self.inner_steps = int(state["inner_steps"])
         self.outer_steps = list(state["outer_steps"])
         self._pending = {}
