@@ -62,8 +62,9 @@
 //  - whatever the Communicator raises (TimeoutError, PeerError, AbortedError); after a transport
 //    failure part-way the residuals are unchanged (written at the end) and data may hold the
 //    result in some slices, its input in others.
-// Synchronous: call it from one thread per communicator at a time (it issues three collectives
-// and waits for each), in the same order with respect to other collectives on every rank.
+// Synchronous: call it from one thread per communicator at a time (it issues an all-gather, then
+// an all-to-all-v and an all-gather-v per slice, and waits for all of them), in the same order with
+// respect to other collectives on every rank.
 #pragma once
 
 #include <cstddef>
