@@ -19,6 +19,9 @@ PACKAGES=(
   # The main job and benchmarks (tools/train.sh, tools/bench/): the digits data set, plots, and
   # iproute2 (ip, tc) for the emulated cluster (tools/emulated_cluster.py).
   python3-sklearn python3-matplotlib iproute2
+  # The main job's language-model workload (tools/train/lm.py): the text it trains on, about
+  # 2.6 MB of English in /usr/share/games/fortunes.
+  fortunes
   # tools/trixie_root.sh: a Debian trixie root with torch 2.x, to test the backend against it.
   debootstrap
   # tools/fuzz.sh: clang with libFuzzer and the sanitizer runtimes (libclang-rt-dev ->
