@@ -128,7 +128,8 @@ def _log(message):
 def _bazel_build():
     torch = _torch()
     bazel = os.environ.get("GOSSIPCC_BAZEL", "bazel")
-    command = [bazel, "build"]
+    # The extension exports only PyInit__C in the wheel (torch_backend/python_module.lds).
+    command = [bazel, "build", "--define=gossipcc_wheel=1"]
     # The default (unset) is /usr/bin/python3: leave it unset for that interpreter, so a pip
     # build there shares every cached action and repository with the project's own builds.
     if os.path.abspath(sys.executable) != "/usr/bin/python3":
