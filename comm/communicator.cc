@@ -32,24 +32,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The lane's handshake in stages, for a collective that runs its own signature check
-// (GlooCall::check).
-class StagedHandshake final : public DeferredSignatureCheck {
- public:
-  StagedHandshake(CollectiveHandshake& handshake, const OpSpec& spec, std::chrono::milliseconds timeout)
-      : handshake_(handshake), spec_(spec), timeout_(timeout) {}
-  static_assert(kEveryPeer == CollectiveHandshake::kEveryPeer, "Begin passes `first` through");
-  void Begin(int first) override { handshake_.Begin(spec_, {}, timeout_, first); }
-  void SendRemainingHeaders() override { handshake_.SendRemainingHeaders(); }
-  bool PeerAgrees(int peer) override { return handshake_.PeerAgrees(peer); }
-  void Finish() override { handshake_.Finish(); }
-
- private:
-  CollectiveHandshake& handshake_;
-  const OpSpec& spec_;
-  const std::chrono::milliseconds timeout_;
-};
-
 // A CUDA collective's Work: first the CPU stage (signature check, then the NCCL launch on
 // its lane's worker thread), then the launched operation's own completion.
 class StagedWork : public Work {
@@ -990,28 +972,7 @@ std::unique_ptr<Communicator> Communicator::Create(std::shared_ptr<Store> store,
     throw InvalidArgumentError(absl::StrCat("Communicator: rank ", rank, " is out of range [0, ", size, ")"));
   }
   if (!store) throw InvalidArgumentError("Communicator: store is null");
-  if (options.rendezvous_timeout.count() < 0) {
-    throw InvalidArgumentError(absl::StrCat("Communicator: rendezvous_timeout must be >= 0 (0: the timeout), got ",
-                                            options.rendezvous_timeout.count(), " ms"));
-  }
-  if (options.timeout.count() <= 0) {
-    throw InvalidArgumentError(absl::StrCat("Communicator: timeout must be positive, got ", options.timeout.count(),
-                                            " ms"));
-  }
-  if (options.p2p_segment_bytes != 0 &&
-      (options.p2p_segment_bytes < kMinP2PSegmentBytes || options.p2p_segment_bytes > kMaxP2PSegmentBytes)) {
-    throw InvalidArgumentError(absl::StrCat("Communicator: p2p_segment_bytes must be 0 (off) or in [",
-                                            kMinP2PSegmentBytes, ", ", kMaxP2PSegmentBytes, "], got ",
-                                            options.p2p_segment_bytes));
-  }
-  if (options.collective_lanes < 1 || options.collective_lanes > kMaxCollectiveLanes) {
-    throw InvalidArgumentError(absl::StrCat("Communicator: collective_lanes must be in [1, ", kMaxCollectiveLanes,
-                                            "], got ", options.collective_lanes));
-  }
-  if (options.cuda_device < -1) {
-    throw InvalidArgumentError(absl::StrCat("Communicator: cuda_device must be a CUDA device ordinal, or -1 to take ",
-                                            "the device of the first CUDA buffer; got ", options.cuda_device));
-  }
+  ValidateCommunicatorOptions(options);
   auto impl = std::make_unique<Impl>(std::move(store), rank, size, std::move(options));
   impl->Connect();
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
@@ -1212,14 +1173,6 @@ std::shared_ptr<Work> Communicator::barrier() {
   return impl_->Submit(
       spec, Impl::Footprint::Fence(), [](const GlooCall& call) { GlooBarrier(call); },
       [](NcclTransport& n, std::string d) { return n.Barrier(std::move(d)); }, 0, std::move(eager));
-}
-
-P2POp P2POp::SendGather(std::vector<Buffer> pieces, int peer, uint32_t tag) {
-  Buffer message{nullptr, 0, pieces.empty() ? DType::kFloat32 : pieces[0].dtype, Device::CPU()};
-  for (const Buffer& piece : pieces) message.count += piece.count;
-  P2POp op = Send(message, peer, tag);
-  op.gather = std::move(pieces);
-  return op;
 }
 
 std::shared_ptr<Work> Communicator::send(Buffer data, int peer, uint32_t tag) {
