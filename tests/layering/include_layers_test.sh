@@ -26,7 +26,7 @@ declare -A LAYER=(
   # 5: the data paths (Gloo collectives, point-to-point, NCCL)
   [gloo_collectives.h]=5 [p2p_exchange.h]=5 [nccl_transport.h]=5
   # 6: the Communicator's parts, one job each
-  [failure_state.h]=6 [lanes.h]=6 [peer_health.h]=6 [staged_work.h]=6 [meshes.h]=6
+  [argument_checks.h]=6 [failure_state.h]=6 [lanes.h]=6 [peer_health.h]=6 [staged_work.h]=6 [meshes.h]=6
   # 7: the facade
   [communicator.h]=7
 )
