@@ -2,7 +2,10 @@
 // A header of its own, below both the Communicator (comm/communicator.h, which re-exports it)
 // and the algorithms that read a threshold (direct_allreduce.cc, consistency_check.cc,
 // gloo_collectives.cc), so that no file in comm/ includes the facade for a constant.
-// docs/comm.md has the options as a table.
+// docs/comm.md has the options as a table (default, values, meaning, must every rank agree?);
+// the measurements behind the defaults are in docs/benchmarks_history.md, not here. Options
+// marked "every rank must agree (checked)" are all-gathered at creation (meshes.h), so that a
+// rank that differs fails Create instead of waiting out the timeout at first use.
 #pragma once
 
 #include <chrono>
@@ -12,7 +15,7 @@
 namespace gossipcc {
 
 struct CommunicatorOptions {
-  // Deadline of every operation, rendezvous included.
+  // Deadline of every operation, counted from its issue, rendezvous included.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
   // How long Create may take in all, every mesh's rendezvous and connection included; zero:
   // `timeout`. The c10d backend passes what is left of init_process_group's timeout, so that a
@@ -24,80 +27,61 @@ struct CommunicatorOptions {
   // Both empty: as PyTorch's ProcessGroupGloo, this host's name if it resolves to an address
   // this host can bind, else the loopback address with a warning (comm/listen_address.h).
   std::string hostname;
-  // Compare each collective's signature across ranks before moving data. Costs one
-  // exchange of a 64-byte message with every peer per collective; turning it off trusts the
-  // caller (a mismatch may then corrupt memory or abort the process, as in raw Gloo). Eager
-  // collectives (EagerCollectiveMaxBytes) carry their data in that exchange, so they check
-  // either way.
+  // Compare each collective's signature across ranks before moving data (one 64-byte message
+  // to every peer per collective). Off trusts the caller: a mismatch may then corrupt memory or
+  // abort the process, as in raw Gloo. Eager collectives (EagerCollectiveMaxBytes) carry their
+  // data in that exchange, so they check either way.
   bool verify_collectives = true;
   // CUDA device this rank uses for CUDA buffers, or -1 to infer it from the first CUDA buffer.
   // Point-to-point on CUDA needs it set (NCCL's communicator is created collectively).
   int cuda_device = -1;
-  // Peer health check. Each rank writes a heartbeat counter to the store every
-  // `heartbeat_interval` (zero: timeout / 10, clamped to [50 ms, 1 s]) and "down" when it shuts
-  // down. When an operation fails with a timeout or a transport error, the rank reads every
-  // peer's heartbeat twice, 4 of its own heartbeats apart (3-4 intervals), and appends the
-  // finding to the error message ("peer check: rank 2 is not responding (...): killed, stopped
-  // or hung"), so that every survivor names the dead or stalled peer, not merely the neighbour
-  // it was waiting on. The window is counted in this rank's own heartbeats so that a stall of
-  // every heartbeat at once (a starved machine, a stalled store) names nobody: if this rank's
-  // own heartbeat advanced fewer than 2 times in 6 intervals and no peer's advanced, no peer is
-  // named from its silence and the message says why. That adds 3-4 intervals (<= 40% of a
-  // short timeout, 4 s at most) to a failure, 6 when this rank's own heartbeat is slow. A peer
-  // whose heartbeat thread alone is starved for 3 intervals is still named. Negative: no
-  // heartbeat thread and no check.
+  // The peer check (comm/peer_health.h): a heartbeat in the store every interval (zero:
+  // timeout / 10, clamped to [50 ms, 1 s]), read when an operation fails with a timeout or a
+  // transport error, so that every survivor's error names the dead, stalled or shut-down peer,
+  // not merely the neighbour it waited on. Adds 3-4 intervals to a failure (6 when this rank's
+  // own heartbeat is slow). Negative: no heartbeat thread and no check.
   std::chrono::milliseconds heartbeat_interval{0};
-  // Point-to-point payloads larger than this travel as consecutive segments of this many
-  // bytes (the last one shorter) instead of one Gloo message; the receiver keeps a few
-  // segments posted at a time, so both directions of an exchange flow at once
-  // (docs/benchmarks_history.md (c)). The receiver follows the sender's setting (it travels in the
-  // message header), so ranks may differ. 0: one message per payload. Otherwise in
-  // [kMinP2PSegmentBytes, kMaxP2PSegmentBytes].
+  // Point-to-point payloads larger than this travel as segments of this many bytes, a few
+  // posted at a time, so that both directions of an exchange flow at once (docs/comm.md). The
+  // receiver follows the sender's setting (it travels in the header), so ranks may differ.
+  // 0: one message per payload; otherwise in [kMinP2PSegmentBytes, kMaxP2PSegmentBytes].
   size_t p2p_segment_bytes = size_t{256} << 10;
-  // Point-to-point payloads travel on two extra meshes, one per direction (lower to higher
-  // rank, higher to lower), so a receive's announcement never queues behind this rank's own
-  // payload on the same socket (p2p_exchange.h). An exchange of 16 MB each way at 1 Gbit/s
-  // then takes ~1.07 message times (1.1-1.4 without), 1.2 MB at 100 Mbit/s 1.07 (1.86
-  // without). Costs two more full-mesh connects at creation. Every rank must agree.
+  // Point-to-point payloads on two extra meshes, one per direction, so that a receive's
+  // announcement never queues behind this rank's own payload on one socket (p2p_exchange.h;
+  // what it buys: docs/benchmarks_history.md (c)). Costs two more mesh connects at creation.
+  // Every rank must agree (checked).
   bool p2p_connection_per_direction = true;
-  // Collectives run on this many lanes: collective k (in issue order) on lane
-  // k % collective_lanes. Each lane has its own mesh of connections, signature check, scratch
-  // memory and worker thread, so consecutive collectives on disjoint memory (DDP's gradient
-  // buckets) are on the wire at once, as on ProcessGroupGloo's two threads, and fill the link
-  // time one ring leaves idle. Results are those of running the collectives in issue order: a
-  // collective starts only once every earlier one whose memory overlaps its own has completed,
-  // and barriers and CUDA collectives wait for every earlier collective and hold back every
-  // later one. Each lane beyond the first costs one more full-mesh connect at creation and a
-  // thread. 1: one collective at a time. In [1, kMaxCollectiveLanes]; every rank must agree.
+  // Collective k (in issue order) runs on lane k % collective_lanes (comm/lanes.h). Each lane
+  // has its own mesh, signature check, scratch and worker thread, so collectives on disjoint
+  // memory (DDP's buckets) are on the wire at once, as on ProcessGroupGloo's two threads.
+  // Results stay those of issue order: a collective starts only after every earlier one on
+  // overlapping memory; barriers and CUDA collectives are fences. Each lane beyond the first
+  // costs a mesh connect and a thread. In [1, kMaxCollectiveLanes]; every rank must agree
+  // (checked).
   int collective_lanes = 2;
-  // float32 all-reduces above kDirectAllreduceMaxBytes run a ring whose messages are packed
-  // losslessly (packed_ring_allreduce.h): the same result bits, about two thirds of the bytes
-  // for gradients (0.87 for normal random values, never more than the plain ring's + 16 bytes
-  // a segment), for about 1 ns of CPU per value packed or unpacked. Worth it where the link,
-  // not the CPU, is the bottleneck (1 Gbit/s and slower); off by default. Every rank must
-  // agree (checked at creation).
+  // float32 all-reduces above kDirectAllreduceMaxBytes on a ring whose messages are packed
+  // losslessly (packed_ring_allreduce.h): the same result bits on fewer bytes, for some CPU per
+  // value; worth it where the link, not the CPU, is the bottleneck (docs/comm.md, "Lossless
+  // packing", has the figures). Every rank must agree (checked).
   bool lossless_float32_allreduce = false;
 };
 
 inline constexpr int kMaxCollectiveLanes = 8;
 
 // Small CPU collectives go "eager": a rank whose payload is at most this many bytes (a
-// function of the group size only: 128 KiB / (size - 1), so 128 KiB on 2 ranks, 42 KiB on 4,
-// 18 KiB on 8) sends it to every peer inside the signature check that starts every collective,
-// and all-reduce, broadcast, all-gather(v), reduce-scatter and barrier then complete in that
-// one message latency; larger ones run Gloo's algorithms after the check. Eager reductions
+// function of the group size only: 128 KiB / (size - 1)) sends it to every peer inside the
+// signature check that starts every collective, and all-reduce, broadcast, all-gather(v),
+// reduce-scatter and barrier then complete in that one message latency. Eager reductions
 // combine the ranks in rank order, so every rank gets a bitwise identical result. Always 0 for
 // size 1.
 size_t EagerCollectiveMaxBytes(int size);
 
 // CPU all-reduces above the eager limit and up to this many bytes run as a direct
-// reduce-scatter + all-gather (2 exchanges; comm/direct_allreduce.h), larger ones on Gloo's
-// ring, whose pipelining overlaps reduction with transfer and needs no staging memory (direct
-// needs (n-1)/n of the buffer) and receives from one peer at a time: on a rate-limited link
-// three streams arriving at once at one port made 1 MB buckets slower than the ring
-// (docs/benchmarks_history.md explains both thresholds). Up to here direct measured 0.4-0.65x of
-// Gloo's time on 4 local ranks. float16/bfloat16 go direct at every size (in slices), so they
-// accumulate in float32 without sending float32 on the wire.
+// reduce-scatter + all-gather (2 exchanges; comm/direct_allreduce.h), larger ones on a ring,
+// whose pipelining overlaps reduction with transfer, needs no staging memory and receives from
+// one peer at a time (several streams arriving at one port slow a rate-limited link).
+// float16/bfloat16 go direct at every size (in slices), so they accumulate in float32 without
+// sending float32 on the wire. How both thresholds were measured: docs/benchmarks_history.md.
 inline constexpr size_t kDirectAllreduceMaxBytes = size_t{512} << 10;
 // The direct algorithm handles larger buffers in slices of this many bytes (reduce-scatter:
 // of all blocks together), which bounds its staging memory to one slice.
