@@ -1,7 +1,9 @@
 #include "algorithms/fault_tolerant_push_sum.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -93,7 +95,19 @@ FaultTolerantPushSum::FaultTolerantPushSum(std::shared_ptr<Store> store, int ran
   }
   window_ = options_.join_window.count() > 0 ? options_.join_window : 2 * options_.comm.timeout;
   for (int r = 0; r < world_size; ++r) members_.push_back(r);
-  MakePeerGraph(options_.graph, world_size);  // validates the spec before any rendezvous
+  // Validates the spec before any rendezvous, at every size a recovery can leave: a spec that
+  // only fits the full world (an edge list naming rank n-1, say) is refused now, not after a death.
+  for (int m = world_size; m >= 1; --m) {
+    try {
+      MakePeerGraph(options_.graph, m);
+    } catch (const InvalidArgumentError& e) {
+      if (m == world_size) throw;
+      throw InvalidArgumentError(absl::StrCat("fault_tolerant_push_sum: graph \"", options_.graph, "\" fits ",
+                                              world_size, " ranks but not the ", m,
+                                              " a recovery may leave (it is re-derived over the survivors): ",
+                                              e.what()));
+    }
+  }
   Connect();
 }
 
@@ -113,6 +127,28 @@ void FaultTolerantPushSum::Connect() {
 
 bool FaultTolerantPushSum::Step(std::vector<Buffer> buffers) {
   const size_t count = CheckBuffers(buffers);
+  if (Round(buffers, count)) return true;
+  // Recovered. Settle: rounds without local updates until every member's weight is within
+  // settle_tolerance of 1 (agreed by an all-reduce of the largest deviation), at most
+  // settle_rounds. A failure meanwhile recovers again and settling goes on.
+  for (int r = 0; r < options_.settle_rounds; ++r) {
+    double deviation = std::abs(weight_ - 1.0);
+    if (std::isnan(deviation)) deviation = std::numeric_limits<double>::infinity();
+    try {
+      comm_->allreduce(CpuBuffer(&deviation, 1), ReduceOp::kMax)->wait();
+    } catch (const CommError& e) {
+      if (!IsPeerFailure(e)) throw;
+      Recover(buffers, count);
+      r = -1;  // settling starts over, counted alike on every member
+      continue;
+    }
+    if (deviation <= options_.settle_tolerance) break;
+    if (!Round(buffers, count)) r = -1;
+  }
+  return false;
+}
+
+bool FaultTolerantPushSum::Round(const std::vector<Buffer>& buffers, size_t count) {
   const int me = comm_->rank();
   const PushSumPlan plan = MakePushSumPlan(*graph_, nullptr, me, step_, "fault_tolerant_push_sum");
   const FlatView x(buffers);
@@ -320,6 +356,44 @@ void FaultTolerantPushSum::Reconcile(const std::vector<Buffer>& buffers, size_t 
 
 void FaultTolerantPushSum::Debias(const Buffer& in, Buffer out) const {
   DebiasBuffer("fault_tolerant_push_sum debias", weight_, in, out);
+}
+
+namespace {
+
+// sum over members, then the first member's result to everyone (bitwise equal everywhere).
+void SumAndShare(Communicator& comm, std::vector<double>& v) {
+  comm.allreduce(CpuBuffer(v.data(), v.size()), ReduceOp::kSum)->wait();
+  comm.broadcast(CpuBuffer(v.data(), v.size()), 0)->wait();
+}
+
+}  // namespace
+
+void FaultTolerantPushSum::Average(const std::vector<Buffer>& x, Buffer out) {
+  const size_t count = CheckBuffers(x);
+  if (CheckBuffers({out}) != count) {
+    throw InvalidArgumentError(absl::StrCat("fault_tolerant_push_sum average: out has ", out.count,
+                                            " elements but x has ", count));
+  }
+  std::vector<double> sums(count + 1);
+  FlatView(x).Read([&](size_t k, double v) { sums[k] = v; });
+  sums[count] = weight_;
+  SumAndShare(*comm_, sums);
+  if (!(sums[count] > 0)) {
+    throw InvalidArgumentError(absl::StrCat("fault_tolerant_push_sum average: the members' weights sum to ",
+                                            sums[count], "; expected their number"));
+  }
+  FlatView({out}).Update([&](size_t k, double& v) { v = sums[k] / sums[count]; });
+}
+
+void FaultTolerantPushSum::MeanOverMembers(const std::vector<Buffer>& buffers) {
+  for (const Buffer& b : buffers) CheckBuffers({b});  // each its own dtype
+  std::vector<double> sums;
+  for (const Buffer& b : buffers) FlatView({b}).Read([&](size_t, double v) { sums.push_back(v); });
+  if (sums.empty()) return;
+  SumAndShare(*comm_, sums);
+  const double m = static_cast<double>(members_.size());
+  size_t k = 0;
+  for (const Buffer& b : buffers) FlatView({b}).Update([&](size_t, double& v) { v = sums[k++] / m; });
 }
 
 }  // namespace gossipcc

@@ -65,6 +65,15 @@ struct FaultTolerantPushSumOptions {
   CommunicatorOptions comm;
   // How long ranks in recovery wait for the other members to join. Zero: 2 * comm.timeout.
   std::chrono::milliseconds join_window{0};
+  // Settling after a recovery: a recovery can leave single weights far from 1, even zero or
+  // negative (a rank gives back what it received from the dead), so that x / w is useless for
+  // training until push-sum has mixed again. With settle_rounds > 0, the Step that recovered
+  // goes on with rounds without local updates (each counts as a step) until every member's
+  // weight is within settle_tolerance of 1, at most settle_rounds of them. The weights tend to 1
+  // on graphs that are regular at every step with uniform mixing (exponential on any n, ring,
+  // complete, ...); on others they settle elsewhere and every settling takes settle_rounds.
+  int settle_rounds = 0;
+  double settle_tolerance = 0.05;
   uint32_t tag = 0x46545053;  // "FTPS"
 };
 
@@ -87,13 +96,25 @@ class FaultTolerantPushSum {
   // One push-sum round on `buffers` (this rank's numerator x; CPU, float32 or float64, one
   // dtype, the same total count on every rank). Returns true if the round was applied; false
   // if a peer failed and this call recovered instead (x and weight() then carry the recovery's
-  // corrections; last_recovery() says what happened). Throws MismatchError /
-  // InvalidArgumentError as PushSum does (nothing changed), PeerError if the survivors could
-  // not agree or this rank was excluded.
+  // corrections and the settling rounds' mixing, see settle_rounds; last_recovery() says what
+  // happened). Throws MismatchError / InvalidArgumentError as PushSum does (nothing changed),
+  // PeerError if the survivors could not agree or this rank was excluded.
   bool Step(std::vector<Buffer> buffers);
 
   // out <- in / weight().
   void Debias(const Buffer& in, Buffer out) const;
+
+  // Collective over the current members: out <- (sum of every member's x) / (sum of their
+  // weights), the value the de-biased x / w converges to, bitwise equal on every member
+  // (summed in float64, then broadcast from the first member). `x` as for Step; `out` a CPU
+  // float32/float64 buffer of the same total count. x and weight() are left unchanged, so the
+  // mass records stay exact. A peer failing during it raises its CommError and leaves the
+  // communicator unusable: the next Step then recovers.
+  void Average(const std::vector<Buffer>& x, Buffer out);
+  // Collective over the current members: each buffer <- the members' mean of it, in place
+  // (float64 sums, broadcast from the first member; CPU float32/float64). For state that is
+  // not push-sum mass (e.g. BatchNorm statistics); errors as Average.
+  void MeanOverMembers(const std::vector<Buffer>& buffers);
 
   double weight() const { return weight_; }
   int64_t step() const { return step_; }
@@ -107,6 +128,7 @@ class FaultTolerantPushSum {
 
  private:
   void Connect();
+  bool Round(const std::vector<Buffer>& buffers, size_t count);  // one round, or a recovery: false
   void Recover(const std::vector<Buffer>& buffers, size_t count);
   std::vector<int> AgreeOnMembers();
   void Reconcile(const std::vector<Buffer>& buffers, size_t count);

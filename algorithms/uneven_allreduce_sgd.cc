@@ -61,7 +61,10 @@ UnevenAllReduceSGD::StepResult UnevenAllReduceSGD::Run(Communicator& comm, std::
                                           : RunT<float>(comm, staging.host(), dtype, contribute);
   staging.WriteBack();
   ++collectives_;
-  if (contribute) ++steps_contributed_;
+  if (contribute) {
+    ++steps_contributed_;
+    ++steps_since_sync_;
+  }
   return r;
 }
 
@@ -74,24 +77,46 @@ bool UnevenAllReduceSGD::JoinUntilAllDone(Communicator& comm, std::vector<Buffer
   return Run(comm, grads, false).still_training > 0;
 }
 
-void UnevenAllReduceSGD::SynchronizeParameters(Communicator& comm, std::vector<Buffer> params) {
-  CheckBuffers("uneven_allreduce_sgd synchronize", params);
-  HostStaging staging("uneven_allreduce_sgd synchronize", params);
-  std::vector<std::shared_ptr<Work>> works;
-  for (const Buffer& b : staging.host()) works.push_back(comm.allreduce(b, ReduceOp::kAvg));
-  for (const Buffer& b : staging.host()) works.push_back(comm.broadcast(b, 0));
-  for (auto& w : works) w->wait();
-  staging.WriteBack();
+int UnevenAllReduceSGD::Winner(const std::vector<int64_t>& steps_per_rank) {
+  if (steps_per_rank.empty()) throw InvalidArgumentError("uneven_allreduce_sgd: no step counts to choose a winner from");
+  int winner = 0;
+  for (size_t r = 0; r < steps_per_rank.size(); ++r) {
+    if (steps_per_rank[r] < 0) {
+      throw InvalidArgumentError(absl::StrCat("uneven_allreduce_sgd: rank ", r, " reports ", steps_per_rank[r], " steps"));
+    }
+    // >=: the last of the ranks tied for the most steps (torch-distlearn's ascending sort puts
+    // it last); "> 0": with no steps anywhere rank 0 stays the winner.
+    if (steps_per_rank[r] >= steps_per_rank[winner] && steps_per_rank[r] > 0) winner = static_cast<int>(r);
+  }
+  return winner;
 }
 
-void UnevenAllReduceSGD::Restore(int64_t steps_contributed, int64_t collectives) {
-  if (steps_contributed < 0 || collectives < steps_contributed) {
-    throw InvalidArgumentError(absl::StrCat("uneven_allreduce_sgd: restore with steps_contributed ",
-                                            steps_contributed, " and collectives ", collectives,
-                                            " (need 0 <= steps_contributed <= collectives)"));
+int UnevenAllReduceSGD::SynchronizeParameters(Communicator& comm, std::vector<Buffer> params) {
+  CheckBuffers("uneven_allreduce_sgd synchronize", params);
+  // Every rank's count in its own slot: after the sum every rank holds the same list and
+  // computes the same winner without further messages.
+  std::vector<int64_t> steps(comm.size(), 0);
+  steps[comm.rank()] = steps_since_sync_;
+  comm.allreduce(CpuBuffer(steps.data(), steps.size()), ReduceOp::kSum)->wait();
+  const int winner = Winner(steps);
+  HostStaging staging("uneven_allreduce_sgd synchronize", params, /*load=*/comm.rank() == winner);
+  std::vector<std::shared_ptr<Work>> works;
+  for (const Buffer& b : staging.host()) works.push_back(comm.broadcast(b, winner));
+  for (auto& w : works) w->wait();
+  staging.WriteBack();
+  steps_since_sync_ = 0;
+  return winner;
+}
+
+void UnevenAllReduceSGD::Restore(int64_t steps_contributed, int64_t collectives, int64_t steps_since_sync) {
+  if (steps_since_sync < 0 || steps_contributed < steps_since_sync || collectives < steps_contributed) {
+    throw InvalidArgumentError(absl::StrCat("uneven_allreduce_sgd: restore with steps_contributed ", steps_contributed,
+                                            ", collectives ", collectives, " and steps_since_sync ", steps_since_sync,
+                                            " (need 0 <= steps_since_sync <= steps_contributed <= collectives)"));
   }
   steps_contributed_ = steps_contributed;
   collectives_ = collectives;
+  steps_since_sync_ = steps_since_sync;
 }
 
 }  // namespace gossipcc

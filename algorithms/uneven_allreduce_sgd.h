@@ -7,10 +7,19 @@
 // counters (contributors, ranks still training), in float64 for float64 gradients and float32
 // otherwise (float16/bfloat16 are widened, reduced in float32 and rounded once).
 //
+// At the end, as in torch-distlearn's synchronizeParameters, "the node with the most steps
+// wins": the rank that contributed the most steps since the last synchronisation applied every
+// averaged update of the epoch (a rank that stopped early missed the later ones), so every
+// rank takes its parameters, bit for bit; nothing is averaged. Among ranks tied for the most
+// steps the highest rank wins (torch-distlearn sorts the step counts ascending with Torch's
+// sort, stable for up to 11 nodes, and takes the last index); when no rank contributed a step,
+// rank 0 (torch-distlearn then scatters from the root). Ranks tied for the most steps applied
+// the same updates, so with the same optimizer they hold the same parameters anyway.
+//
 //   UnevenAllReduceSGD sgd;
 //   for (each local batch) { compute grads; sgd.SumAndNormalizeGradients(comm, grads); step; }
 //   while (sgd.JoinUntilAllDone(comm, grads)) {}   // grads: same sizes, used as scratch
-//   sgd.SynchronizeParameters(comm, params);       // every rank bitwise equal
+//   sgd.SynchronizeParameters(comm, params);       // every rank: the winner's params
 #pragma once
 
 #include <cstdint>
@@ -39,18 +48,29 @@ class UnevenAllReduceSGD {
   // returns false (all ranks then return false from the same collective).
   bool JoinUntilAllDone(Communicator& comm, std::vector<Buffer> grads);
 
-  // Collective: params <- average over ranks, identical bits on every rank (all-reduce of
-  // the average, then a broadcast of rank 0's result so no rounding difference survives).
-  void SynchronizeParameters(Communicator& comm, std::vector<Buffer> params);
+  // Collective, once every rank's JoinUntilAllDone has returned false: one all-reduce of the
+  // ranks' step counts since the last synchronisation, then params <- the winner's params
+  // (Winner() of those counts), broadcast from it: every rank ends with its bits. Resets the
+  // count of steps since the last synchronisation. Returns the winner's rank. `params`: any
+  // float dtype, one dtype and device, the same sizes on every rank.
+  int SynchronizeParameters(Communicator& comm, std::vector<Buffer> params);
 
-  int64_t steps_contributed() const { return steps_contributed_; }
-  int64_t collectives() const { return collectives_; }
-  void Restore(int64_t steps_contributed, int64_t collectives);
+  // The rank whose parameters SynchronizeParameters gives everyone, for the ranks' step counts
+  // since the last synchronisation (index = rank): the most steps, the highest rank among
+  // ties, rank 0 when every count is 0. InvalidArgumentError for an empty list or a negative count.
+  static int Winner(const std::vector<int64_t>& steps_per_rank);
+
+  int64_t steps_contributed() const { return steps_contributed_; }  // since construction
+  int64_t collectives() const { return collectives_; }              // since construction
+  int64_t steps_since_sync() const { return steps_since_sync_; }    // decides the winner
+  // Checkpoint restore; needs 0 <= steps_since_sync <= steps_contributed <= collectives.
+  void Restore(int64_t steps_contributed, int64_t collectives, int64_t steps_since_sync);
 
  private:
   StepResult Run(Communicator& comm, std::vector<Buffer>& grads, bool contribute);
   int64_t steps_contributed_ = 0;
   int64_t collectives_ = 0;
+  int64_t steps_since_sync_ = 0;
 };
 
 }  // namespace gossipcc

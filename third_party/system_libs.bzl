@@ -4,9 +4,12 @@ Nothing here downloads: every repository points at files a Debian package (or th
 installed. tools/setup.sh installs the packages.
 """
 
+load("//third_party:torch.bzl", "torch_repository")
+
 def _cuda_repository_impl(rctx):
     root = rctx.os.environ.get("CUDA_HOME", "/usr/local/cuda")
     have = rctx.path(root + "/include/cuda_runtime.h").exists and rctx.path(root + "/include/nccl.h").exists
+    _cuda_build_info(rctx, root, have)
     if have:
         rctx.symlink(root + "/include", "include")
         rctx.symlink(root + "/lib64", "lib64")
@@ -28,6 +31,8 @@ cc_library(
         "-lcudart",
     ],
 )
+
+exports_files(["build_info.py"])
 """.format(root = root))
     else:
         rctx.file("BUILD.bazel", """
@@ -39,7 +44,35 @@ cc_library(
     name = "cuda",
     defines = ["GOSSIPCC_WITH_CUDA=0"],
 )
+
+exports_files(["build_info.py"])
 """.format(root = root))
+
+def _header_define(rctx, path, name):
+    # The value of `#define NAME value` in a header, or None.
+    if not rctx.path(path).exists:
+        return None
+    for line in rctx.read(path).split("\n"):
+        words = [w for w in line.replace("\t", " ").split(" ") if w]
+        if len(words) >= 3 and words[0] == "#define" and words[1] == name:
+            return words[2]
+    return None
+
+def _cuda_build_info(rctx, root, have):
+    # What the extension's CUDA path was compiled with, for gossipcc/_build_info.py.
+    cuda, nccl = None, None
+    if have:
+        runtime = _header_define(rctx, root + "/include/cuda_runtime_api.h", "CUDART_VERSION")
+        if runtime and runtime.isdigit():
+            cuda = "%d.%d" % (int(runtime) // 1000, int(runtime) % 1000 // 10)
+        parts = [_header_define(rctx, root + "/include/nccl.h", "NCCL_" + p) for p in ["MAJOR", "MINOR", "PATCH"]]
+        if None not in parts:
+            nccl = ".".join(parts)
+    rctx.file("build_info.py", """# CUDA/NCCL compiled into gossipcc's extension (third_party/system_libs.bzl).
+WITH_CUDA = {have}
+CUDA_VERSION = {cuda}
+NCCL_VERSION = {nccl}
+""".format(have = "True" if have else "False", cuda = repr(cuda) if cuda else "None", nccl = repr(nccl) if nccl else "None"))
 
 cuda_repository = repository_rule(
     implementation = _cuda_repository_impl,
@@ -95,9 +128,8 @@ def gossipcc_system_libraries():
         path = "/usr/include/eigen3",
         build_file = "@gossipcc//third_party:eigen.BUILD",
     )
-    native.new_local_repository(
+    torch_repository(
         name = "libtorch",
-        path = "/usr",
         build_file = "@gossipcc//third_party:libtorch.BUILD",
     )
     cuda_repository(name = "cuda")

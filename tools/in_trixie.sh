@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs a command inside the trixie (torch 2.x) root made by tools/trixie_root.sh, with this
 # repository bind-mounted at the same path and /proc (of a PID namespace of its own), /dev,
-# /dev/shm mounted; every mount is
-# undone on exit, also on failure or Ctrl-C.
+# /dev/shm mounted; the mounts are undone when the last of the invocations running at the same
+# time exits (a count under a lock: one exiting must not unmount /tmp under another), also on
+# failure or Ctrl-C.
 #   tools/in_trixie.sh COMMAND...      (run from anywhere; COMMAND runs in the repository root)
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -10,19 +11,33 @@ ROOT=${GOSSIPCC_TRIXIE_ROOT:-/var/lib/gossipcc/trixie}
 # apt-get, not python3: tools/trixie_root.sh installs the packages through this script, into
 # a fresh minbase root that has no python3 yet.
 [ -x "$ROOT/usr/bin/apt-get" ] || { echo "no trixie root at $ROOT: run tools/trixie_root.sh" >&2; exit 1; }
-mounted=()
+# Invocations running at the same time share the mounts: a count of users under a lock; the
+# last one out unmounts everything this script mounts (in reverse order).
+COUNT="/run/gossipcc-trixie-users"
+MOUNTS=("$ROOT" "$ROOT/dev" "$ROOT/dev/shm" "$ROOT/tmp" "$ROOT$REPO")
+users() {  # users DELTA: adds DELTA to the count under the lock, prints the new count
+  (
+    flock 9
+    local n=0
+    [ -s "$COUNT" ] && n=$(cat "$COUNT")
+    n=$((n + $1)); [ "$n" -lt 0 ] && n=0
+    echo "$n" > "$COUNT"
+    echo "$n"
+  ) 9>"$COUNT.lock"
+}
 cleanup() {
   local i
-  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}" 2>/dev/null || true; done
+  if [ "$(users -1)" -eq 0 ]; then
+    for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do umount -l "${MOUNTS[$i]}" 2>/dev/null || true; done
+  fi
 }
+users 1 >/dev/null
 trap cleanup EXIT INT TERM
 mount_once() {  # mount_once TARGET MOUNT-ARGS...
   local target=$1; shift
   mkdir -p "$target"
-  if ! mountpoint -q "$target"; then mount "$@" "$target"; mounted+=("$target"); fi
+  (flock 9; mountpoint -q "$target" || mount "$@" "$target") 9>"$COUNT.lock"
 }
-# The root a mount point of its own, so that `ip netns exec` (the multi-host tests) can make
-# "/" a slave mount inside the chroot.
 mount_once "$ROOT" --bind "$ROOT"
 mount_once "$ROOT/dev" --bind /dev
 mount_once "$ROOT/dev/shm" -t tmpfs tmpfs

@@ -10,6 +10,8 @@ PACKAGES=(
   libgloo-dev libabsl-dev libgtest-dev libgmock-dev libeigen3-dev
   # The c10d backend (torch 1.13 on bookworm) and its Python tests.
   libtorch-dev python3-torch python3-dev pybind11-dev python3-pybind11 python3-pytest python3-numpy
+  # tools/wheel_test.sh: `pip install --no-build-isolation .` into a venv (pyproject.toml).
+  python3-pip python3-venv
   # An optimised BLAS for torch (Debian's torch calls the generic BLAS, which is the reference
   # implementation unless one is installed: the main job's MLP forward took 18 ms instead of
   # 3.7 ms). The OpenMP build follows torch.set_num_threads / OMP_NUM_THREADS like torch does.

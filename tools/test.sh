@@ -21,6 +21,9 @@ trap report EXIT
 stage "setup (apt packages)" tools/setup.sh
 stage "build //..." bazel build //...
 stage "test //... (torch 1.13)" bazel test //... "$@"
+# The pip path (pyproject.toml): the wheel built by pip, installed into a fresh venv and tested
+# from outside the source tree (tools/wheel_test.sh); again against torch 2.x at the end.
+stage "pip wheel + venv (torch 1.13)" tools/wheel_test.sh
 # The C++ suite again under AddressSanitizer + UndefinedBehaviorSanitizer (.bazelrc: asan);
 # the Python extension and its tests (tag "python") run in the plain stages only. Only the
 # tests and what they need are built (--build_tests_only): the benchmarks and examples that no
@@ -39,3 +42,4 @@ stage "trixie root (torch 2.x)" tools/trixie_root.sh
 # Tests tagged "one_torch" (the 90-run exit test, PyTorch's suite on 4 ranks) ran above already.
 stage "test backend (torch 2.x)" tools/in_trixie.sh bazel test --test_tag_filters=-one_torch \
   //torch_backend/... //tests/torch_backend/... "$@"
+stage "pip wheel + venv (torch 2.x)" tools/in_trixie.sh tools/wheel_test.sh

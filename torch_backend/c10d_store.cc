@@ -1,6 +1,7 @@
 #include "torch_backend/c10d_store.h"
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/errors.h"
@@ -24,18 +25,36 @@ class C10dStore : public Store {
   }
 
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    // Short waits poll check() instead: a c10d store's wait that times out raises a c10::Error
+    // (which records a backtrace) and, in a TCPStore, leaves a waiter on the server to cancel.
+    // The fault-tolerant push-sum's recovery polls keys every 20 ms with 1 ms waits.
+    if (timeout <= kPollBelow) {
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      for (;;) {
+        if (store_->check(keys)) return;
+        if (std::chrono::steady_clock::now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      throw TimeoutError("c10d store: keys [" + Names(keys) + "] not set within " + std::to_string(timeout.count()) +
+                         " ms");
+    }
     try {
       store_->wait(keys, timeout);
     } catch (const std::exception& e) {
       // c10d stores report a timeout as c10::Error (or DistStoreError in 2.x): say which keys.
-      std::string names;
-      for (const std::string& k : keys) names += (names.empty() ? "" : ", ") + k;
-      throw TimeoutError("c10d store: keys [" + names + "] not set within " + std::to_string(timeout.count()) +
+      throw TimeoutError("c10d store: keys [" + Names(keys) + "] not set within " + std::to_string(timeout.count()) +
                          " ms (" + e.what() + ")");
     }
   }
 
  private:
+  static constexpr std::chrono::milliseconds kPollBelow{100};
+  static std::string Names(const std::vector<std::string>& keys) {
+    std::string names;
+    for (const std::string& k : keys) names += (names.empty() ? "" : ", ") + k;
+    return names;
+  }
+
   c10::intrusive_ptr<::c10d::Store> store_;
 };
 

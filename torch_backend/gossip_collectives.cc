@@ -6,6 +6,7 @@
 
 #include "algorithms/async_bilateral_exchange.h"
 #include "algorithms/bilateral_exchange.h"
+#include "algorithms/fault_tolerant_push_sum.h"
 #include "algorithms/peer_graph.h"
 #include "algorithms/push_sum.h"
 #include "algorithms/symmetric_gossip.h"
@@ -98,6 +99,50 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::push_sum_round(std::vecto
   std::vector<at::Tensor> outputs = tensors;
   outputs.push_back(weight);
   return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:push_sum_round", std::move(inner), std::move(outputs));
+}
+
+std::shared_ptr<FaultTolerantPushSum> ProcessGroupGossipcc::fault_tolerant_push_sum(const std::string& graph) {
+  FaultTolerantPushSumOptions o;
+  o.graph = graph;
+  o.comm = communicator_->options();  // this group's timeout and transport settings
+  o.comm.rendezvous_timeout = o.comm.timeout;
+  // Training resumes from x / w right after a recovery: settle the weights first (exponential
+  // graphs halve the deviation per round or better; a deviation of 1e6 takes about 25 rounds).
+  o.settle_rounds = 64;
+  int n;
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    n = fault_tolerant_states_++;
+  }
+  try {
+    return std::make_shared<FaultTolerantPushSum>(
+        std::make_shared<PrefixStore>("gossipcc_ftps/" + std::to_string(n), fault_tolerant_store_), rank_, size_, o);
+  } catch (const InvalidArgumentError& e) {
+    throw InvalidArgumentError(std::string("gossipcc fault_tolerant_push_sum: bad graph spec \"") + graph + "\": " +
+                               e.what());
+  }
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::fault_tolerant_push_sum_round(
+    std::vector<at::Tensor> tensors, std::shared_ptr<FaultTolerantPushSum> state) {
+  const char* op = "fault_tolerant_push_sum_round";
+  if (!state) {
+    throw InvalidArgumentError("gossipcc fault_tolerant_push_sum_round: state is None (make one with "
+                               "fault_tolerant_push_sum(graph))");
+  }
+  std::vector<Buffer> buffers = FloatingBuffers(tensors, op, /*cpu_only=*/true);
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (buffers[i].dtype != DType::kFloat32 && buffers[i].dtype != DType::kFloat64) {
+      throw InvalidArgumentError(std::string("gossipcc fault_tolerant_push_sum_round: tensor ") + std::to_string(i) +
+                                 " is " + DTypeName(buffers[i].dtype) + "; float32 or float64 only");
+    }
+  }
+  auto inner = lane_->Submit(
+      Where(op, rank_, size_) + " (step " + std::to_string(state->step()) + ", epoch " +
+          std::to_string(state->epoch()) + ")",
+      [state, buffers]() { state->Step(buffers); },
+      /*uses_collectives=*/false);
+  return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:fault_tolerant_push_sum_round", std::move(inner), tensors);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::symmetric_gossip_round(std::vector<at::Tensor> tensors,
@@ -284,6 +329,25 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_finish(st
       Where(op, rank_, size_), [comm, exchange, buffers]() { exchange->Finish(*comm, buffers); },
       /*uses_collectives=*/false);
   return Wrap(rank_, Unordered(), OpType::UNKNOWN, "gossipcc:async_bilateral_finish", std::move(inner), tensors);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_restore(int64_t exchanges) {
+  const char* op = "async_bilateral_restore";
+  if (exchanges < 0) {
+    throw InvalidArgumentError("gossipcc async_bilateral_restore: exchanges must be >= 0, got " +
+                               std::to_string(exchanges));
+  }
+  auto exchange = GetAsync(cache_mu_, async_bilateral_);
+  auto inner = async_lane_->Submit(
+      Where(op, rank_, size_) + " (exchanges " + std::to_string(exchanges) + ")",
+      [this, exchange, exchanges]() {
+        exchange->Restore(exchanges);
+        std::lock_guard<std::mutex> lock(async_stats_mu_);
+        async_stats_.exchanges = exchanges;
+      },
+      /*uses_collectives=*/false);
+  return Wrap(rank_, Unordered(), OpType::UNKNOWN, "gossipcc:async_bilateral_restore", std::move(inner),
+              std::vector<at::Tensor>{});
 }
 
 ProcessGroupGossipcc::AsyncBilateralStats ProcessGroupGossipcc::async_bilateral_stats() const {

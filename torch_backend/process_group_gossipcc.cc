@@ -163,7 +163,7 @@ CommunicatorOptions MakeCommunicatorOptions(const ProcessGroupOptions& options) 
 
 ProcessGroupGossipcc::ProcessGroupGossipcc(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
                                            ProcessGroupOptions options)
-    : C10dBackendBase(rank, size), options_(std::move(options)) {
+    : C10dBackendBase(rank, size), options_(std::move(options)), fault_tolerant_store_(WrapC10dStore(store)) {
   communicator_ = Communicator::Create(WrapC10dStore(store), rank, size, MakeCommunicatorOptions(options_));
   executor_ = std::make_shared<CallbackExecutor>("gossipcc completions of rank " + std::to_string(rank));
   lane_ = std::make_unique<OpLane>("gossipcc algorithms");

@@ -38,6 +38,7 @@ class PushSum;
 class SymmetricGossip;
 class BilateralExchange;
 class AsyncBilateralExchange;
+class FaultTolerantPushSum;
 namespace compression {
 class PowerSGD;
 }
@@ -170,6 +171,10 @@ class ProcessGroupGossipcc : public C10dBackendBase {
     bool all_active_finished = false;  // passive: every active peer has finished
   };
   AsyncBilateralStats async_bilateral_stats() const;
+  // Sets the asynchronous exchange's request counter (a checkpoint's position in an active
+  // rank's peer schedule: its next request goes to PassivePeers()[exchanges % their number]).
+  // Runs on the asynchronous lane in issue order; call it before a restored run's first exchange.
+  c10::intrusive_ptr<::c10d::Work> async_bilateral_restore(int64_t exchanges);
 
   // PowerSGD all-reduce (compression/power_sgd.h): averages `tensors` in place across the
   // group, each compressed as the matrix `shapes[i]` (`shapes` empty: every tensor's own shape; the
@@ -179,6 +184,37 @@ class ProcessGroupGossipcc : public C10dBackendBase {
                                                       std::vector<std::vector<int64_t>> shapes,
                                                       std::shared_ptr<compression::PowerSGD> state,
                                                       std::vector<std::string> keys);
+
+  // Quantized all-reduce (comm/quantized_allreduce.h): `tensors` (together one float32 vector, CPU)
+  // <- the sum (average: the mean) of every rank's, sent as `bits` (8 or 4) per element plus a
+  // float32 scale per `block_size` elements; lossy, within the bound that header states, and
+  // bitwise identical on every rank. Error feedback: `residual` and `owned_residual`, float32 CPU
+  // tensors of the tensors' total element count (zeros at first), updated in place when the Work
+  // succeeds (both or neither). Bad bits, block size, dtype or device, residuals of the wrong size,
+  // and ranks that disagree: the Work fails on every rank (InvalidArgumentError or MismatchError),
+  // nothing modified. Future value: tensors.
+  c10::intrusive_ptr<::c10d::Work> quantized_allreduce(std::vector<at::Tensor> tensors, int64_t bits, bool average,
+                                                       std::optional<at::Tensor> residual,
+                                                       std::optional<at::Tensor> owned_residual,
+                                                       int64_t block_size);
+
+  // Fault-tolerant push-sum (SGP that survives dead peers: algorithms/fault_tolerant_push_sum.h,
+  // docs/reliability.md "Dropping a dead peer"). Collective: every rank creates one, in the same
+  // order, with the same `graph` (a spec that fits every size down to 1, since it is re-derived
+  // over the survivors). The state owns a communicator of its own (it replaces it in each
+  // recovery) over this group's ranks, rendezvoused through this group's c10d store under a key
+  // prefix of its own, with this group's timeout and transport settings: the store must survive
+  // any rank that may die (a FileStore, or a TCPStore whose host is not among them; under env://
+  // rank 0 hosts it). Ranks are this group's ranks; members()/dead() name them.
+  std::shared_ptr<FaultTolerantPushSum> fault_tolerant_push_sum(const std::string& graph);
+  // One round of `state` on `tensors` (together this rank's numerator x, in place; CPU
+  // float32/float64, one dtype), on the algorithm lane. If a peer failed, the call recovers
+  // instead (the survivors agree on who is left and settle the mass; state->epoch() grows and
+  // state->last_recovery() says what happened) and the Work succeeds. Errors that fail the Work:
+  // the survivors could not agree or this rank was excluded (PeerError), mismatched calls
+  // (MismatchError). Bad tensors raise InvalidArgumentError at the call. Future value: tensors.
+  c10::intrusive_ptr<::c10d::Work> fault_tolerant_push_sum_round(std::vector<at::Tensor> tensors,
+                                                                 std::shared_ptr<FaultTolerantPushSum> state);
 
   // Runs `fn` (a blocking algorithm call on communicator()) on the algorithm lane and waits
   // for it: ordered with every other collective of the group. For the blocking bindings
@@ -215,6 +251,10 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   std::shared_ptr<AsyncBilateralExchange> async_bilateral_;
   mutable std::mutex async_stats_mu_;
   AsyncBilateralStats async_stats_;
+  // Fault-tolerant push-sum: the c10d store (wrapped) its communicators rendezvous through, and
+  // how many states this group has created (each gets the key prefix "gossipcc_ftps/<n>/").
+  std::shared_ptr<Store> fault_tolerant_store_;
+  int fault_tolerant_states_ = 0;
 
   // Runs every Work's completion (its future's callbacks) off the communicator's threads.
   // Declared before the lanes: destroyed after them.

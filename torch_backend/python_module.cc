@@ -10,6 +10,7 @@
 #include "algorithms/async_bilateral_exchange.h"
 #include "algorithms/bilateral_exchange.h"
 #include "algorithms/elastic_averaging.h"
+#include "algorithms/fault_tolerant_push_sum.h"
 #include "algorithms/peer_graph.h"
 #include "algorithms/symmetric_gossip.h"
 #include "algorithms/uneven_allreduce_sgd.h"
@@ -236,6 +237,9 @@ PYBIND11_MODULE(_C, m) {
              return d;
            },
            "{'exchanges', 'last_peer', 'all_active_finished'} of the completed asynchronous bilateral calls.")
+      .def("async_bilateral_restore", &ProcessGroupGossipcc::async_bilateral_restore, py::arg("exchanges"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Sets the asynchronous exchange's request counter (a checkpoint's peer-schedule position). Returns a Work.")
       .def("powersgd_allreduce",
            [](ProcessGroupGossipcc& pg, std::vector<at::Tensor> tensors,
               std::optional<std::vector<std::optional<std::vector<int64_t>>>> shapes,
@@ -259,7 +263,63 @@ PYBIND11_MODULE(_C, m) {
            py::arg("tensors"), py::arg("shapes"), py::arg("state"), py::arg("keys") = py::none(),
            py::call_guard<py::gil_scoped_release>(),
            "PowerSGD all-reduce (average) in place over `tensors`, each compressed as shapes[i] (None: own "
-           "shapes), state in `state` (gossipcc._C.PowerSGD) under keys[i] (None: 'tensor<i>'). Returns a Work.");
+           "shapes), state in `state` (gossipcc._C.PowerSGD) under keys[i] (None: 'tensor<i>'). Returns a Work.")
+      .def("quantized_allreduce", &ProcessGroupGossipcc::quantized_allreduce, py::arg("tensors"), py::arg("bits") = 8,
+           py::arg("average") = true, py::arg("residual") = py::none(), py::arg("owned_residual") = py::none(),
+           py::arg("block_size") = 256, py::call_guard<py::gil_scoped_release>(),
+           "Lossy all-reduce (average, or sum with average=False) of `tensors` (together one float32 CPU vector) in "
+           "place, sent as `bits` (8 or 4) per element plus a float32 scale per block_size elements; the same bits "
+           "on every rank (comm/quantized_allreduce.h states the error bound). Error feedback: residual and "
+           "owned_residual, float32 CPU tensors of the total element count (zeros at first), updated in place. "
+           "Bad arguments or ranks that disagree fail the Work on every rank. Returns a Work.")
+      .def("fault_tolerant_push_sum", &ProcessGroupGossipcc::fault_tolerant_push_sum, py::arg("graph") = "exponential",
+           py::call_guard<py::gil_scoped_release>(),
+           "Collective: a FaultTolerantPushSum state (push-sum that survives dead peers) over this group's ranks, "
+           "with a communicator of its own rendezvoused through the group's store (which must survive).")
+      .def("fault_tolerant_push_sum_round", &ProcessGroupGossipcc::fault_tolerant_push_sum_round, py::arg("tensors"),
+           py::arg("state"), py::call_guard<py::gil_scoped_release>(),
+           "One fault-tolerant push-sum round of `state` in place on `tensors` (this rank's numerator x; CPU "
+           "float32/float64); a peer failure makes it recover instead (state.epoch grows). Returns a Work.");
+
+  // The state of a fault-tolerant push-sum (algorithms/fault_tolerant_push_sum.h), made by
+  // ProcessGroupGossipcc.fault_tolerant_push_sum. Read it only while no round is in flight.
+  py::class_<FaultTolerantPushSum, std::shared_ptr<FaultTolerantPushSum>>(m, "FaultTolerantPushSum")
+      .def_property_readonly("weight", &FaultTolerantPushSum::weight, "This rank's push-sum weight w.")
+      .def_property_readonly("step", &FaultTolerantPushSum::step, "The agreed step counter (rounds).")
+      .def_property_readonly("epoch", &FaultTolerantPushSum::epoch, "Recoveries so far.")
+      .def_property_readonly("rank", &FaultTolerantPushSum::rank, "This rank (original).")
+      .def_property_readonly("members", &FaultTolerantPushSum::members, "Original ranks alive, ascending.")
+      .def_property_readonly("dead", &FaultTolerantPushSum::dead, "Original ranks dropped so far, ascending.")
+      .def_property_readonly("last_recovery",
+                             [](const FaultTolerantPushSum& ps) {
+                               const RecoveryReport& r = ps.last_recovery();
+                               py::dict d;
+                               d["epoch"] = r.epoch;
+                               d["dead"] = r.dead;
+                               d["members"] = r.members;
+                               d["step"] = r.step;
+                               d["weight_correction"] = r.weight_correction;
+                               return d;
+                             },
+                             "{'epoch', 'dead', 'members', 'step', 'weight_correction'} of the last recovery.")
+      .def("average",
+           [](std::shared_ptr<FaultTolerantPushSum> ps, ProcessGroupGossipcc& pg, const std::vector<at::Tensor>& x,
+              const at::Tensor& out) {
+             std::vector<Buffer> b;
+             auto keep = CheckedParams(x, "FaultTolerantPushSum.average", &b);
+             Buffer o = ToBuffer(out, "FaultTolerantPushSum.average", "out");
+             RunBlocking(pg, "FaultTolerantPushSum.average", [&] { ps->Average(b, o); });
+           },
+           py::arg("process_group"), py::arg("x"), py::arg("out"),
+           "Collective over the members: out <- sum x / sum w (bitwise equal everywhere); x, w unchanged.")
+      .def("mean_over_members",
+           [](std::shared_ptr<FaultTolerantPushSum> ps, ProcessGroupGossipcc& pg, const std::vector<at::Tensor>& tensors) {
+             std::vector<Buffer> b;
+             auto keep = CheckedParams(tensors, "FaultTolerantPushSum.mean_over_members", &b);
+             RunBlocking(pg, "FaultTolerantPushSum.mean_over_members", [&] { ps->MeanOverMembers(b); });
+           },
+           py::arg("process_group"), py::arg("tensors"),
+           "Collective over the members: each tensor <- the members' mean (in place, bitwise equal everywhere).");
 
   // Peer graphs and matchings as the collectives use them (for references in tests and tools).
   m.def("peer_graph_out_peers",
@@ -389,17 +449,25 @@ PYBIND11_MODULE(_C, m) {
            [](std::shared_ptr<UnevenAllReduceSGD> u, ProcessGroupGossipcc& pg, const std::vector<at::Tensor>& params) {
              std::vector<Buffer> b;
              auto keep = CheckedParams(params, "UnevenAllReduceSGD.synchronize_parameters", &b);
+             int winner = 0;
              RunBlocking(pg, "UnevenAllReduceSGD.synchronize_parameters",
-                         [&] { u->SynchronizeParameters(pg.communicator(), b); });
+                         [&] { winner = u->SynchronizeParameters(pg.communicator(), b); });
+             return winner;
            },
-           py::arg("process_group"), py::arg("params"), "Collective: params <- average, bitwise equal on every rank.")
+           py::arg("process_group"), py::arg("params"),
+           "Collective: params <- those of the rank with the most steps since the last synchronisation "
+           "(highest rank among ties), bitwise on every rank; returns that rank.")
+      .def_static("winner", &UnevenAllReduceSGD::Winner, py::arg("steps_per_rank"),
+                  "The rank synchronize_parameters picks for these step counts (index = rank).")
       .def_property_readonly("steps_contributed", &UnevenAllReduceSGD::steps_contributed)
       .def_property_readonly("collectives", &UnevenAllReduceSGD::collectives)
+      .def_property_readonly("steps_since_sync", &UnevenAllReduceSGD::steps_since_sync)
       .def("state_dict",
            [](const UnevenAllReduceSGD& u) {
              py::dict d;
              d["steps_contributed"] = u.steps_contributed();
              d["collectives"] = u.collectives();
+             d["steps_since_sync"] = u.steps_since_sync();
              return d;
            })
       .def("load_state_dict",
@@ -407,7 +475,11 @@ PYBIND11_MODULE(_C, m) {
              for (const char* k : {"steps_contributed", "collectives"}) {
                if (!d.contains(k)) throw InvalidArgumentError(std::string("UnevenAllReduceSGD.load_state_dict: missing key '") + k + "'");
              }
-             u.Restore(d["steps_contributed"].cast<int64_t>(), d["collectives"].cast<int64_t>());
+             const int64_t steps = d["steps_contributed"].cast<int64_t>();
+             // States saved before steps_since_sync existed: AllReduceSGD synchronises once, at
+             // finish(), so until then every contributed step is one since the last synchronisation.
+             const int64_t since = d.contains("steps_since_sync") ? d["steps_since_sync"].cast<int64_t>() : steps;
+             u.Restore(steps, d["collectives"].cast<int64_t>(), since);
            },
            py::arg("state"));
 
@@ -435,7 +507,18 @@ PYBIND11_MODULE(_C, m) {
            [](compression::PowerSGD& p, const py::bytes& bytes) {
              p.LoadState(compression::PowerSGDCheckpoint::Deserialize(std::string(bytes)));
            },
-           py::arg("state"));
+           py::arg("state"))
+      .def_static(
+          "checkpoint_tensors",
+          [](const py::bytes& bytes) {
+            py::dict out;
+            for (const auto& [key, t] : compression::PowerSGDCheckpoint::Deserialize(std::string(bytes)).tensors) {
+              out[py::str(key)] = py::make_tuple(py::tuple(py::cast(t.shape)), DTypeName(t.dtype), t.steps);
+            }
+            return out;
+          },
+          py::arg("state"),
+          "{key: (shape, dtype name, steps)} of a state_dict() byte string, to check it against a model before loading.");
 }
 
 }  // namespace torch_backend

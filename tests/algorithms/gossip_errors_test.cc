@@ -297,7 +297,8 @@ TEST(GossipArgumentsTest, RejectedWithClearMessages) {
     EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] { ea.Step(comm, {CpuBuffer(d.data(), 4)}); }),
                 HasSubstr("call Initialize"));
     UnevenAllReduceSGD sgd;
-    EXPECT_THROW(sgd.Restore(3, 2), InvalidArgumentError);
+    EXPECT_THROW(sgd.Restore(3, 2, 0), InvalidArgumentError);  // more steps than collectives
+    EXPECT_THROW(sgd.Restore(2, 3, 3), InvalidArgumentError);  // more steps since the sync than in all
   });
 }
 

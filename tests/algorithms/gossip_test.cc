@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -576,6 +578,73 @@ TEST_P(GossipTest, ElasticAveragingConservesAndAgrees) {
       }
     }
     EXPECT_EQ(ea.step(), 10);
+  });
+}
+
+// Elastic averaging against torch-distlearn's AllReduceEA (lua/AllReduceEA.lua), computed here
+// for every rank: at every tau-th step, d_r = alpha (x_r - c) (in x's dtype), x_r <- x_r - d_r,
+// c <- c + sum_r d_r. tau = 3, alpha = 0.3, and a checkpoint (step, center) restored into a new
+// object mid-period (at step 7, between averagings). The local updates are known to every
+// rank, so the reference needs no communication. x within a few roundings of the reference
+// (the all-reduce sums in its own order), the center likewise, at every step.
+template <typename T>
+void CheckElasticAveragingReference(Communicator& comm, int n) {
+  constexpr int kTau = 3;
+  constexpr double kAlpha = 0.3;
+  constexpr int kSteps = 14;
+  constexpr int kRestoreAt = 7;
+  const double tol = std::is_same<T, float>::value ? 2e-6 : 1e-13;
+  const char* type = std::is_same<T, float>::value ? "float32" : "float64";
+  auto start = [](int r, size_t i) { return static_cast<T>(IntValue(r, i) / 4.0); };
+  auto drift = [](int r, int k, size_t i) { return static_cast<T>(0.25 * std::sin(1.0 + 1.7 * r + 0.9 * k + 0.4 * i)); };
+  std::vector<std::vector<T>> ref_x(n, std::vector<T>(kCount));
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < kCount; ++i) ref_x[r][i] = start(0, i);  // Initialize: rank 0's
+  }
+  std::vector<double> ref_c(ref_x[0].begin(), ref_x[0].end());
+  const int me = comm.rank();
+  std::vector<T> x(kCount);
+  for (size_t i = 0; i < kCount; ++i) x[i] = start(me, i);
+  auto ea = std::make_unique<ElasticAveraging>(kTau, kAlpha);
+  ea->Initialize(comm, {CpuBuffer(x.data(), kCount)});
+  for (int k = 0; k < kSteps; ++k) {
+    if (k == kRestoreAt) {  // checkpoint and restore into a fresh object
+      const int64_t step = ea->step();
+      std::vector<double> center = ea->center();
+      ea = std::make_unique<ElasticAveraging>(kTau, kAlpha);
+      ea->Restore(step, std::move(center));
+    }
+    for (size_t i = 0; i < kCount; ++i) x[i] = x[i] + drift(me, k, i);  // the local "optimizer step"
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < kCount; ++i) ref_x[r][i] = ref_x[r][i] + drift(r, k, i);
+    }
+    const bool expect_average = (k + 1) % kTau == 0;
+    if (expect_average) {
+      std::vector<double> sum_d(kCount, 0.0);
+      for (int r = 0; r < n; ++r) {
+        for (size_t i = 0; i < kCount; ++i) {
+          const T d = static_cast<T>(kAlpha * (static_cast<double>(ref_x[r][i]) - ref_c[i]));
+          ref_x[r][i] = ref_x[r][i] - d;
+          sum_d[i] += d;
+        }
+      }
+      for (size_t i = 0; i < kCount; ++i) ref_c[i] += sum_d[i];
+    }
+    EXPECT_EQ(ea->Step(comm, {CpuBuffer(x.data(), kCount)}), expect_average) << type << " step " << k;
+    EXPECT_EQ(ea->step(), k + 1);
+    for (size_t i = 0; i < kCount; ++i) {
+      const std::string where = absl::StrCat(type, " rank ", me, " step ", k, " element ", i);
+      ExpectRelNear(x[i], ref_x[me][i], tol, "x, " + where);
+      ExpectRelNear(ea->center()[i], ref_c[i], tol, "center, " + where);
+    }
+  }
+}
+
+TEST_P(GossipTest, ElasticAveragingMatchesReference) {
+  const int n = this->n();
+  Run([&](Communicator& comm) {
+    CheckElasticAveragingReference<double>(comm, n);
+    CheckElasticAveragingReference<float>(comm, n);
   });
 }
 

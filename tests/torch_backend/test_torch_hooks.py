@@ -134,20 +134,38 @@ def make_model():
                                torch.nn.Linear(16, 4))
 
 
-# Hooks that wait inside a future callback for a collective they issued there: with several
-# buckets, ProcessGroupGloo (2 worker threads) can block both its threads in such callbacks and
-# deadlock (seen on torch 2.6: both threads waiting in powerSGD_hook's
-# unpack_uncompressed_tensors_and_allreduce_ps). They run with one bucket, which gloo survives and
-# which on gossipcc deadlocked before the CallbackExecutor (the nested collective queued on the
-# lane thread the callback blocked); and once more on gossipcc alone with several buckets.
+# Hooks that wait inside a future callback for a collective they issued there (the PowerSGD
+# family). They run twice. With one bucket, against gloo as every other hook (on gossipcc this
+# deadlocked before the CallbackExecutor: the nested collective queued on the lane thread the
+# callback blocked). And with several buckets, so that the autograd thread issues the next
+# buckets' all-reduces while earlier buckets' callbacks issue theirs: gloo deadlocks there on
+# torch 2.6 (both its worker threads waiting in such callbacks), so gloo's reference runs the
+# same buckets one hook chain at a time (each bucket's future waited for before backward goes
+# on: the same arithmetic, PowerSGD's state is per bucket), while gossipcc runs them as DDP does.
+# The two threads' issue order can differ between ranks (on any backend with one collective
+# sequence, gloo's included; a callback even runs on the autograd thread itself when its
+# collective completed before the hook chained it), so gossipcc must either match the reference
+# or fail the step on every rank with a MismatchError naming the collectives that disagree.
 BLOCKING_IN_CALLBACKS = {"powerSGD_hook", "batched_powerSGD_hook", "fp16_compress_wrapper(powerSGD_hook)"}
-MANY_BUCKETS_SUFFIX = " [several buckets, gossipcc only]"
+MANY_BUCKETS_SUFFIX = " [several buckets]"
+CASES = HOOKS + [h + MANY_BUCKETS_SUFFIX for h in sorted(BLOCKING_IN_CALLBACKS)]
 
 
-def train(name, rank, world_size):
+def one_chain_at_a_time(hook):
+    def serialized(state, bucket):
+        fut = hook(state, bucket)
+        fut.wait()
+        return fut
+    return serialized
+
+
+def train(name, rank, world_size, backend):
     base = name.replace(MANY_BUCKETS_SUFFIX, "")
     state, hook, averager = make_hook(base, world_size)
-    one_bucket = base in BLOCKING_IN_CALLBACKS and not name.endswith(MANY_BUCKETS_SUFFIX)
+    many_buckets = name.endswith(MANY_BUCKETS_SUFFIX)
+    one_bucket = base in BLOCKING_IN_CALLBACKS and not many_buckets
+    if many_buckets and backend == "gloo":
+        hook = one_chain_at_a_time(hook)
     # Several buckets: several hook chains in flight at once.
     model = DDP(make_model(), bucket_cap_mb=25 if one_bucket else 0.001)
     model.register_comm_hook(state, hook)
@@ -169,12 +187,10 @@ def worker(rank, world_size):
         import gossipcc  # noqa: F401  (registers the backend)
         dist.init_process_group(backend, init_method=f"{init_method()}.{backend}", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=60))
-        names = HOOKS + ([h + MANY_BUCKETS_SUFFIX for h in sorted(BLOCKING_IN_CALLBACKS)]
-                         if backend == "gossipcc" else [])
-        for name in names:
+        for name in CASES:
             try:
                 # A list, not a tensor: a tensor would travel as shared memory of a process that exits.
-                results[(backend, name)] = ("ok", train(name, rank, world_size).tolist())
+                results[(backend, name)] = ("ok", train(name, rank, world_size, backend).tolist())
             except HookUnavailable as e:
                 results[(backend, name)] = ("unavailable", str(e))
             except Exception as e:  # noqa: BLE001 - compared with gloo's outcome below
@@ -190,7 +206,8 @@ def worker(rank, world_size):
 def test_pytorch_hooks_match_gloo(world_size, lanes, capsys):
     results = run_ranks(worker, world_size, env={"GOSSIPCC_COLLECTIVE_LANES": str(lanes)}, timeout=600)
     skipped = {}
-    for name in HOOKS:
+    outcomes = {}  # several buckets: "MismatchError" where gossipcc failed (on every rank, checked below)
+    for name in CASES:
         for rank, by_case in enumerate(results):
             g_status, g_value = by_case[("gloo", name)]
             status, value = by_case[("gossipcc", name)]
@@ -203,34 +220,21 @@ def test_pytorch_hooks_match_gloo(world_size, lanes, capsys):
                 assert status == "error", f"{where}: gloo failed ({g_value}) but gossipcc did not"
                 assert value.split(":")[0] == g_value.split(":")[0], f"{where}: gloo: {g_value}; gossipcc: {value}"
                 skipped[name] = f"fails on gloo too: {g_value}"
+            elif name.endswith(MANY_BUCKETS_SUFFIX) and status == "error":
+                assert "MismatchError" in value, f"{where}: {value}"
+                outcomes[name] = "MismatchError"
             else:
                 assert status == "ok", f"{where}: gloo ran, gossipcc failed: {value}"
                 value, g_value = torch.tensor(value), torch.tensor(g_value)
                 diff = (value - g_value).abs().max().item()
                 assert torch.allclose(value, g_value, rtol=1e-4, atol=1e-5), f"{where}: max |diff| {diff}"
-    # gossipcc alone, several buckets: never a hang. The hook's callbacks issue collectives while
-    # backward still issues the next buckets' from the autograd thread; the two threads' issue
-    # order can differ between ranks (on any backend: gloo deadlocks here on torch 2.6). gossipcc
-    # then either runs to the end with every rank holding the same parameters, or fails the step
-    # on every rank with a MismatchError naming the collectives that disagree (seen with
-    # fp16_compress_wrapper(powerSGD_hook) on torch 2.6). docs/pytorch.md, "DDP comm hooks".
-    outcomes = {}
-    for name in sorted(BLOCKING_IN_CALLBACKS):
-        name += MANY_BUCKETS_SUFFIX
-        base = name.replace(MANY_BUCKETS_SUFFIX, "")
-        if base in skipped:
-            continue
-        statuses = [by_case[("gossipcc", name)] for by_case in results]
-        if all(status == "ok" for status, _ in statuses):
-            assert all(value == statuses[0][1] for _, value in statuses), f"{name}: ranks differ"
-            outcomes[name] = "ran, ranks identical"
-        else:
-            assert all(status == "error" and "MismatchError" in value for status, value in statuses), \
-                f"{name}, {world_size} ranks, {lanes} lanes: {statuses}"
-            outcomes[name] = "MismatchError on every rank"
+    for name in outcomes:
+        statuses = [by_case[("gossipcc", name)][0] for by_case in results]
+        assert all(status == "error" for status in statuses), f"{name}: some ranks ran, others failed: {statuses}"
     with capsys.disabled():
         for name, reason in skipped.items():
             print(f"\nSKIPPED {name}: {reason}")
-        for name, outcome in outcomes.items():
-            print(f"\n{name}: {outcome}")
+        for name in CASES:
+            if name.endswith(MANY_BUCKETS_SUFFIX) and name not in skipped:
+                print(f"\n{name}: {outcomes.get(name, 'equal to the reference on every rank')}")
     assert not (MUST_RUN & skipped.keys()), f"hooks that must run were skipped: {MUST_RUN & skipped.keys()}"

@@ -22,7 +22,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from . import _C
+from ._torch_check import check_torch as _check_torch
+from .version import __version__
+
+_check_torch(torch)  # before _C: ImportError naming both versions if torch is not the one built for
+from . import _C  # noqa: E402
 from ._C import (AbortedError, CommError, InvalidArgumentError, MismatchError, PeerError,
                  ProcessGroupGossipcc, TimeoutError)
 
@@ -225,11 +229,12 @@ def get_backend_object(group=None):
     raise ValueError("gossipcc: the process group does not use the gossipcc backend")
 
 
-from .gossip import BilatGossipDataParallel, GossipDataParallel  # noqa: E402
+from .gossip import BilatGossipDataParallel, GossipDataParallel, PeerLostWarning  # noqa: E402
 from .distlearn import AllReduceEA, AllReduceSGD  # noqa: E402
+from .diloco import DiLoCo  # noqa: E402
 
 __all__ = [
-    "GossipDataParallel", "BilatGossipDataParallel", "AllReduceEA", "AllReduceSGD",
+    "GossipDataParallel", "BilatGossipDataParallel", "AllReduceEA", "AllReduceSGD", "PeerLostWarning", "DiLoCo",
     "BACKEND_NAME", "ENV_ALLREDUCE", "configure", "allreduce_policy", "get_backend_object",
     "ProcessGroupGossipcc", "CommError", "InvalidArgumentError", "MismatchError", "TimeoutError",
     "PeerError", "AbortedError",

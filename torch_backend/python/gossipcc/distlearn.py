@@ -21,7 +21,8 @@ All-reduce SGD with uneven steps (every rank; ranks may run different numbers of
         opt.zero_grad(); loss_fn(model(x), y).backward()
         sgd.sum_and_normalize_gradients()                   # grads <- sum / (ranks contributing)
         opt.step()
-    sgd.finish()        # joins with zeros until every rank is done, then makes params bitwise equal
+    sgd.finish()        # joins with zeros until every rank is done; then every rank takes the
+                        # params of the rank that ran the most steps (bitwise)
 
 Parameters must share one dtype and one device.
 """
@@ -80,7 +81,7 @@ class AllReduceEA:
     @property
     def steps(self):
         """Local steps counted (step() calls since initialisation or the restored checkpoint)."""
-        return self._ea.step
+        return self._ea.local_step
 
     def state_dict(self):
         """{"tau", "alpha", "step", "center"} for checkpoints."""
@@ -113,6 +114,7 @@ class AllReduceSGD:
         self._finished = False
         self.last_contributors = self.world_size
         self.ranks_training = self.world_size
+        self.winner = None  # the rank whose parameters finish() gave everyone
         if broadcast_init:
             broadcast_from_first(self.process_group, self._params + list(module.buffers()))
 
@@ -138,24 +140,39 @@ class AllReduceSGD:
 
     def finish(self):
         """Collective, once after this rank's last step: joins the other ranks' remaining steps
-        with zero gradients until every rank is done, then averages the parameters so that every
-        rank ends bitwise equal. Gradients are left zeroed."""
+        with zero gradients until every rank is done; then every rank takes, bitwise, the
+        parameters of the rank that contributed the most steps (the highest rank among ties),
+        the only one that applied every averaged update; torch-distlearn's "the node with the
+        most steps wins". Returns that rank (also `self.winner`). Gradients are left zeroed."""
         if self._finished:
-            return
+            return self.winner
         with torch.no_grad():
             scratch = [torch.zeros_like(p) for p in self._trainable]
             while self._sgd.join_until_all_done(self._backend, scratch):
                 for s in scratch:
                     s.zero_()
-            self._sgd.synchronize_parameters(self._backend, [p.data for p in self._params])
+            self.winner = int(self._sgd.synchronize_parameters(self._backend, [p.data for p in self._params]))
             for p in self._trainable:
                 if p.grad is not None:
                     p.grad.zero_()
         self._finished = True
+        return self.winner
+
+    @property
+    def steps(self):
+        """Steps this rank contributed (sum_and_normalize_gradients calls, checkpoints included)."""
+        return self._sgd.steps_contributed
 
     def state_dict(self):
+        """{"uneven_sgd": {"steps_contributed", "collectives", "steps_since_sync"}}: the counters
+        that decide finish()'s winner. Save it with the module's and the optimizer's state."""
         return {"uneven_sgd": self._sgd.state_dict()}
 
     def load_state_dict(self, state):
+        """Restores state_dict() on a fresh wrapper (load the module's parameters after
+        constructing it: the constructor broadcasts rank 0's)."""
+        if not isinstance(state, dict) or "uneven_sgd" not in state:
+            raise ValueError("AllReduceSGD.load_state_dict: expected the dict state_dict() returns, "
+                             "with key 'uneven_sgd'")
         self._sgd.load_state_dict(state["uneven_sgd"])
 

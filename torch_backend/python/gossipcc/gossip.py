@@ -16,7 +16,7 @@ training-mode forward (one forward per optimizer step; wrap extra forwards, e.g.
 accumulation, in `with model.no_gossip():`); eval-mode forwards do not gossip.
 
 GossipDataParallel(module, process_group=None, graph=None, peers_per_step=1,
-                   algorithm="sgp", synch_freq=0, broadcast_init=True)
+                   algorithm="sgp", synch_freq=0, broadcast_init=True, fault_tolerant=False)
   algorithm  "sgp":   push-sum (Assran et al. 2019). Each rank keeps the push-sum numerator x
                       and weight w; the module's parameters hold the de-biased z = x / w for the
                       forward pass. The optimizer's update of z is added to x (x <- x - lr*g,
@@ -31,8 +31,18 @@ GossipDataParallel(module, process_group=None, graph=None, peers_per_step=1,
              SGP/OSGP and "ring" for D-PSGD (which needs a symmetric graph, e.g. "ring",
              "bipartite_exponential", "hypercube", "complete").
   broadcast_init  start every rank from rank 0's parameters and buffers (as DDP does).
+  fault_tolerant  SGP only: push-sum that survives dead or stalled peers (the C++
+             FaultTolerantPushSum, docs/reliability.md "Dropping a dead peer"). When a rank dies,
+             the survivors agree on who is left (within the group's timeout plus a join window
+             of twice that), settle the push-sum mass exactly among themselves and go on; each
+             survivor gets a PeerLostWarning naming the dead rank. The de-biased models then
+             converge to the survivors' average (the dead rank's own share, its initial value
+             and its updates, is lost). Drive the loop by `.step` (the agreed step counter) and
+             read `.alive_ranks`. The group's store must survive (a FileStore, or a TCPStore
+             whose host, rank 0 under env://, does not die). CPU float32/float64 parameters.
 
-BilatGossipDataParallel(module, process_group=None, broadcast_init=True): AD-PSGD, see its class.
+BilatGossipDataParallel(module, process_group=None, broadcast_init=True, deterministic=False):
+  AD-PSGD, see its class (checkpoints: at finish(), or any step with deterministic=True).
 
 Buffers (BatchNorm running statistics) are not gossiped: each rank's follow its own data.
 average_parameters() averages floating-point buffers exactly and takes rank 0's other buffers.
@@ -44,6 +54,7 @@ left in flight.
 """
 import contextlib
 import threading
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -53,6 +64,10 @@ from ._wrapper_utils import (average_buffers, broadcast_from_first, check_params
                              unflatten_into)
 
 ALGORITHMS = ("sgp", "osgp", "dpsgd")
+
+
+class PeerLostWarning(RuntimeWarning):
+    """A fault-tolerant GossipDataParallel dropped a dead or stalled rank and trains on without it."""
 
 
 def _graph_spec(algorithm, graph, peers_per_step):
@@ -74,11 +89,16 @@ class GossipDataParallel(torch.nn.Module):
     """SGP / OSGP / D-PSGD data parallelism (see the module docstring)."""
 
     def __init__(self, module, process_group=None, graph=None, peers_per_step=1, algorithm="sgp",
-                 synch_freq=0, broadcast_init=True):
+                 synch_freq=0, broadcast_init=True, fault_tolerant=False):
         super().__init__()
         algorithm = str(algorithm).lower()
         if algorithm not in ALGORITHMS:
             raise ValueError(f"GossipDataParallel: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+        if not isinstance(fault_tolerant, bool):
+            raise ValueError(f"GossipDataParallel: fault_tolerant must be True or False, got {fault_tolerant!r}")
+        if fault_tolerant and algorithm != "sgp":
+            raise ValueError(f"GossipDataParallel: fault_tolerant=True needs algorithm=\"sgp\" (synchronous "
+                             f"push-sum), got {algorithm!r}")
         if not isinstance(synch_freq, int) or synch_freq < 0:
             raise ValueError(f"GossipDataParallel: synch_freq must be an integer >= 0, got {synch_freq!r}")
         if algorithm != "osgp" and synch_freq != 0:
@@ -93,8 +113,17 @@ class GossipDataParallel(torch.nn.Module):
         _C.peer_graph_info(self.graph, self.world_size)  # InvalidArgumentError (a ValueError) naming the spec
         self._params = list(module.parameters())
         check_params(self._params, "GossipDataParallel")
+        self.fault_tolerant = fault_tolerant
+        if fault_tolerant and (self._params[0].device.type != "cpu" or
+                               self._params[0].dtype not in (torch.float32, torch.float64)):
+            raise ValueError(f"GossipDataParallel: fault_tolerant=True needs CPU float32 or float64 parameters, "
+                             f"got {self._params[0].dtype} on {self._params[0].device}")
         if broadcast_init:
             broadcast_from_first(self.process_group, self._params + list(module.buffers()))
+        # Fault-tolerant push-sum state (C++; owns its communicator); None otherwise.
+        self._ft = self._backend.fault_tolerant_push_sum(self.graph) if fault_tolerant else None
+        self._ft_epoch = 0
+        self._ft_dead_warned = set()
 
         self._gossip_on_forward = True
         self._local_step = 0  # gossip steps so far
@@ -156,7 +185,13 @@ class GossipDataParallel(torch.nn.Module):
 
     def _pushsum_step(self):
         self._absorb_optimizer_update()
-        if self.staleness == 0:
+        if self._ft is not None:
+            self._backend.fault_tolerant_push_sum_round([self._x], self._ft).wait()
+            self._w.fill_(self._ft.weight)
+            self._rounds = self._ft.step
+            if self._ft.epoch != self._ft_epoch:
+                self._warn_recovery()
+        elif self.staleness == 0:
             self._backend.push_sum_round([self._x], self._w, self._rounds, self.graph).wait()
             self._rounds += 1
         else:
@@ -165,6 +200,18 @@ class GossipDataParallel(torch.nn.Module):
             if self._pending is None:
                 self._start_round()
         self._write_debiased()
+
+    def _warn_recovery(self):
+        report = self._ft.last_recovery
+        for dead in report["dead"]:
+            if dead in self._ft_dead_warned:
+                continue
+            warnings.warn(f"gossipcc GossipDataParallel on rank {self.rank}: rank {dead} died or stalled and "
+                          f"was dropped (recovery {report['epoch']}, at step {report['step']}); training goes on "
+                          f"with ranks {report['members']}, whose models converge to their own average "
+                          f"(rank {dead}'s share of the model is lost)", PeerLostWarning, stacklevel=4)
+            self._ft_dead_warned.add(dead)
+        self._ft_epoch = self._ft.epoch
 
     def _start_round(self):
         sent = self._x.clone()
@@ -198,7 +245,27 @@ class GossipDataParallel(torch.nn.Module):
     def average_parameters(self):
         """Collective: every rank's parameters <- the exact average (push-sum: sum x / sum w, the
         value push-sum converges to), bitwise equal on every rank; push-sum weight reset to 1.
-        Floating-point buffers are averaged too. For evaluation and the end of training."""
+        Floating-point buffers are averaged too. For evaluation and the end of training.
+
+        fault_tolerant=True: over the surviving ranks only, and the push-sum state (x, w) is left
+        as it is (so that the mass records stay exact): the parameters hold the average until the
+        next training forward rewrites x / w. Other buffers keep their own values. If a rank
+        dies during it, it raises; the next training step recovers."""
+        if self._ft is not None:
+            with torch.no_grad():
+                self._absorb_optimizer_update()
+                avg = torch.empty_like(self._x)
+                self._ft.average(self._backend, [self._x], avg)
+                unflatten_into(avg, self._params)
+                self._z_ref = avg
+                floating = [b for b in self.module.buffers()
+                            if b.dtype in (torch.float32, torch.float64) and b.device.type == "cpu"]
+                if floating:
+                    flat = [b.detach().reshape(-1).clone() for b in floating]
+                    self._ft.mean_over_members(self._backend, flat)
+                    for b, f in zip(floating, flat):
+                        b.copy_(f.view_as(b))
+            return
         with torch.no_grad():
             if self._pushsum:
                 self.flush()
@@ -229,17 +296,38 @@ class GossipDataParallel(torch.nn.Module):
 
     @property
     def step(self):
-        """Training forwards (gossip steps) taken."""
+        """Training forwards (gossip steps) taken. fault_tolerant=True: the agreed step counter
+        (push-sum rounds), the same on every survivor after a recovery although some may have
+        completed one round more than others: drive the training loop by it."""
+        if self._ft is not None:
+            return self._ft.step
         return self._local_step
+
+    @property
+    def alive_ranks(self):
+        """Ranks (of the process group) still training: all of them unless fault_tolerant=True
+        dropped some."""
+        if self._ft is not None:
+            return list(self._ft.members)
+        return list(range(self.world_size))
+
+    @property
+    def dead_ranks(self):
+        """Ranks dropped by fault_tolerant=True so far (empty otherwise)."""
+        return list(self._ft.dead) if self._ft is not None else []
 
     @property
     def in_flight(self):
         return self._pending is not None
 
     def gossip_state(self):
-        return {"algorithm": self.algorithm, "graph": self.graph, "staleness": self.staleness,
-                "step": self._local_step, "rounds": self._rounds, "ps_weight": self._w.item(),
-                "numerator": None if self._x is None else self._x.clone()}
+        state = {"algorithm": self.algorithm, "graph": self.graph, "staleness": self.staleness,
+                 "step": self._local_step, "rounds": self._rounds, "ps_weight": self._w.item(),
+                 "numerator": None if self._x is None else self._x.clone()}
+        if self._ft is not None:
+            state["fault_tolerant"] = {"step": self._ft.step, "epoch": self._ft.epoch,
+                                       "alive_ranks": list(self._ft.members), "dead_ranks": list(self._ft.dead)}
+        return state
 
     def state_dict(self, *args, finish_gossip=True, **kwargs):
         """{"module": module state dict (de-biased parameters), "gossip": step counters, push-sum
@@ -257,6 +345,10 @@ class GossipDataParallel(torch.nn.Module):
 
     def load_state_dict(self, state):
         """Restores a state_dict() (same algorithm, graph and model)."""
+        if self._ft is not None:
+            raise ValueError("GossipDataParallel.load_state_dict: not supported with fault_tolerant=True (the "
+                             "push-sum mass records that make a recovery exact cannot be restored); load "
+                             "state['module'] into a fresh wrapper instead")
         gossip = state["gossip"]
         for key in ("algorithm", "graph", "staleness"):
             if gossip[key] != getattr(self, key):
@@ -297,14 +389,45 @@ class BilatGossipDataParallel(torch.nn.Module):
     S, and after it the change the averaging made to S is queued; the training thread adds the
     queued change to its parameters at its next forward. So a passive rank answers with its
     parameters as of its latest forward (at most one local step stale), and the pair average
-    is exact on S: sum over ranks of the parameters changes only by optimizer updates.
+    is exact on S: sum over ranks of the parameters changes only by optimizer updates. The
+    thread starts at the passive rank's first training forward (or finish()), so that a
+    checkpoint can be loaded first; active ranks asking before then wait for it.
     finish(): active ranks tell their peers they are done; passive ranks wait until every
     active peer is done, stop the thread and fold the last changes.
+
+    deterministic=True: one fixed serialization of AD-PSGD, for reproducible runs and bit-exact
+    checkpoints. Ranks move in lock step: at each training forward, the active ranks exchange
+    in ascending rank order, each with its scheduled passive peer (the same peer schedule),
+    and a passive rank answers on its current parameters, in the training thread (no side
+    buffer, no staleness). A small all-reduce before each step checks that every rank is at
+    the same step, and one after each active rank's exchange orders the answers, so every rank
+    must take the same number of training forwards; the asynchrony (nobody waits for a
+    straggler) is given up. Same mixing rule, same schedule, same sum conservation.
+
+    Checkpoints. state_dict() returns {"module": the module's state dict, "adpsgd": {world_size,
+    rank, active, deterministic, step (training forwards), exchanges (active: requests sent,
+    the position in its peer schedule; passive: requests answered)}}; load_state_dict() restores
+    it into a freshly constructed wrapper (same world size, rank, mode and model, before its
+    first training forward), including the active rank's peer-schedule position. A checkpoint
+    must be a consistent cut of the whole job, with no exchange in flight and no averaging
+    change queued:
+      - deterministic=True: every step boundary is one. Call state_dict() on every rank after the
+        same step; a run restored from it continues bit for bit as the saved run did.
+      - asynchronous (default): the quiescent point is finish() on every rank; state_dict()
+        before it raises. The checkpoint holds the exact state at that point; a run restored
+        from it (a new wrapper, on a new group if in the same job) continues from it with each
+        active rank's peer schedule where it stopped, but which exchanges happen in which order
+        afterwards depends on timing, as in any asynchronous run, so it is not bitwise
+        reproducible. For a snapshot without stopping, model.module.state_dict() is
+        approximate (a passive rank's queued averaging changes are not in it).
     """
 
-    def __init__(self, module, process_group=None, broadcast_init=True):
+    def __init__(self, module, process_group=None, broadcast_init=True, deterministic=False):
         super().__init__()
+        if not isinstance(deterministic, bool):
+            raise ValueError(f"BilatGossipDataParallel: deterministic must be True or False, got {deterministic!r}")
         self.module = module
+        self.deterministic = deterministic
         self.process_group, self._backend, self.rank, self.world_size = resolve_group(process_group)
         self._params = list(module.parameters())
         check_params(self._params, "BilatGossipDataParallel")
@@ -314,19 +437,17 @@ class BilatGossipDataParallel(torch.nn.Module):
             broadcast_from_first(self.process_group, self._params + list(module.buffers()))
         self.active = self.rank % 2 == 1
         self.exchanges = 0  # active: exchanges made; passive: requests answered
+        self._steps = 0     # training exchanges (forwards) taken
         self._finished = False
         self._error = None
         self._thread = None
-        if not self.active and self.world_size > 1:
-            with torch.no_grad():
-                self._p_ref = flatten(self._params)       # parameters last written by this thread
-                self._side = self._p_ref.clone()          # S, owned by the serve thread
-                self._to_serve = torch.zeros_like(self._side)  # optimizer updates not yet in S
-                self._to_main = torch.zeros_like(self._side)   # averaging changes not yet in params
+        # Passive ranks in asynchronous mode serve from a thread, started at the first forward.
+        self._threaded = not self.active and self.world_size > 1 and not deterministic
+        if self._threaded:
             self._lock = threading.Lock()
-            self._served_before = _serve_stats(self._backend)[0]  # the group's counter is cumulative
-            self._thread = threading.Thread(target=self._serve_loop, name="gossipcc-bilat-serve", daemon=True)
-            self._thread.start()
+        # Deterministic mode: every active rank's passive peers, taken in turn (by step).
+        self._schedule = {a: list(_C.async_bilateral_passive_peers(a, self.world_size))
+                          for a in range(1, self.world_size, 2)} if deterministic else None
 
     def forward(self, *inputs, **kwargs):
         if self.training and not self._finished:
@@ -335,15 +456,64 @@ class BilatGossipDataParallel(torch.nn.Module):
 
     def exchange(self):
         """The step's gossip (called by every training-mode forward)."""
+        if self._finished:
+            raise RuntimeError("BilatGossipDataParallel.exchange: finish() was called; no more exchanges")
         self._raise_thread_error()
         with torch.no_grad():
-            if self.active:
+            if self.deterministic:
+                self._lockstep_exchange()
+            elif self.active:
                 p = flatten(self._params)
                 self._backend.async_bilateral_exchange([p]).wait()
                 unflatten_into(p, self._params)
                 self.exchanges += 1
-            elif self._thread is not None:
+            elif self._threaded:
+                if self._thread is None:
+                    self._start_serving()
                 self._sync_with_server()
+        self._steps += 1
+
+    def _lockstep_exchange(self):
+        """Deterministic mode: one step of the fixed serialization (see the class docstring)."""
+        # Every rank at the same step, and every active rank's request counter on the group (which
+        # picks its peer) where this wrapper's schedule expects it; else every rank raises.
+        group_count = _serve_stats(self._backend)[0] if self.active else self.exchanges
+        check = torch.tensor([float(self._steps), -float(self._steps), float(group_count != self.exchanges)],
+                             dtype=torch.float64)
+        dist.all_reduce(check, op=dist.ReduceOp.MAX, group=self.process_group)
+        who = f"BilatGossipDataParallel(deterministic=True) on rank {self.rank} at step {self._steps}"
+        if check[0].item() != -check[1].item():
+            raise RuntimeError(f"{who}: ranks are at different steps (from {-check[1].item():.0f} to "
+                               f"{check[0].item():.0f}); every rank must take the same number of training forwards "
+                               f"(and restore from the same step). Nothing was exchanged")
+        if check[2].item() != 0:
+            mine = f" (here: {group_count} on the group, {self.exchanges} in this wrapper)" if self.active else ""
+            raise RuntimeError(f"{who}: an active rank's exchange counter on the group differs from its wrapper's"
+                               f"{mine}: a second wrapper on this group, or a checkpoint loaded without restoring the group's "
+                               f"counter (one BilatGossipDataParallel per process group). Nothing was exchanged")
+        for a, peers in self._schedule.items():  # ascending active ranks
+            if self.rank == a or peers[self._steps % len(peers)] == self.rank:
+                p = flatten(self._params)
+                if self.active:
+                    self._backend.async_bilateral_exchange([p]).wait()
+                else:
+                    self._backend.async_bilateral_serve([p], 1).wait()
+                unflatten_into(p, self._params)
+                self.exchanges += 1
+            # The next active rank asks only after this exchange is done: a passive rank that
+            # both ask answers them in rank order.
+            dist.barrier(group=self.process_group)
+
+    def _start_serving(self):
+        with torch.no_grad():
+            self._p_ref = flatten(self._params)            # parameters last written by this thread
+            self._side = self._p_ref.clone()               # S, owned by the serve thread
+            self._to_serve = torch.zeros_like(self._side)  # optimizer updates not yet in S
+            self._to_main = torch.zeros_like(self._side)   # averaging changes not yet in params
+        # The group's counter is cumulative (and a restored wrapper continues its own count).
+        self._served_before = _serve_stats(self._backend)[0] - self.exchanges
+        self._thread = threading.Thread(target=self._serve_loop, name="gossipcc-bilat-serve", daemon=True)
+        self._thread.start()
 
     def _sync_with_server(self):
         p = flatten(self._params)
@@ -385,11 +555,19 @@ class BilatGossipDataParallel(torch.nn.Module):
             if self.active:
                 p = flatten(self._params)
                 self._backend.async_bilateral_finish([p]).wait()
-            elif self._thread is not None:
+            elif self._threaded:
+                if self._thread is None:
+                    self._start_serving()
                 self._thread.join()
                 self._thread = None
                 self._raise_thread_error()
                 self._sync_with_server()
+            elif self.world_size > 1:  # deterministic passive rank: only the "done" messages are left
+                before = _serve_stats(self._backend)[0]
+                p = flatten(self._params)
+                self._backend.async_bilateral_serve([p], -1).wait()
+                unflatten_into(p, self._params)
+                self.exchanges += _serve_stats(self._backend)[0] - before
         self._finished = True
 
     def average_parameters(self):
@@ -406,6 +584,81 @@ class BilatGossipDataParallel(torch.nn.Module):
             unflatten_into(avg, self._params)
             average_buffers(self.process_group, self.world_size, list(self.module.buffers()))
 
+    # ----------------------------------------------------------------------------- state
+    @property
+    def step(self):
+        """Training forwards (exchanges attempted: an active rank's requests, a passive rank's
+        syncs with its serving thread) taken, counting those before a restored checkpoint."""
+        return self._steps
+
+    def adpsgd_state(self):
+        return {"world_size": self.world_size, "rank": self.rank, "active": self.active,
+                "deterministic": self.deterministic, "step": self._steps, "exchanges": self.exchanges}
+
+    def state_dict(self, *args, **kwargs):
+        """{"module": module state dict, "adpsgd": counters and the peer-schedule position} at a
+        consistent cut (see "Checkpoints" in the class docstring): deterministic mode, after the
+        same step on every rank; asynchronous mode, after finish() on every rank. Called with
+        nn.Module's arguments (a parent module collecting its children's state) it behaves as
+        nn.Module.state_dict."""
+        if args or kwargs:
+            return super().state_dict(*args, **kwargs)
+        if not self.deterministic and not self._finished and self.world_size > 1:
+            raise RuntimeError(
+                "BilatGossipDataParallel.state_dict: asynchronous AD-PSGD has no consistent state while "
+                "exchanges may be in flight and a passive rank's averaging changes are queued; call finish() "
+                "on every rank first (the quiescent point), or construct with deterministic=True to save "
+                "after any step (model.module.state_dict() is an approximate snapshot)")
+        return {"module": self.module.state_dict(), "adpsgd": self.adpsgd_state()}
+
+    def load_state_dict(self, state, strict=True):
+        """Restores a state_dict() into a freshly constructed wrapper (before its first training
+        forward): same world size, rank, mode and model, else ValueError naming what differs.
+        Nothing is modified when it raises."""
+        who = "BilatGossipDataParallel.load_state_dict"
+        if not isinstance(state, dict) or not isinstance(state.get("adpsgd"), dict) or "module" not in state:
+            keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"{who}: expected the dict state_dict() returns, with 'module' and 'adpsgd'; got {keys}")
+        if self._steps or self.exchanges or self._thread is not None or self._finished:
+            raise RuntimeError(f"{who}: load into a freshly constructed wrapper, before its first training forward "
+                               f"(this one has taken {self._steps} steps{', and finished' if self._finished else ''})")
+        saved = state["adpsgd"]
+        for key in ("world_size", "rank", "deterministic", "step", "exchanges"):
+            if key not in saved:
+                raise ValueError(f"{who}: the checkpoint's 'adpsgd' state has no {key!r} (keys: {sorted(saved)})")
+        for key, mine in (("world_size", self.world_size), ("rank", self.rank), ("deterministic", self.deterministic)):
+            if saved[key] != mine:
+                raise ValueError(f"{who}: the checkpoint was saved with {key}={saved[key]!r}, this wrapper has "
+                                 f"{key}={mine!r}")
+        step, exchanges = saved["step"], saved["exchanges"]
+        for key, value in (("step", step), ("exchanges", exchanges)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{who}: the checkpoint's {key} must be an integer >= 0, got {value!r}")
+        if self.deterministic and self.active and exchanges != step:
+            raise ValueError(f"{who}: a deterministic active rank exchanges once per step, but the checkpoint has "
+                             f"step={step} and exchanges={exchanges}")
+        _check_same_model(who, self.module.state_dict(), state["module"])
+        self.module.load_state_dict(state["module"], strict=strict)
+        if self.active and self.world_size > 1:
+            self._backend.async_bilateral_restore(exchanges).wait()  # the next peer in its schedule
+        self._steps, self.exchanges = step, exchanges
+
+
+def _check_same_model(who, mine, saved):
+    """ValueError naming the first difference between two modules' state dicts (keys, shapes, dtypes)."""
+    if not isinstance(saved, dict):
+        raise ValueError(f"{who}: the checkpoint's 'module' is a {type(saved).__name__}, not a state dict")
+    missing = [k for k in mine if k not in saved]
+    unexpected = [k for k in saved if k not in mine]
+    if missing or unexpected:
+        raise ValueError(f"{who}: the checkpoint is of a different model: missing keys {missing}, "
+                         f"unexpected keys {unexpected}")
+    for key, t in mine.items():
+        s = saved[key]
+        if not torch.is_tensor(s) or tuple(s.shape) != tuple(t.shape) or s.dtype != t.dtype:
+            what = (f"a {type(s).__name__}" if not torch.is_tensor(s) else f"{tuple(s.shape)} {s.dtype}")
+            raise ValueError(f"{who}: the checkpoint is of a different model: {key!r} is {what} in the checkpoint, "
+                             f"{tuple(t.shape)} {t.dtype} in this model")
 
 
 def _serve_stats(backend):

@@ -18,12 +18,39 @@ class PolicyHookState:
     def __init__(self, backend, module, options):
         self.backend = backend
         self.powersgd = _C.PowerSGD(options)
-        self.param_index = {id(p): i for i, p in enumerate(module.parameters())}
+        params = list(module.parameters())
+        self.param_index = {id(p): i for i, p in enumerate(params)}
+        # What each key's gradient looks like: its parameter's shape and dtype.
+        self._param_layout = [(tuple(p.shape), str(p.dtype).replace("torch.", "")) for p in params]
 
     def state_dict(self):
+        """{"options", "powersgd"}: every parameter's error feedback, warm-start Q and step count."""
         return {"options": self.powersgd.options, "powersgd": self.powersgd.state_dict()}
 
     def load_state_dict(self, state):
+        """Restores state_dict(). The state must come from a model with the same parameters:
+        every saved key ("param<i>") must name a parameter of this model with the saved shape
+        and dtype (ValueError naming the first that does not; nothing is loaded then). The
+        options must agree in rank and error feedback (the native layer's check)."""
+        if not isinstance(state, dict) or "powersgd" not in state:
+            raise ValueError("PolicyHookState.load_state_dict: expected the dict state_dict() returns, "
+                             "with key 'powersgd'")
+        n = len(self._param_layout)
+        saved = _C.PowerSGD.checkpoint_tensors(state["powersgd"])
+        indices = {}
+        for key in saved:  # first the keys (a model with other parameters), then their shapes
+            index = int(key[5:]) if key.startswith("param") and key[5:].isdigit() else None
+            if index is None or index >= n:
+                raise ValueError(f"PolicyHookState.load_state_dict: the state has key {key!r} but this model has "
+                                 f"{n} parameters (param0..param{n - 1}): a checkpoint of another model?")
+            indices[key] = index
+        for key, (shape, dtype, _) in saved.items():
+            index = indices[key]
+            want_shape, want_dtype = self._param_layout[index]
+            if (tuple(shape), dtype) != (want_shape, want_dtype):
+                raise ValueError(f"PolicyHookState.load_state_dict: the state's {key} has shape {list(shape)} "
+                                 f"{dtype} but this model's parameter {index} has shape {list(want_shape)} "
+                                 f"{want_dtype}: a checkpoint of another model?")
         self.powersgd.load_state_dict(state["powersgd"])
 
 

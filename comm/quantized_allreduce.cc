@@ -1,0 +1,486 @@
+#include "comm/quantized_allreduce.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <utility>
+
+#include "comm/errors.h"
+
+namespace gossipcc {
+namespace {
+
+// Blocks whose maximum is below this are sent as zeros: their scale M / Q and 1 / scale then
+// stay normal floats (no subnormal or infinite intermediate), so the relative error analysis of
+// the header holds for every other block.
+constexpr float kTinyBlockMax = 0x1p-100f;
+// Adding and subtracting 1.5 * 2^23 rounds a float of magnitude below 2^22 to an integer, to
+// nearest with ties to even (the default rounding mode), in two vectorisable additions.
+constexpr float kRoundMagic = 12582912.0f;
+
+int LevelsOf(int bits) { return (1 << (bits - 1)) - 1; }
+
+size_t CodeBytes(size_t count, int bits) { return bits == 8 ? count : (count + 1) / 2; }
+
+size_t FullBlockBytes(int bits, size_t block_size) { return 4 + CodeBytes(block_size, bits); }
+
+size_t BlockCount(size_t count, size_t block_size) { return count == 0 ? 0 : (count - 1) / block_size + 1; }
+
+// Byte offset of block b in the quantized buffer (b may equal the block count: the end).
+size_t BlockOffset(size_t b, size_t count, int bits, size_t block_size) {
+  const size_t blocks = BlockCount(count, block_size);
+  if (b < blocks) return b * FullBlockBytes(bits, block_size);
+  return QuantizedBytes(count, bits, block_size);
+}
+
+size_t FirstBlockOf(size_t blocks, int rank, int ranks) {
+  return static_cast<size_t>((static_cast<unsigned __int128>(blocks) * static_cast<unsigned>(rank)) /
+                             static_cast<unsigned>(ranks));
+}
+
+// The header every rank all-gathers before anything moves.
+enum Field { kMagic, kDType, kCount, kBits, kBlock, kOp, kDevice, kProblem, kFields };
+constexpr int64_t kHeaderMagic = 0x51415231;  // "QAR1"
+
+enum Problem : int64_t {
+  kOk = 0,
+  kBadBits,
+  kBadBlock,
+  kBadOp,
+  kBadDType,
+  kNotCpu,
+  kNullData,
+  kBadResidual,
+};
+
+std::string ProblemText(const int64_t* h) {
+  switch (h[kProblem]) {
+    case kBadBits:
+      return "bits must be 4 or 8, got " + std::to_string(h[kBits]);
+    case kBadBlock:
+      return "block_size must be in [1, " + std::to_string(kMaxQuantizedBlockSize) + "], got " +
+             std::to_string(h[kBlock]);
+    case kBadOp:
+      return std::string("op must be sum or avg, got ") + ReduceOpName(static_cast<ReduceOp>(h[kOp]));
+    case kBadDType:
+      return std::string("only float32 is supported, got ") + DTypeName(static_cast<DType>(h[kDType])) +
+             " (convert to float32 first)";
+    case kNotCpu:
+      return "only CPU buffers are supported, got a CUDA buffer";
+    case kNullData:
+      return "data is null with " + std::to_string(h[kCount]) + " elements";
+    case kBadResidual:
+      return "the error-feedback residuals must both be float32 CPU buffers of the data's " +
+             std::to_string(h[kCount]) + " elements (or both empty)";
+    default:
+      return "problem " + std::to_string(h[kProblem]);
+  }
+}
+
+std::string FieldValue(Field f, int64_t v) {
+  switch (f) {
+    case kDType:
+      return v >= 0 && v < kNumDTypes ? DTypeName(static_cast<DType>(v)) : std::to_string(v);
+    case kOp:
+      return v >= 0 && v <= static_cast<int64_t>(ReduceOp::kProduct) ? ReduceOpName(static_cast<ReduceOp>(v))
+                                                                      : std::to_string(v);
+    case kDevice:
+      return v == 0 ? "cpu" : "cuda";
+    default:
+      return std::to_string(v);
+  }
+}
+
+void QuantizeValues(const float* v, size_t count, int bits, uint8_t* out, float* residual_out) {
+  const int levels = LevelsOf(bits);
+  // The largest |x| as the largest magnitude bit pattern: for non-negative floats the integer
+  // order is the numeric order, and NaN patterns lie above infinity's, so one integer maximum
+  // (which vectorises) gives both the block maximum and whether the block is finite.
+  int32_t max_bits = 0;
+  for (size_t i = 0; i < count; ++i) {
+    int32_t b;
+    std::memcpy(&b, v + i, 4);
+    b &= 0x7FFFFFFF;
+    max_bits = b > max_bits ? b : max_bits;
+  }
+  const bool finite = max_bits < 0x7F800000;
+  float max_abs;
+  std::memcpy(&max_abs, &max_bits, 4);
+  uint8_t* codes = out + 4;
+  const size_t code_bytes = CodeBytes(count, bits);
+  if (!finite || max_abs < kTinyBlockMax) {
+    const float scale = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(out, &scale, 4);
+    std::memset(codes, 0, code_bytes);
+    if (residual_out) {
+      // A zero block keeps its (tiny) values as the residual; a non-finite one starts afresh.
+      for (size_t i = 0; i < count; ++i) residual_out[i] = finite ? v[i] : 0.0f;
+    }
+    return;
+  }
+  const float scale = max_abs / static_cast<float>(levels);
+  const float inverse = static_cast<float>(levels) / max_abs;
+  std::memcpy(out, &scale, 4);
+  const float lo = -static_cast<float>(levels), hi = static_cast<float>(levels);
+  // 8 bits: the codes themselves; 4 bits: staged, then packed two per byte.
+  thread_local std::vector<int8_t> staged;
+  int8_t* q = reinterpret_cast<int8_t*>(codes);
+  if (bits == 4) {
+    if (staged.size() < count + 1) staged.resize(count + 1);
+    q = staged.data();
+    q[count] = 0;  // the pad nibble of an odd count
+  }
+  for (size_t i = 0; i < count; ++i) {
+    float r = (v[i] * inverse + kRoundMagic) - kRoundMagic;
+    r = r < lo ? lo : (r > hi ? hi : r);
+    q[i] = static_cast<int8_t>(static_cast<int32_t>(r));
+  }
+  if (residual_out) {
+    for (size_t i = 0; i < count; ++i) residual_out[i] = v[i] - scale * static_cast<float>(q[i]);
+  }
+  if (bits == 4) {
+    // Two's complement nibbles, element 2k in the low nibble of byte k.
+    for (size_t k = 0; k < code_bytes; ++k) {
+      codes[k] = static_cast<uint8_t>((q[2 * k] & 0xF) | ((q[2 * k + 1] & 0xF) << 4));
+    }
+  }
+}
+
+template <bool kAdd>
+inline void Put(float* out, size_t i, float value) {
+  if (kAdd) {
+    out[i] += value;
+  } else {
+    out[i] = value;
+  }
+}
+
+template <bool kAdd>
+void Dequantize(const uint8_t* in, size_t count, int bits, float* out) {
+  float scale;
+  std::memcpy(&scale, in, 4);
+  const uint8_t* codes = in + 4;
+  if (bits == 8) {
+    const auto* q = reinterpret_cast<const int8_t*>(codes);
+    for (size_t i = 0; i < count; ++i) Put<kAdd>(out, i, scale * static_cast<float>(q[i]));
+    return;
+  }
+  const size_t pairs = count / 2;
+  for (size_t k = 0; k < pairs; ++k) {
+    const auto byte = static_cast<int8_t>(codes[k]);
+    const int low = static_cast<int8_t>(static_cast<uint8_t>(byte << 4)) >> 4;  // sign-extended nibbles
+    const int high = byte >> 4;
+    Put<kAdd>(out, 2 * k, scale * static_cast<float>(low));
+    Put<kAdd>(out, 2 * k + 1, scale * static_cast<float>(high));
+  }
+  if (count % 2) {
+    const int low = static_cast<int8_t>(static_cast<uint8_t>(codes[pairs] << 4)) >> 4;
+    Put<kAdd>(out, count - 1, scale * static_cast<float>(low));
+  }
+}
+
+// Quantizes x (+ residual_in, when set) block by block into `out`; the new residual goes to
+// residual_out (when set). count elements, blocks of block_size.
+void QuantizeRange(const float* x, const float* residual_in, float* residual_out, size_t count, int bits,
+                   size_t block_size, uint8_t* out) {
+  std::vector<float> staged(residual_in ? std::min(count, block_size) : 0);
+  for (size_t start = 0; start < count; start += block_size) {
+    const size_t len = std::min(block_size, count - start);
+    const float* values = x + start;
+    if (residual_in) {
+      for (size_t i = 0; i < len; ++i) staged[i] = x[start + i] + residual_in[start + i];
+      values = staged.data();
+    }
+    QuantizeValues(values, len, bits, out, residual_out ? residual_out + start : nullptr);
+    out += 4 + CodeBytes(len, bits);
+  }
+}
+
+// A slice of the buffer: blocks [b0, b1) and, per rank r, the blocks it owns in it, as
+// elements [elem[r], elem[r+1]) and quantized bytes [byte[r], byte[r+1]).
+struct Slice {
+  std::vector<size_t> elem, byte, range_bytes;
+  std::vector<uint8_t> received, mine;
+  std::vector<float> new_owned;
+  std::shared_ptr<Work> scatter, gather;
+};
+
+size_t SliceBlocks(size_t block_size) { return std::max<size_t>(1, kQuantizedSliceElements / block_size); }
+
+std::vector<Slice> PlanSlices(size_t count, size_t block, int bits, int n) {
+  const size_t blocks = BlockCount(count, block);
+  const size_t per_slice = SliceBlocks(block);
+  std::vector<Slice> slices;
+  for (size_t b0 = 0; b0 < blocks; b0 += per_slice) {
+    const size_t b1 = std::min(blocks, b0 + per_slice);
+    Slice sl;
+    sl.elem.resize(n + 1);
+    sl.byte.resize(n + 1);
+    sl.range_bytes.resize(n);
+    for (int r = 0; r <= n; ++r) {
+      const size_t b = b0 + FirstBlockOf(b1 - b0, r, n);
+      sl.elem[r] = std::min(count, b * block);
+      sl.byte[r] = BlockOffset(b, count, bits, block);
+    }
+    for (int r = 0; r < n; ++r) sl.range_bytes[r] = sl.byte[r + 1] - sl.byte[r];
+    slices.push_back(std::move(sl));
+  }
+  return slices;
+}
+
+}  // namespace
+
+namespace quantized_internal {
+void QuantizeBlock(const float* x, size_t count, int bits, uint8_t* out, float* residual) {
+  if (!residual) {
+    QuantizeValues(x, count, bits, out, nullptr);
+    return;
+  }
+  std::vector<float> v(count);
+  for (size_t i = 0; i < count; ++i) v[i] = x[i] + residual[i];
+  QuantizeValues(v.data(), count, bits, out, residual);
+}
+void DequantizeBlock(const uint8_t* in, size_t count, int bits, float* out) { Dequantize<false>(in, count, bits, out); }
+void DequantizeAddBlock(const uint8_t* in, size_t count, int bits, float* acc) { Dequantize<true>(in, count, bits, acc); }
+}  // namespace quantized_internal
+
+size_t QuantizedBytes(size_t count, int bits, size_t block_size) {
+  const size_t blocks = BlockCount(count, block_size);
+  if (blocks == 0) return 0;
+  const size_t last = count - (blocks - 1) * block_size;
+  return (blocks - 1) * FullBlockBytes(bits, block_size) + 4 + CodeBytes(last, bits);
+}
+
+std::vector<std::pair<size_t, size_t>> QuantizedOwnedRanges(size_t count, size_t block_size, int rank, int ranks) {
+  std::vector<std::pair<size_t, size_t>> out;
+  if (block_size < 1 || ranks < 1 || rank < 0 || rank >= ranks) return out;
+  for (const Slice& sl : PlanSlices(count, block_size, 8, ranks)) {
+    if (sl.elem[rank + 1] > sl.elem[rank]) out.emplace_back(sl.elem[rank], sl.elem[rank + 1]);
+  }
+  return out;
+}
+
+double QuantizedAllreduceErrorBound(int bits, int ranks, double sum_of_block_maxima, ReduceOp op) {
+  const double relative = 1.0 / LevelsOf(bits) + (ranks + 32) * std::ldexp(1.0, -24);
+  const double scaled = relative * sum_of_block_maxima;
+  return (op == ReduceOp::kAvg ? scaled / ranks : scaled) + std::ldexp(1.0, -96);
+}
+
+QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, const QuantizedAllreduceOptions& options,
+                                           QuantizedResidual residual) {
+  const int n = comm.size();
+  const int me = comm.rank();
+
+  // 1. The check: every rank's header (with its own verdict on its arguments) to every rank.
+  int64_t mine[kFields] = {kHeaderMagic,
+                           static_cast<int64_t>(data.dtype),
+                           static_cast<int64_t>(data.count),
+                           options.bits,
+                           static_cast<int64_t>(options.block_size),
+                           static_cast<int64_t>(options.op),
+                           data.device.is_cuda() ? 1 : 0,
+                           kOk};
+  const bool feedback = residual.enabled();
+  auto residual_ok = [&](const Buffer& b) {
+    return b.data != nullptr && b.count == data.count && b.dtype == DType::kFloat32 && !b.device.is_cuda();
+  };
+  if (options.bits != 4 && options.bits != 8) {
+    mine[kProblem] = kBadBits;
+  } else if (options.block_size < 1 || options.block_size > kMaxQuantizedBlockSize) {
+    mine[kProblem] = kBadBlock;
+  } else if (options.op != ReduceOp::kSum && options.op != ReduceOp::kAvg) {
+    mine[kProblem] = kBadOp;
+  } else if (data.dtype != DType::kFloat32) {
+    mine[kProblem] = kBadDType;
+  } else if (data.device.is_cuda()) {
+    mine[kProblem] = kNotCpu;
+  } else if (data.data == nullptr && data.count > 0) {
+    mine[kProblem] = kNullData;
+  } else if (feedback && data.count > 0 && !(residual_ok(residual.sent) && residual_ok(residual.owned))) {
+    mine[kProblem] = kBadResidual;
+  }
+  std::vector<int64_t> table(static_cast<size_t>(kFields) * n);
+  comm.allgather(CpuBuffer(mine, kFields), CpuBuffer(table.data(), table.size()))->wait();
+
+  auto header = [&](int r) { return table.data() + static_cast<size_t>(r) * kFields; };
+  std::ostringstream where;
+  where << "gossipcc quantized_allreduce (" << data.count << " x " << DTypeName(data.dtype) << ", " << options.bits
+        << " bits, block " << options.block_size << ", " << ReduceOpName(options.op) << ") on rank " << me << " of "
+        << n;
+  std::string invalid;
+  for (int r = 0; r < n; ++r) {
+    if (header(r)[kMagic] != kHeaderMagic) {
+      throw MismatchError(where.str() + ": rank " + std::to_string(r) +
+                          " called another collective (its header is not a quantized all-reduce's)");
+    }
+    if (header(r)[kProblem] != kOk) {
+      invalid += (invalid.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " + ProblemText(header(r));
+    }
+  }
+  std::string mismatch;
+  const std::pair<Field, const char*> compared[] = {
+      {kDType, "dtype"}, {kCount, "element count"}, {kBits, "bits"}, {kBlock, "block size"}, {kOp, "op"},
+      {kDevice, "device"}};
+  for (const auto& [field, name] : compared) {
+    bool differ = false;
+    for (int r = 1; r < n; ++r) differ |= header(r)[field] != header(0)[field];
+    if (!differ) continue;
+    mismatch += (mismatch.empty() ? "" : "; ") + std::string("ranks disagree on the ") + name + ": ";
+    for (int r = 0; r < n; ++r) mismatch += (r ? ", rank " : "rank ") + std::to_string(r) + ": " + FieldValue(field, header(r)[field]);
+  }
+  if (!invalid.empty()) {
+    throw InvalidArgumentError(where.str() + ": invalid arguments: " + invalid + (mismatch.empty() ? "" : "; " + mismatch) +
+                               "; nothing was modified");
+  }
+  if (!mismatch.empty()) throw MismatchError(where.str() + ": " + mismatch + "; nothing was modified");
+
+  QuantizedAllreduceStats stats;
+  const size_t count = data.count;
+  if (count == 0) return stats;
+  const int bits = options.bits;
+  const size_t block = options.block_size;
+  stats.quantized_bytes = QuantizedBytes(count, bits, block);
+  auto* x = static_cast<float*>(data.data);
+  float* sent_residual = feedback ? static_cast<float*>(residual.sent.data) : nullptr;
+  float* owned_residual = feedback ? static_cast<float*>(residual.owned.data) : nullptr;
+
+  // Slices of the buffer go through the two phases one after another, so that quantizing,
+  // summing and dequantizing one slice overlap the transfers of the others (lanes).
+  std::vector<Slice> slices = PlanSlices(count, block, bits, n);
+  std::vector<uint8_t> quantized(stats.quantized_bytes), gathered(stats.quantized_bytes);
+  std::vector<float> new_sent(feedback ? count : 0);
+  std::vector<float> sum;
+  // Every issued collective is waited for before this frame's buffers go, also on an error.
+  auto wait_all = [&slices]() {
+    for (Slice& sl : slices) {
+      for (auto* w : {&sl.scatter, &sl.gather}) {
+        if (!*w) continue;
+        try {
+          (*w)->wait();
+        } catch (...) {
+        }
+        w->reset();
+      }
+    }
+  };
+  try {
+    // 2. Quantize each slice (plus residual) and send its blocks to their owners at once.
+    for (Slice& sl : slices) {
+      const size_t e0 = sl.elem[0], e1 = sl.elem[n];
+      QuantizeRange(x + e0, sent_residual ? sent_residual + e0 : nullptr, feedback ? new_sent.data() + e0 : nullptr,
+                    e1 - e0, bits, block, quantized.data() + sl.byte[0]);
+      const size_t my_bytes = sl.range_bytes[me];
+      sl.received.resize(my_bytes * n);
+      if (n > 1) {
+        sl.scatter = comm.alltoallv(CpuBuffer(quantized.data() + sl.byte[0], sl.byte[n] - sl.byte[0]), sl.range_bytes,
+                                    CpuBuffer(sl.received.data(), sl.received.size()),
+                                    std::vector<size_t>(n, my_bytes));
+        stats.bytes_sent += sl.byte[n] - sl.byte[0] - my_bytes;
+      } else {
+        std::memcpy(sl.received.data(), quantized.data() + sl.byte[0], my_bytes);
+      }
+    }
+    // 3-4. As each slice's blocks arrive: sum every rank's copy of this rank's blocks in float32 in
+    // rank order, quantize the sum again and send it to every rank.
+    for (Slice& sl : slices) {
+      if (sl.scatter) {
+        std::shared_ptr<Work> w = std::move(sl.scatter);
+        w->wait();
+      }
+      const size_t my_bytes = sl.range_bytes[me];
+      const size_t my_begin = sl.elem[me], my_count = sl.elem[me + 1] - my_begin;
+      sum.resize(my_count);
+      for (int r = 0; r < n; ++r) {
+        const uint8_t* in = sl.received.data() + static_cast<size_t>(r) * my_bytes;
+        for (size_t start = 0; start < my_count; start += block) {
+          const size_t len = std::min(block, my_count - start);
+          if (r == 0) {
+            quantized_internal::DequantizeBlock(in, len, bits, sum.data() + start);
+          } else {
+            quantized_internal::DequantizeAddBlock(in, len, bits, sum.data() + start);
+          }
+          in += 4 + CodeBytes(len, bits);
+        }
+      }
+      sl.received = {};
+      if (options.op == ReduceOp::kAvg) {
+        const float ranks = static_cast<float>(n);
+        for (float& v : sum) v /= ranks;
+      }
+      sl.mine.resize(my_bytes);
+      sl.new_owned.resize(feedback ? my_count : 0);
+      QuantizeRange(sum.data(), feedback ? owned_residual + my_begin : nullptr,
+                    feedback ? sl.new_owned.data() : nullptr, my_count, bits, block, sl.mine.data());
+      if (n > 1) {
+        sl.gather = comm.allgatherv(CpuBuffer(sl.mine.data(), my_bytes),
+                                    CpuBuffer(gathered.data() + sl.byte[0], sl.byte[n] - sl.byte[0]), sl.range_bytes);
+        stats.bytes_sent += my_bytes * (n - 1);  // a direct all-gather's; Gloo's ring forwards as much
+      } else {
+        std::memcpy(gathered.data() + sl.byte[0], sl.mine.data(), my_bytes);
+      }
+    }
+    // Every rank dequantizes the same bytes, slice by slice as they arrive.
+    for (Slice& sl : slices) {
+      if (sl.gather) {
+        std::shared_ptr<Work> w = std::move(sl.gather);
+        w->wait();
+      }
+      const uint8_t* in = gathered.data() + sl.byte[0];
+      for (size_t start = sl.elem[0]; start < sl.elem[n]; start += block) {
+        const size_t len = std::min(block, sl.elem[n] - start);
+        quantized_internal::DequantizeBlock(in, len, bits, x + start);
+        in += 4 + CodeBytes(len, bits);
+      }
+    }
+  } catch (...) {
+    wait_all();
+    throw;
+  }
+  if (feedback) {
+    std::memcpy(sent_residual, new_sent.data(), count * sizeof(float));
+    for (const Slice& sl : slices) {
+      const size_t my_count = sl.elem[me + 1] - sl.elem[me];
+      if (my_count) std::memcpy(owned_residual + sl.elem[me], sl.new_owned.data(), my_count * sizeof(float));
+    }
+  }
+  return stats;
+}
+
+QuantizedErrorFeedback::QuantizedErrorFeedback(QuantizedAllreduceOptions options) : options_(options) {}
+
+QuantizedAllreduceStats QuantizedErrorFeedback::AllReduce(Communicator& comm, const std::string& key, Buffer data) {
+  if (data.count == 0) return QuantizedAllreduce(comm, data, options_);
+  auto it = states_.find(key);
+  const bool fresh = it == states_.end() || it->second.sent.size() != data.count;
+  State started;  // a key's first call (or a new size): zeros, kept only if the call succeeds
+  State& s = fresh ? started : it->second;
+  if (fresh) {
+    s.sent.assign(data.count, 0.0f);
+    s.owned.assign(data.count, 0.0f);
+  }
+  QuantizedResidual residual;
+  residual.sent = CpuBuffer(s.sent.data(), s.sent.size());
+  residual.owned = CpuBuffer(s.owned.data(), s.owned.size());
+  QuantizedAllreduceStats stats = QuantizedAllreduce(comm, data, options_, residual);
+  if (fresh) states_[key] = std::move(started);
+  return stats;
+}
+
+const QuantizedErrorFeedback::State* QuantizedErrorFeedback::state(const std::string& key) const {
+  auto it = states_.find(key);
+  return it == states_.end() ? nullptr : &it->second;
+}
+
+void QuantizedErrorFeedback::set_state(const std::string& key, State state) {
+  if (state.sent.size() != state.owned.size()) {
+    throw InvalidArgumentError("QuantizedErrorFeedback::set_state(\"" + key + "\"): sent has " +
+                               std::to_string(state.sent.size()) + " elements, owned " +
+                               std::to_string(state.owned.size()) + "; they must match");
+  }
+  states_[key] = std::move(state);
+}
+
+}  // namespace gossipcc

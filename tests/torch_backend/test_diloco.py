@@ -1,0 +1,300 @@
+"""gossipcc.DiLoCo (torch_backend/python/gossipcc/diloco.py) against references computed here.
+
+- H = 1, outer SGD lr 1 without momentum, exact: equals DDP step for step (to rounding).
+- Streaming (fragments, overlap, mix) with outer Nesterov SGD: every rank's parameters after
+  every step equal a single-process simulation of all ranks written from the paper's update
+  (inner SGD per rank, the outer step and the mixing by hand), to float32 rounding.
+- Fragments cover every parameter once, each synchronised once per H steps.
+- A checkpoint taken with an averaging in flight resumes bit for bit, for every transport
+  (quantized: its error-feedback residuals are in the checkpoint).
+- Quantized transport: every rank holds bitwise the same parameters after a synchronisation, close
+  to the exact transport's, and the residuals carry what quantization dropped.
+- Bad arguments and ranks that disagree: a ValueError on every rank, naming what differs.
+"""
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from launcher import run_ranks
+from wrapper_common import batch, flat_params, gather, init, make_model
+
+import pytest
+
+
+INNER_LR = 0.1
+
+
+def loss_of(model, rank, step):
+    x, y = batch(rank, step)
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
+def inner_step(model, opt, rank, step):
+    opt.zero_grad()
+    loss_of(model, rank, step).backward()
+    opt.step()
+
+
+def h1_worker(rank, world_size):
+    import gossipcc
+    init(rank, world_size)
+    model, ref = make_model(0), make_model(0)
+    inner = torch.optim.SGD(model.parameters(), lr=INNER_LR)
+    outer = torch.optim.SGD(model.parameters(), lr=1.0)
+    diloco = gossipcc.DiLoCo(model, inner, outer, sync_every=1)
+    ddp = DDP(ref)
+    ddp_opt = torch.optim.SGD(ddp.parameters(), lr=INNER_LR)
+    worst = 0.0
+    for step in range(6):
+        inner_step(model, inner, rank, step)
+        diloco.step()
+        inner_step(ddp, ddp_opt, rank, step)
+        worst = max(worst, (flat_params(model) - flat_params(ref)).abs().max().item())
+    dist.destroy_process_group()
+    return worst
+
+
+def test_h1_equals_ddp():
+    for worst in run_ranks(h1_worker, 3):
+        assert worst < 1e-6, worst
+
+
+# ---- streaming DiLoCo against a simulation ----------------------------------------------
+H, FRAGMENTS, OVERLAP, MIX, OUTER_LR, MOMENTUM, STEPS = 4, 2, 1, 0.25, 0.7, 0.9, 13
+
+
+def simulate(world_size, transport="exact"):
+    """Every rank's flat parameters after every step, from the paper's update, by hand.
+    transport "gossip": each rank keeps its own theta_global, and the outer gradient of rank r at
+    outer round k is (delta_r + delta_s) / 2 with s = r - 2^(k mod T) (push-sum on the one-peer
+    exponential graph, docs/gossip.md: out(i, k) = i + 2^(k mod T), T = floor(log2(n - 1)) + 1,
+    half kept, half sent; the weights stay 1)."""
+    models = [make_model(0) for _ in range(world_size)]
+    opts = [torch.optim.SGD(m.parameters(), lr=INNER_LR) for m in models]
+    params = [list(m.parameters()) for m in models]
+    n_params = len(params[0])
+    # The fragments gossipcc makes for this model (checked separately in test_fragments).
+    from gossipcc.diloco import split_fragments
+    frags = split_fragments(params[0], FRAGMENTS)
+    offsets = [f * H // FRAGMENTS for f in range(FRAGMENTS)]
+    period = (world_size - 1).bit_length()  # floor(log2(n - 1)) + 1
+    glob = [{i: params[0][i].detach().clone() for i in range(n_params)} for _ in range(world_size)]
+    buf = [{} for _ in range(world_size)]  # Nesterov momentum per rank and parameter
+    pending = {}  # fragment -> (apply_at, averaged delta per rank and parameter)
+    rounds = [0] * FRAGMENTS
+    history = []
+    for t in range(1, STEPS + 1):
+        for r in range(world_size):
+            inner_step(models[r], opts[r], r, t - 1)
+        for f in sorted(pending):
+            if pending[f][0] <= t:
+                _, avg = pending.pop(f)
+                for r in range(world_size):
+                    for i in frags[f]:
+                        g = avg[r][i]
+                        buf[r][i] = g.clone() if i not in buf[r] else MOMENTUM * buf[r][i] + g
+                        glob[r][i] = glob[r][i] - OUTER_LR * (g + MOMENTUM * buf[r][i])
+                        with torch.no_grad():
+                            params[r][i].copy_(MIX * params[r][i] + (1 - MIX) * glob[r][i])
+        for f in range(FRAGMENTS):
+            if (t + offsets[f]) % H == 0:
+                delta = [{i: glob[r][i] - params[r][i].detach() for i in frags[f]} for r in range(world_size)]
+                if transport == "exact":
+                    mean = {i: sum(d[i] for d in delta) / world_size for i in frags[f]}
+                    avg = [mean] * world_size
+                else:
+                    k = rounds[f] * FRAGMENTS + f
+                    shift = 2 ** (k % period)
+                    avg = [{i: (delta[r][i] + delta[(r - shift) % world_size][i]) / 2 for i in frags[f]}
+                           for r in range(world_size)]
+                rounds[f] += 1
+                pending[f] = (t + OVERLAP, avg)
+        history.append([flat_params(m) for m in models])
+    return history
+
+
+def streaming_worker(rank, world_size, transport="exact"):
+    import gossipcc
+    init(rank, world_size)
+    model = make_model(0)
+    inner = torch.optim.SGD(model.parameters(), lr=INNER_LR)
+    outer = torch.optim.SGD(model.parameters(), lr=OUTER_LR, momentum=MOMENTUM, nesterov=True)
+    diloco = gossipcc.DiLoCo(model, inner, outer, sync_every=H, fragments=FRAGMENTS, overlap=OVERLAP, mix=MIX,
+                             outer_sync=transport)
+    history = []
+    for step in range(STEPS):
+        inner_step(model, inner, rank, step)
+        diloco.step()
+        history.append(flat_params(model).tolist())
+    dist.destroy_process_group()
+    return history
+
+
+@pytest.mark.parametrize("transport, world_size", [("exact", 3), ("gossip", 4)])
+def test_streaming_matches_simulation(transport, world_size):
+    results = run_ranks(streaming_worker, world_size, transport)
+    reference = simulate(world_size, transport)
+    for rank, history in enumerate(results):
+        for t, (got, want) in enumerate(zip(history, reference)):
+            diff = (torch.tensor(got) - want[rank]).abs().max().item()
+            assert diff < 2e-5, f"{transport}, rank {rank}, after inner step {t + 1}: max |diff| {diff}"
+    # The averaging did something: the ranks' parameters moved towards each other.
+    assert (torch.tensor(results[0][-1]) - torch.tensor(results[1][-1])).abs().max() > 0
+
+
+def test_fragments_cover_every_parameter_and_sync_once_per_h():
+    from gossipcc.diloco import split_fragments
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(5)])  # 10 tensors, uneven sizes
+    params = list(model.parameters())
+    for fragments in range(1, len(params) + 1):
+        frags = split_fragments(params, fragments)
+        assert len(frags) == fragments and all(frags)
+        assert sorted(i for f in frags for i in f) == list(range(len(params)))
+    for h in (1, 3, 8):
+        for fragments in (1, 2, 3):
+            offsets = [f * h // fragments for f in range(fragments)]
+            for f in range(fragments):
+                syncs = [t for t in range(1, 5 * h + 1) if (t + offsets[f]) % h == 0]
+                assert len(syncs) == 5, (h, fragments, f, syncs)
+
+
+# ---- checkpoint --------------------------------------------------------------------------
+def checkpoint_worker(rank, world_size, outer_sync, stop_at):
+    import gossipcc
+    if not dist.is_initialized():
+        init(rank, world_size)
+
+    def make(state=None):
+        model = make_model(0)
+        inner = torch.optim.SGD(model.parameters(), lr=INNER_LR, momentum=0.5)
+        outer = torch.optim.SGD(model.parameters(), lr=OUTER_LR, momentum=MOMENTUM, nesterov=True)
+        diloco = gossipcc.DiLoCo(model, inner, outer, sync_every=3, fragments=2, overlap=1, mix=0.25,
+                                 outer_sync=outer_sync)
+        if state is not None:
+            model.load_state_dict(state["model"])
+            inner.load_state_dict(state["inner"])
+            diloco.load_state_dict(state["diloco"])
+        return model, inner, diloco
+
+    model, inner, diloco = make()
+    for step in range(10):
+        inner_step(model, inner, rank, step)
+        diloco.step()
+    uninterrupted = flat_params(model)
+
+    model, inner, diloco = make()
+    saved = None
+    for step in range(stop_at):
+        inner_step(model, inner, rank, step)
+        diloco.step()
+    in_flight = len(diloco._pending)
+    import copy
+    saved = copy.deepcopy({"model": model.state_dict(), "inner": inner.state_dict(), "diloco": diloco.state_dict()})
+    del model, inner, diloco
+    model, inner, diloco = make(saved)
+    for step in range(stop_at, 10):
+        inner_step(model, inner, rank, step)
+        diloco.step()
+    resumed = flat_params(model)
+    return torch.equal(uninterrupted, resumed), in_flight
+
+
+def checkpoint_all_worker(rank, world_size):
+    return {t: checkpoint_worker(rank, world_size, t, 6)
+            for t in ("exact", "powersgd:rank=2", "gossip", "quantized:bits=8", "quantized:bits=4")}
+
+
+def test_checkpoint_resumes_bit_for_bit():
+    # H = 3, offsets 0 and 1, overlap 1: fragment 0 starts at steps 3, 6, 9, fragment 1 at 2, 5, 8,
+    # each applied one step later. Stopped after step 6: fragment 0's averaging is in flight.
+    for rank, by_transport in enumerate(run_ranks(checkpoint_all_worker, 2)):
+        for transport, (equal, in_flight) in by_transport.items():
+            assert equal, f"{transport}, rank {rank}: the resumed run differs from the uninterrupted one"
+            assert in_flight == 1, f"{transport}, rank {rank}: {in_flight} averagings in flight at the checkpoint"
+
+
+# ---- quantized transport ---------------------------------------------------------------------
+def quantized_worker(rank, world_size):
+    import gossipcc
+    init(rank, world_size)
+    finals = {}
+    for outer_sync in ("exact", "quantized:bits=8", "quantized:bits=4"):
+        model = make_model(0)
+        inner = torch.optim.SGD(model.parameters(), lr=INNER_LR)
+        diloco = gossipcc.DiLoCo(model, inner, sync_every=3, outer_sync=outer_sync)  # mix 0: reset to theta_global
+        for step in range(9):
+            inner_step(model, inner, rank, step)
+            diloco.step()
+        finals[outer_sync] = flat_params(model)
+        if diloco._residuals is not None:
+            finals[outer_sync + " residual"] = max(r.abs().max().item() for r, _ in diloco._residuals)
+    # Plain lists back to the test: tensors would travel as shared memory of an exiting process.
+    everyone = {k: [t.tolist() for t in gather(v)] for k, v in finals.items() if isinstance(v, torch.Tensor)}
+    finals = {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in finals.items()}
+    dist.destroy_process_group()
+    return finals, everyone
+
+
+def test_quantized_transport_same_bits_everywhere_and_close_to_exact():
+    for rank, (finals, everyone) in enumerate(run_ranks(quantized_worker, 3)):
+        exact = torch.tensor(finals["exact"])
+        for bits, tolerance in ((8, 0.02), (4, 0.3)):
+            key = f"quantized:bits={bits}"
+            # After the last outer step (step 9) every rank holds theta_global: the same bits.
+            for other, theirs in enumerate(everyone[key]):
+                assert theirs == everyone[key][0], f"{key}: rank {other} differs from rank 0"
+            moved = (exact - make_flat_init()).abs().max().item()
+            diff = (torch.tensor(finals[key]) - exact).abs().max().item()
+            print(f"{key}: max |quantized - exact| {diff:.3g}, parameters moved {moved:.3g}")
+            assert 0 < diff <= tolerance * moved, f"{key}, rank {rank}: {diff} from exact (moved {moved})"
+            assert finals[key + " residual"] > 0, f"{key}: no residual kept"
+
+
+def make_flat_init():
+    return flat_params(make_model(0))
+
+
+# ---- bad input ---------------------------------------------------------------------------
+BAD_CASES = {  # case: (DiLoCo arguments on `rank`, words the error must contain)
+    "H < 1": (lambda rank: dict(sync_every=0), "sync_every"),
+    "P too large": (lambda rank: dict(fragments=5), "fragments"),
+    "alpha > 1": (lambda rank: dict(mix=1.5), "mix"),
+    "tau >= H": (lambda rank: dict(sync_every=4, overlap=4), "overlap"),
+    "unknown transport": (lambda rank: dict(outer_sync="carrier-pigeon"), "unknown outer_sync"),
+    "powersgd without rank": (lambda rank: dict(outer_sync="powersgd"), "rank=<r>"),
+    "quantized bits 3": (lambda rank: dict(outer_sync="quantized:bits=3"), "bits=8 or bits=4, got '3'"),
+    "quantized bits 16": (lambda rank: dict(outer_sync="quantized:bits=16"), "bits=8 or bits=4, got '16'"),
+    "quantized without bits": (lambda rank: dict(outer_sync="quantized"), "bits=8 or bits=4"),
+    "quantized unknown key": (lambda rank: dict(outer_sync="quantized:bits=8,rank=2"), "unknown key"),
+    "quantized bits differ": (lambda rank: dict(outer_sync=f"quantized:bits={8 if rank == 0 else 4}"),
+                              "disagree on outer_sync"),
+    "H differs": (lambda rank: dict(sync_every=4 + rank), "disagree on sync_every"),
+    "P differs": (lambda rank: dict(fragments=1 + rank), "disagree on fragments"),
+    "transport differs": (lambda rank: dict(outer_sync="exact" if rank == 0 else "gossip"), "disagree on outer_sync"),
+    "params differ": (lambda rank: dict(), "disagree on parameters"),
+}
+
+
+def bad_worker(rank, world_size):
+    import gossipcc
+    init(rank, world_size)
+    outcomes = {}
+    for case, (kwargs, _) in BAD_CASES.items():
+        model = make_model(rank if case == "params differ" else 0)
+        inner = torch.optim.SGD(model.parameters(), lr=INNER_LR)
+        before = flat_params(model)
+        try:
+            gossipcc.DiLoCo(model, inner, **kwargs(rank))
+            outcome = "no error"
+        except ValueError as e:
+            outcome = str(e)
+        outcomes[case] = (outcome, torch.equal(before, flat_params(model)))
+    dist.destroy_process_group()
+    return outcomes
+
+
+def test_bad_input_is_a_clear_error_on_every_rank():
+    for rank, outcomes in enumerate(run_ranks(bad_worker, 2)):
+        for case, (outcome, unchanged) in outcomes.items():
+            assert BAD_CASES[case][1] in outcome, f"{case}, rank {rank}: {outcome}"
+            assert unchanged, f"{case}, rank {rank}: the model was modified"

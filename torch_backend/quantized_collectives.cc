@@ -1,0 +1,77 @@
+// ProcessGroupGossipcc::quantized_allreduce: the lossy 8/4-bit all-reduce of
+// comm/quantized_allreduce.h on the group's algorithm lane.
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <utility>
+
+#include "comm/errors.h"
+#include "comm/quantized_allreduce.h"
+#include "torch_backend/gossipcc_work.h"
+#include "torch_backend/process_group_gossipcc.h"
+#include "torch_backend/tensor_buffer.h"
+
+namespace gossipcc {
+namespace torch_backend {
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::quantized_allreduce(std::vector<at::Tensor> tensors,
+                                                                           int64_t bits, bool average,
+                                                                           std::optional<at::Tensor> residual,
+                                                                           std::optional<at::Tensor> owned_residual,
+                                                                           int64_t block_size) {
+  const char* op = "quantized_allreduce";
+  // Structural checks at the call (as every gossipcc collective): defined, contiguous, one
+  // dtype and device. The values every rank must agree on or that the algorithm cannot take
+  // (bits, block size, dtype other than float32, CUDA, the residuals' sizes) are checked by the
+  // collective itself, so that every rank raises the same error.
+  std::vector<Buffer> buffers = FloatingBuffers(tensors, op);
+  if (residual.has_value() != owned_residual.has_value()) {
+    throw InvalidArgumentError("gossipcc quantized_allreduce: pass both residual and owned_residual (error feedback) "
+                               "or neither");
+  }
+  QuantizedResidual feedback;
+  if (residual) {
+    feedback.sent = ToBuffer(*residual, op, "residual");
+    feedback.owned = ToBuffer(*owned_residual, op, "owned_residual");
+  }
+  QuantizedAllreduceOptions options;
+  // Out-of-range values travel as they are (clamped into the header's int) and fail on every rank.
+  options.bits = static_cast<int>(std::max<int64_t>(std::min<int64_t>(bits, 1 << 30), -(1 << 30)));
+  options.block_size = block_size < 0 ? 0 : static_cast<size_t>(block_size);
+  options.op = average ? ReduceOp::kAvg : ReduceOp::kSum;
+  size_t total = 0;
+  for (const Buffer& b : buffers) total += b.count;
+  SyncCallerStreams(tensors);
+  Communicator* comm = communicator_.get();
+  auto inner = lane_->Submit(
+      "gossipcc quantized_allreduce on rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " (" +
+          std::to_string(total) + " elements, " + std::to_string(bits) + " bits, " + (average ? "avg" : "sum") + ")",
+      [comm, buffers, options, feedback, total, keep = tensors, keep_residuals = std::make_pair(residual, owned_residual)]() {
+        const Buffer& first = buffers[0];
+        if (buffers.size() == 1 || first.dtype != DType::kFloat32 || first.device.is_cuda()) {
+          // One tensor: in place. Several of a dtype or device the collective refuses: it fails on
+          // every rank before touching the (then nominal) buffer.
+          QuantizedAllreduce(*comm, Buffer{first.data, total, first.dtype, first.device}, options, feedback);
+          return;
+        }
+        std::vector<float> staged(total);
+        size_t offset = 0;
+        for (const Buffer& b : buffers) {
+          if (b.count) std::memcpy(staged.data() + offset, b.data, b.bytes());
+          offset += b.count;
+        }
+        QuantizedAllreduce(*comm, CpuBuffer(staged.data(), total), options, feedback);
+        offset = 0;
+        for (const Buffer& b : buffers) {
+          if (b.count) std::memcpy(b.data, staged.data() + offset, b.bytes());
+          offset += b.count;
+        }
+      },
+      /*uses_collectives=*/true);
+  std::vector<at::Tensor> outputs = tensors;
+  return Wrap(rank_, Ordered(), ::c10d::OpType::UNKNOWN, "gossipcc:quantized_allreduce", std::move(inner),
+              std::move(outputs));
+}
+
+}  // namespace torch_backend
+}  // namespace gossipcc
