@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "comm/communicator.h"
+#include "comm/options.h"
 #include "comm/errors.h"
 #include "comm/gloo_util.h"
 

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "comm/gloo_call.h"
 #include "comm/op_spec.h"
 
 namespace gloo {
@@ -119,6 +120,24 @@ class CollectiveHandshake {
   // incoming_[parity]; out_[parity][p]: outgoing_, written into peer p's in_[parity][me].
   std::vector<std::unique_ptr<gloo::transport::Buffer>> in_[2], out_[2];
   std::shared_ptr<gloo::transport::UnboundBuffer> verdicts_in_ub_, verdict_out_ub_;
+};
+
+// A lane's handshake in stages, bound to one collective: what a collective that runs its own
+// signature check (GlooCall::check) is handed. `handshake` and `spec` must outlive it.
+class StagedHandshake final : public DeferredSignatureCheck {
+ public:
+  StagedHandshake(CollectiveHandshake& handshake, const OpSpec& spec, std::chrono::milliseconds timeout)
+      : handshake_(handshake), spec_(spec), timeout_(timeout) {}
+  static_assert(kEveryPeer == CollectiveHandshake::kEveryPeer, "Begin passes `first` through");
+  void Begin(int first) override { handshake_.Begin(spec_, {}, timeout_, first); }
+  void SendRemainingHeaders() override { handshake_.SendRemainingHeaders(); }
+  bool PeerAgrees(int peer) override { return handshake_.PeerAgrees(peer); }
+  void Finish() override { handshake_.Finish(); }
+
+ private:
+  CollectiveHandshake& handshake_;
+  const OpSpec& spec_;
+  const std::chrono::milliseconds timeout_;
 };
 
 }  // namespace gossipcc

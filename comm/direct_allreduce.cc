@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/gloo_util.h"
+#include "comm/options.h"
 #include "comm/reduce.h"
 
 namespace gossipcc {

@@ -18,8 +18,7 @@
 // memory), with slice k's all-gather overlapping slice k+1's reduce-scatter.
 #pragma once
 
-#include "comm/communicator.h"  // kDirectSliceBytes
-#include "comm/gloo_collectives.h"
+#include "comm/gloo_call.h"
 #include "comm/types.h"
 
 namespace gossipcc {

@@ -13,8 +13,9 @@
 
 #include "comm/direct_allreduce.h"
 #include "comm/gloo_util.h"
-#include "comm/reduce.h"
+#include "comm/options.h"
 #include "comm/packed_ring_allreduce.h"
+#include "comm/reduce.h"
 #include "comm/ring_allreduce.h"
 #include "comm/ring_reduce_scatter.h"
 
@@ -48,12 +49,6 @@ void RunOrRetire(const GlooCall& call, std::shared_ptr<Options> opts, Collective
 uint8_t* Bytes(const Buffer& b) { return static_cast<uint8_t*>(b.data); }
 
 }  // namespace
-
-void RunCheck(const GlooCall& call) {
-  if (call.check == nullptr) return;
-  call.check->Begin(DeferredSignatureCheck::kEveryPeer);
-  call.check->Finish();
-}
 
 void GlooAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
   // Half precision always goes direct: it accumulates wide with the wire in half width,

@@ -16,7 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "absl/types/span.h"
+#include "comm/p2p_op.h"
 #include "comm/store.h"
 #include "comm/work.h"
 

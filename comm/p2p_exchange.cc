@@ -51,8 +51,8 @@ struct Segments {
 // other direction's announcement waits for it and the two directions run one after the
 // other. A small window keeps at most a few segments queued ahead of any announcement. On a
 // connection per direction the announcement waits only in the link's queue, which holds
-// about the other direction's window: wider windows measured no better (4, 8 and 16
-// segments of 256 KiB: 1.06-1.11 message times for 16 MB each way at 1 Gbit/s).
+// about the other direction's window: wider windows measured no better
+// (docs/benchmarks_history.md, "Figures the code's comments used to carry").
 constexpr size_t kReceiveWindow = 4;
 
 // The buffers a gathered send (P2POp::gather) posted its segments on, and the copies of the

@@ -41,7 +41,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "comm/communicator.h"
+#include "comm/p2p_op.h"
 #include "comm/gloo_util.h"
 #include "comm/work.h"
 

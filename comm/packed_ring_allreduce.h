@@ -19,7 +19,7 @@
 // nothing is written to the caller's buffer.
 #pragma once
 
-#include "comm/gloo_collectives.h"
+#include "comm/gloo_call.h"
 #include "comm/types.h"
 
 namespace gossipcc {

@@ -22,7 +22,7 @@
 // first byte moved.
 #pragma once
 
-#include "comm/gloo_collectives.h"
+#include "comm/gloo_call.h"
 #include "comm/types.h"
 
 namespace gossipcc {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "comm/gloo_collectives.h"
+#include "comm/gloo_call.h"
 
 namespace gossipcc {
 

@@ -3,7 +3,7 @@
 // rank moves (n-1)/n of the input, the bandwidth-optimal amount.
 #pragma once
 
-#include "comm/gloo_collectives.h"
+#include "comm/gloo_call.h"
 
 namespace gossipcc {
 

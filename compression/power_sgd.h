@@ -12,6 +12,9 @@
 // The rest (viewed as shape[0] x numel/shape[0]) go through PowerSGD: their P factors in one
 // packed float32 all-reduce, their Q factors in another (per power iteration).
 //
+// AllReduce reads as the paper's algorithm, one call per step; each step's contract is in
+// power_sgd_steps.h, the cross-rank check's in power_sgd_check.h.
+//
 // Not thread-safe: one thread per PowerSGD object, and (as for every collective) the same
 // sequence of calls with the same keys and shapes on every rank.
 #pragma once
@@ -33,7 +36,9 @@ namespace compression {
 
 namespace internal {
 class MathBackend;
-}
+class PackCache;
+struct KeyState;
+}  // namespace internal
 
 // One tensor to average: a view of its memory (updated in place) plus its shape and a key
 // that identifies it stably across steps (e.g. the parameter's name). Float dtypes only
@@ -151,27 +156,11 @@ class PowerSGD {
   static bool ShouldCompress(const std::vector<int64_t>& shape, const PowerSGDOptions& options, int* rank_used = nullptr);
 
  private:
-  struct State;
-  struct Plan;
   internal::MathBackend& BackendFor(Device device);
-  void Exact(Communicator& comm, absl::Span<const GradientTensor> tensors, const std::vector<size_t>& which,
-             PowerSGDStats& stats);
-  // The exact part when it travelled with the check: rank r's copies of the `which` tensors,
-  // packed in that order at table + r * stride + offset, averaged in rank order into them.
-  void ReduceGatheredExact(absl::Span<const GradientTensor> tensors, const std::vector<size_t>& which,
-                           const uint8_t* table, size_t stride, size_t offset, int ranks, PowerSGDStats& stats);
-
-  // Packed buffers, kept between calls (grow-only) so steady-state calls do not allocate:
-  // slot = dtype for exact packs, kPSlot / kQSlot for the factors.
-  void* Pack(internal::MathBackend& backend, int slot, size_t bytes);
-  struct CachedPack {
-    std::shared_ptr<void> memory;
-    size_t bytes = 0;
-  };
-  std::map<std::tuple<int, int, int>, CachedPack> packs_;
 
   PowerSGDOptions options_;
-  std::map<std::string, std::unique_ptr<State>> states_;
+  std::map<std::string, std::unique_ptr<internal::KeyState>> states_;  // by key
+  std::unique_ptr<internal::PackCache> packs_;  // P, Q and exact packs, kept between calls
   std::unique_ptr<internal::MathBackend> cpu_;
   std::map<int, std::unique_ptr<internal::MathBackend>> cuda_;
   PowerSGDStats last_, total_;

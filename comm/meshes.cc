@@ -1,0 +1,139 @@
+#include "comm/meshes.h"
+
+#include <gloo/context.h>
+
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "comm/errors.h"
+#include "comm/gloo_collectives.h"
+
+namespace gossipcc {
+namespace {
+
+// The tag of the all-gather that checks the mesh layout at creation, before any collective
+// (whose tags count up from 0).
+constexpr uint32_t kMeshLayoutTag = 0xffffffffu;
+
+}  // namespace
+
+Meshes::~Meshes() { Close(); }
+
+void Meshes::Connect(const std::shared_ptr<Store>& store, const CommunicatorOptions& options) {
+  // One deadline for every mesh of this communicator: Create ends within the rendezvous time.
+  const auto rendezvous = options.rendezvous_timeout.count() > 0 ? options.rendezvous_timeout : options.timeout;
+  const GlooMeshOptions mesh{options.hostname, options.interface, options.timeout,
+                             std::chrono::steady_clock::now() + rendezvous};
+  // Every mesh after the first on the first one's device.
+  auto connect = [&](const std::string& prefix) {
+    return ConnectGlooMesh(std::make_shared<PrefixStore>(prefix, store), rank_, size_, mesh, first_->getDevice());
+  };
+  first_ = ConnectGlooMesh(std::make_shared<PrefixStore>("gloo", store), rank_, size_, mesh);
+  meshes_.push_back(first_);
+  if (size_ > 1) AgreeOnSharedOptions(options);
+  const int lanes = size_ == 1 ? 1 : options.collective_lanes;
+  for (int i = 0; i < lanes; ++i) {
+    auto lane = std::make_unique<LaneLink>();
+    lane->context = i == 0 ? first_ : connect(absl::StrCat("gloo_lane", i));
+    if (i > 0) meshes_.push_back(lane->context);
+    lane->signature_context = size_ == 1 ? lane->context : connect(absl::StrCat("gloo_signatures", i));
+    if (size_ > 1) meshes_.push_back(lane->signature_context);
+    // Created at once: its receive buffers must be registered before any peer's first header.
+    lane->handshake = std::make_unique<CollectiveHandshake>(*lane->signature_context);
+    lanes_.push_back(std::move(lane));
+  }
+  if (options.p2p_connection_per_direction && size_ > 1) {
+    // Two meshes of their own, not lower-to-higher payloads on the first mesh: that connects
+    // faster, but headers then queue behind payloads (docs/benchmarks_history.md, "Figures the
+    // code's comments used to carry").
+    payload_[0] = connect("gloo_p2p_up");
+    payload_[1] = connect("gloo_p2p_down");
+    meshes_.insert(meshes_.end(), payload_.begin(), payload_.end());
+  }
+}
+
+void Meshes::StartP2P(const CommunicatorOptions& options, P2PExchange::FailureHandler on_failure) {
+  p2p_ = std::make_unique<P2PExchange>(first_, payload_, options.timeout, options.p2p_segment_bytes, retired_,
+                                       std::move(on_failure));
+}
+
+void Meshes::AgreeOnSharedOptions(const CommunicatorOptions& options) {
+  struct Agreed {
+    const char* name;
+    bool is_flag;  // shown as true/false, else as a number
+  };
+  static constexpr std::array<Agreed, 3> kAgreed = {{{"p2p_connection_per_direction", true},
+                                                     {"collective_lanes", false},
+                                                     {"lossless_float32_allreduce", true}}};
+  const std::array<uint8_t, kAgreed.size()> mine = {
+      static_cast<uint8_t>(options.p2p_connection_per_direction ? 1 : 0),
+      static_cast<uint8_t>(options.collective_lanes),
+      static_cast<uint8_t>(options.lossless_float32_allreduce ? 1 : 0)};
+  std::vector<uint8_t> all(mine.size() * size_);
+  const std::string where = absl::StrCat("rank ", rank_, " of ", size_, ": ");
+  CollectiveScratch scratch;
+  try {
+    GlooAllgather(GlooCall{first_, kMeshLayoutTag, options.timeout, &scratch, &retired_},
+                  Buffer{const_cast<uint8_t*>(mine.data()), mine.size(), DType::kUInt8, Device::CPU()},
+                  Buffer{all.data(), all.size(), DType::kUInt8, Device::CPU()});
+  } catch (const std::exception& e) {
+    RethrowGlooError(where + "agreeing on the connection layout", e);
+  }
+  auto show = [](size_t field, uint8_t value) {
+    return kAgreed[field].is_flag ? std::string(value ? "true" : "false") : absl::StrCat(value);
+  };
+  for (size_t field = 0; field < mine.size(); ++field) {
+    std::map<uint8_t, std::vector<int>> ranks_by_value;  // of the ranks that differ from this one
+    for (int r = 0; r < size_; ++r) {
+      const uint8_t theirs = all[static_cast<size_t>(r) * mine.size() + field];
+      if (theirs != mine[field]) ranks_by_value[theirs].push_back(r);
+    }
+    std::vector<std::string> others;  // "false on rank(s) 0, 1"
+    for (const auto& [value, ranks] : ranks_by_value) {
+      others.push_back(absl::StrCat(show(field, value), " on rank(s) ", absl::StrJoin(ranks, ", ")));
+    }
+    if (!others.empty()) {
+      throw InvalidArgumentError(absl::StrCat(where, "Communicator::Create: CommunicatorOptions::", kAgreed[field].name,
+                                              " is ", show(field, mine[field]), " here but ",
+                                              absl::StrJoin(others, "; "), "; every rank must use the same setting"));
+    }
+  }
+}
+
+// The order, and why. When an operation fails part-way (a dead peer, a timeout), Gloo's device
+// thread may still complete or fail operations posted on its buffers, under the pair's lock. So
+// the buffers of failed operations were retired, not freed, and may be freed only once every
+// pair is gone (DestroyPairs: each under the pair's lock, off the event loop), an ordering
+// through the pair locks that ThreadSanitizer can see (docs/reliability.md). Destroying the
+// contexts would not do: each retired buffer holds its context, and so the pairs, alive.
+//  1. p2p_ first: its destructor waits for batches still in flight, which may fail and retire
+//     their buffers meanwhile.
+//  2. The signature checks' buffers: their bound buffers' destructors need the pairs alive, but
+//     must run only after the signature meshes' pairs are off the device thread (Gloo finishes
+//     a half-read message on the bound buffer it started it with, even a destroyed one, and a
+//     peer's header can be half-way in when this rank shuts down); TakeRetiredBuffers does
+//     both, in that order. Their unbound buffers join the retired ones.
+//  3. Every pair of every mesh destroyed.
+//  4. Only then the contexts and the retired buffers.
+void Meshes::Close() {
+  if (closed_) return;
+  closed_ = true;
+  p2p_.reset();
+  for (auto& lane : lanes_) {
+    for (auto& b : lane->handshake->TakeRetiredBuffers()) retired_.Add(std::move(b));
+  }
+  std::vector<std::shared_ptr<void>> retired = retired_.TakeAll();
+  for (const auto& mesh : meshes_) DestroyPairs(*mesh);
+  meshes_.clear();
+  for (auto& lane : lanes_) {
+    lane->context.reset();
+    lane->signature_context.reset();
+  }
+  payload_ = {};
+  first_.reset();
+  retired.clear();
+}
+
+}  // namespace gossipcc
