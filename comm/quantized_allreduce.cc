@@ -170,9 +170,9 @@ void Dequantize(const uint8_t* in, size_t count, int bits, float* out) {
   }
   const size_t pairs = count / 2;
   for (size_t k = 0; k < pairs; ++k) {
-    const auto byte = static_cast<int8_t>(codes[k]);
+    const uint8_t byte = codes[k];
     const int low = static_cast<int8_t>(static_cast<uint8_t>(byte << 4)) >> 4;  // sign-extended nibbles
-    const int high = byte >> 4;
+    const int high = static_cast<int8_t>(byte) >> 4;
     Put<kAdd>(out, 2 * k, scale * static_cast<float>(low));
     Put<kAdd>(out, 2 * k + 1, scale * static_cast<float>(high));
   }
