@@ -272,6 +272,10 @@ BAD_CASES = {  # case: (DiLoCo arguments on `rank`, words the error must contain
     "P differs": (lambda rank: dict(fragments=1 + rank), "disagree on fragments"),
     "transport differs": (lambda rank: dict(outer_sync="exact" if rank == 0 else "gossip"), "disagree on outer_sync"),
     "params differ": (lambda rank: dict(), "disagree on parameters"),
+    # Invalid on one rank only: that rank names its argument, the others name that rank (no one
+    # waits for the timeout).
+    "H invalid on rank 0 only": (lambda rank: dict(sync_every=0 if rank == 0 else 4),
+                                 lambda rank: "sync_every (H) must be" if rank == 0 else "rank(s) [0] passed invalid"),
 }
 
 
@@ -296,5 +300,7 @@ def bad_worker(rank, world_size):
 def test_bad_input_is_a_clear_error_on_every_rank():
     for rank, outcomes in enumerate(run_ranks(bad_worker, 2)):
         for case, (outcome, unchanged) in outcomes.items():
-            assert BAD_CASES[case][1] in outcome, f"{case}, rank {rank}: {outcome}"
+            words = BAD_CASES[case][1]
+            words = words(rank) if callable(words) else words
+            assert words in outcome, f"{case}, rank {rank}: {outcome}"
             assert unchanged, f"{case}, rank {rank}: the model was modified"

@@ -139,45 +139,30 @@ class DiLoCo:
 
     def __init__(self, model, inner_optimizer, outer_optimizer=None, sync_every=500, fragments=1, overlap=0,
                  mix=0.0, outer_sync="exact", process_group=None):
-        if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
-            raise ValueError(f"DiLoCo: sync_every (H) must be an integer >= 1, got {sync_every!r}")
-        self.params = list(model.parameters())
-        check_params(self.params, "DiLoCo")
-        if isinstance(fragments, bool) or not isinstance(fragments, int) or not 1 <= fragments <= len(self.params):
-            raise ValueError(f"DiLoCo: fragments must be an integer in [1, {len(self.params)}] (the model has "
-                             f"{len(self.params)} parameter tensors), got {fragments!r}")
-        if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap < sync_every:
-            raise ValueError(f"DiLoCo: overlap (tau) must be an integer in [0, sync_every) = [0, {sync_every}), "
-                             f"got {overlap!r}")
-        if not isinstance(mix, (int, float)) or isinstance(mix, bool) or not 0.0 <= mix <= 1.0:
-            raise ValueError(f"DiLoCo: mix (alpha) must be a number in [0, 1], got {mix!r}")
-        self.kind, psgd_options = _parse_outer_sync(outer_sync)
-        if self.kind == _QUANTIZED and self.params[0].dtype != torch.float32:
-            raise ValueError(f"DiLoCo: outer_sync {outer_sync!r} averages float32 only; the model's parameters are "
-                             f"{self.params[0].dtype}")
         if not dist.is_initialized():
             raise RuntimeError("DiLoCo: call torch.distributed.init_process_group first")
         self.group = process_group
         self.rank, self.world_size = dist.get_rank(process_group), dist.get_world_size(process_group)
-        self.backend = None
-        if self.kind != _EXACT:
-            from . import get_backend_object
-            try:
-                self.backend = get_backend_object(process_group)
-            except Exception as e:  # noqa: BLE001 - named below
-                raise ValueError(f"DiLoCo: outer_sync {outer_sync!r} needs a gossipcc process group ({e})") from e
+        self.params = list(model.parameters())
+        # Construction is collective: a rank whose arguments are bad does not raise alone (the
+        # others would wait in the agreement below until the timeout); every rank learns of it
+        # in the same all-gather and raises.
+        try:
+            self._check_arguments(sync_every, fragments, overlap, mix, outer_sync, outer_optimizer, process_group)
+            local_error = None
+        except ValueError as e:
+            local_error = e
+        self._check_agreement(sync_every, fragments, overlap, mix, outer_sync, local_error)
         if outer_optimizer is None:
             outer_optimizer = torch.optim.SGD(self.params, lr=0.7, momentum=0.9, nesterov=True)
-        self._check_optimizer(outer_optimizer)
         self.inner_optimizer, self.outer_optimizer = inner_optimizer, outer_optimizer
         self.sync_every, self.fragments, self.overlap, self.mix = sync_every, fragments, overlap, float(mix)
         self.outer_sync = outer_sync
         self._psgd = None
-        self._bits = psgd_options if self.kind == _QUANTIZED else None
+        self._bits = self._psgd_options if self.kind == _QUANTIZED else None
         if self.kind == _POWERSGD:
             from . import _C
-            self._psgd = _C.PowerSGD(psgd_options)
-        self._check_agreement()
+            self._psgd = _C.PowerSGD(self._psgd_options)
         self.fragment_params = split_fragments(self.params, fragments)
         self.offsets = [f * sync_every // fragments for f in range(fragments)]
         with torch.no_grad():
@@ -192,6 +177,33 @@ class DiLoCo:
             self._residuals = [(torch.zeros(g.numel()), torch.zeros(g.numel())) for g in self._global]
 
     # ---- checks --------------------------------------------------------------------------
+    def _check_arguments(self, sync_every, fragments, overlap, mix, outer_sync, outer_optimizer, process_group):
+        """This rank's arguments; ValueError naming the first bad one. Sets kind, backend."""
+        if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
+            raise ValueError(f"DiLoCo: sync_every (H) must be an integer >= 1, got {sync_every!r}")
+        check_params(self.params, "DiLoCo")
+        if isinstance(fragments, bool) or not isinstance(fragments, int) or not 1 <= fragments <= len(self.params):
+            raise ValueError(f"DiLoCo: fragments must be an integer in [1, {len(self.params)}] (the model has "
+                             f"{len(self.params)} parameter tensors), got {fragments!r}")
+        if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap < sync_every:
+            raise ValueError(f"DiLoCo: overlap (tau) must be an integer in [0, sync_every) = [0, {sync_every}), "
+                             f"got {overlap!r}")
+        if not isinstance(mix, (int, float)) or isinstance(mix, bool) or not 0.0 <= mix <= 1.0:
+            raise ValueError(f"DiLoCo: mix (alpha) must be a number in [0, 1], got {mix!r}")
+        self.kind, self._psgd_options = _parse_outer_sync(outer_sync)
+        if self.kind == _QUANTIZED and self.params[0].dtype != torch.float32:
+            raise ValueError(f"DiLoCo: outer_sync {outer_sync!r} averages float32 only; the model's parameters are "
+                             f"{self.params[0].dtype}")
+        self.backend = None
+        if self.kind != _EXACT:
+            from . import get_backend_object
+            try:
+                self.backend = get_backend_object(process_group)
+            except Exception as e:  # noqa: BLE001 - named below
+                raise ValueError(f"DiLoCo: outer_sync {outer_sync!r} needs a gossipcc process group ({e})") from e
+        if outer_optimizer is not None:
+            self._check_optimizer(outer_optimizer)
+
     def _check_optimizer(self, opt):
         mine = {id(p) for p in self.params}
         theirs = {id(p) for g in opt.param_groups for p in g["params"]}
@@ -199,25 +211,39 @@ class DiLoCo:
             raise ValueError("DiLoCo: outer_optimizer must be constructed over the model's parameters "
                              f"({len(theirs & mine)} of its {len(theirs)} tensors are among the model's {len(mine)})")
 
-    def _check_agreement(self):
-        """Every rank: the same H, fragments, overlap, mix, transport and bitwise equal parameters."""
+    def _check_agreement(self, sync_every, fragments, overlap, mix, outer_sync, local_error):
+        """One all-gather: whether each rank's arguments were valid, H, P, tau, alpha, the transport
+        and a SHA-256 of the parameters. Any difference (or any rank's invalid arguments) is a
+        ValueError on every rank, naming it."""
+        def as_int(value):
+            return value if isinstance(value, int) and not isinstance(value, bool) else -1
         h = hashlib.sha256()
         for p in self.params:
-            h.update(p.detach().cpu().contiguous().numpy().tobytes())
-        config = [self.sync_every, self.fragments, self.overlap, int(round(self.mix * 2**30)),
-                  int.from_bytes(hashlib.sha256(self.outer_sync.encode()).digest()[:7], "little"),
+            h.update(p.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+        mix_code = int(round(mix * 2**30)) if isinstance(mix, (int, float)) and not isinstance(mix, bool) else -1
+        config = [0 if local_error is None else 1, as_int(sync_every), as_int(fragments), as_int(overlap), mix_code,
+                  int.from_bytes(hashlib.sha256(repr(outer_sync).encode()).digest()[:7], "little"),
                   int.from_bytes(h.digest()[:7], "little")]
         mine = torch.tensor(config, dtype=torch.int64)
         everyone = [torch.zeros_like(mine) for _ in range(self.world_size)]
         dist.all_gather(everyone, mine, group=self.group)
+        invalid = [r for r, t in enumerate(everyone) if int(t[0]) != 0]
+        if local_error is not None:
+            raise ValueError(f"{local_error} (rank {self.rank}" +
+                             (f"; also invalid on rank(s) {[r for r in invalid if r != self.rank]})"
+                              if len(invalid) > 1 else ")")) from local_error
+        if invalid:
+            raise ValueError(f"DiLoCo on rank {self.rank}: rank(s) {invalid} passed invalid arguments (their errors "
+                             "name them); nothing was created")
         names = ["sync_every", "fragments", "overlap", "mix", "outer_sync", "parameters (bitwise)"]
         for i, name in enumerate(names):
-            values = [int(t[i]) for t in everyone]
+            values = [int(t[i + 1]) for t in everyone]
             if len(set(values)) > 1:
                 differ = [r for r, v in enumerate(values) if v != values[0]]
-                raise ValueError(f"DiLoCo on rank {self.rank}: ranks disagree on {name}: rank(s) {differ} differ from "
-                                 "rank 0" + ("" if i == 5 else f" (values by rank: {values})") +
-                                 ("; start every rank from the same model (e.g. broadcast rank 0's)" if i == 5 else ""))
+                shown = "" if i >= 4 else f" (values by rank: {values})"
+                hint = "; start every rank from the same model (e.g. broadcast rank 0's)" if i == 5 else ""
+                raise ValueError(f"DiLoCo on rank {self.rank}: ranks disagree on {name}: rank(s) {differ} differ "
+                                 f"from rank 0{shown}{hint}")
 
     # ---- the schedule --------------------------------------------------------------------
     def step(self):
