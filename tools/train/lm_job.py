@@ -5,7 +5,7 @@ project and the DiLoCo variants, lm.py); per method: time to a target validation
 sent per rank per inner step (the NICs' counters), final validation loss; and a plot of
 validation loss against training time.
 
-    tools/train.sh lm [--ranks 4] [--network 100mbit] [--methods all] [--time-budget 60]
+    tools/train.sh lm [--ranks 4] [--network 100mbit] [--methods all] [--time-budget 50]
                       [--target 3.0] [--smoke]                           (--help for all flags)
 
 Each method trains for --time-budget seconds of training time (evaluation excluded) or
@@ -178,6 +178,8 @@ def main(argv=None):
     group = p.add_argument_group("model, data and training (passed to every rank)")
     lm_worker.add_model_args(group)
     for action in group._group_actions:
+        action.help = (action.help + " " if action.help else "") + f"(default {action.default}" + (
+            f"; --smoke {SMOKE[action.dest]})" if action.dest in SMOKE else ")")
         action.default = argparse.SUPPRESS  # to tell flags given from defaults (--smoke's)
     args = p.parse_args(argv)
 
