@@ -78,3 +78,31 @@ def test_smoke_run_on_two_local_ranks(tmp_path):
         first, last = r["curve"][0]["val_loss"], r["final_val_loss"]
         # ln 256 = 5.55 at the start; 30 steps of the tiny model reach about 3.4-3.9.
         assert first > 5.0 and last < first - 1.0, (r["method"], r["curve"])
+
+
+WRAPPER = r'''
+import sys
+sys.path[:0] = [sys.argv.pop(1), sys.argv.pop(1)]
+import lm
+lm.DILOCO_METHODS["diloco"].outer_sync = "quantized:bits=3"
+lm.unsupported_reason = lambda method: None  # as if the package could not be asked beforehand
+import lm_worker
+lm_worker.main()
+'''
+
+
+def test_a_transport_the_package_rejects_at_construction_is_skipped_on_every_rank(tmp_path):
+    import emulated_cluster
+    script = tmp_path / "worker.py"
+    script.write_text(WRAPPER)
+    outs = [tmp_path / f"rank{r}.jsonl" for r in range(2)]
+    with emulated_cluster.LocalCluster(2) as cluster:
+        cluster.run([[sys.executable, str(script), os.path.join(TOOLS, "train"), TOOLS, "--method", "diloco",
+                      "--out", str(outs[r]), "--d-model", "32", "--layers", "1", "--max-steps", "5"]
+                     for r in range(2)], timeout=120)
+    for out in outs:
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [r["type"] for r in records] == ["skipped"], records
+        assert "quantized:bits=3" in records[0]["reason"]
+    rows = lm_job.summarize("diloco", [[json.loads(line) for line in o.read_text().splitlines()] for o in outs], 3.0)
+    assert rows["method"] == "diloco" and "quantized:bits=3" in rows["skipped"]

@@ -100,7 +100,17 @@ def main(argv=None):
         model = module
         inner = torch.optim.AdamW(module.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
         outer = torch.optim.SGD(module.parameters(), lr=args.outer_lr, momentum=0.9, nesterov=True)
-        diloco = gossipcc.DiLoCo(module, inner, outer, **method.options(args))
+        try:
+            diloco = gossipcc.DiLoCo(module, inner, outer, **method.options(args))
+        except ValueError as e:
+            # Construction is collective: every rank raises alike. A transport this package
+            # rejects (where lm.unsupported_reason could not ask it first) is a skip, not a failure.
+            if "outer_sync" not in str(e):
+                raise
+            record({"type": "skipped", "method": args.method, "reason": str(e)})
+            out.close()
+            dist.destroy_process_group()
+            return
         finish = lambda m: diloco.flush()  # noqa: E731
     else:
         model = method.wrap(module)
