@@ -2,7 +2,7 @@
 them, lm_worker.py is one rank).
 
 Data: the text of Debian's `fortunes` package (/usr/share/games/fortunes, about 2.6 MB of
-English quotations, jokes and poems in 46 files; tools/setup.sh installs it). Every file is
+English quotations, jokes and poems in 43 files; tools/setup.sh installs it). Every file is
 split once, at a fixed point: its first 90% of bytes go to the training text, its last 10% to
 the validation text (so every category is in both, and no validation byte is ever trained on).
 Tokens are bytes (vocabulary 256).
