@@ -121,25 +121,34 @@ def streaming_worker(rank, world_size, transport="exact"):
     outer = torch.optim.SGD(model.parameters(), lr=OUTER_LR, momentum=MOMENTUM, nesterov=True)
     diloco = gossipcc.DiLoCo(model, inner, outer, sync_every=H, fragments=FRAGMENTS, overlap=OVERLAP, mix=MIX,
                              outer_sync=transport)
-    history = []
+    history, launches = [], []  # launches: (inner step, fragment) of every synchronisation started
+    launch = diloco._launch
+    diloco._launch = lambda f: (launches.append((diloco.inner_steps, f)), launch(f))[1]
     for step in range(STEPS):
         inner_step(model, inner, rank, step)
         diloco.step()
         history.append(flat_params(model).tolist())
     dist.destroy_process_group()
-    return history
+    return history, launches, diloco.fragment_params
 
 
 @pytest.mark.parametrize("transport, world_size", [("exact", 3), ("gossip", 4)])
 def test_streaming_matches_simulation(transport, world_size):
     results = run_ranks(streaming_worker, world_size, transport)
     reference = simulate(world_size, transport)
-    for rank, history in enumerate(results):
+    for rank, (history, launches, fragments) in enumerate(results):
         for t, (got, want) in enumerate(zip(history, reference)):
             diff = (torch.tensor(got) - want[rank]).abs().max().item()
             assert diff < 2e-5, f"{transport}, rank {rank}, after inner step {t + 1}: max |diff| {diff}"
+        # What DiLoCo did, observed: every parameter tensor in exactly one fragment; each fragment
+        # synchronised once in every window of H consecutive steps, H apart.
+        assert sorted(i for f in fragments for i in f) == list(range(len(list(make_model(0).parameters()))))
+        for f in range(FRAGMENTS):
+            steps = [t for t, g in launches if g == f]
+            assert all(b - a == H for a, b in zip(steps, steps[1:])) and steps[0] <= H, (f, steps)
+            assert len(steps) == len(range(steps[0], STEPS + 1, H)), (f, steps)
     # The averaging did something: the ranks' parameters moved towards each other.
-    assert (torch.tensor(results[0][-1]) - torch.tensor(results[1][-1])).abs().max() > 0
+    assert (torch.tensor(results[0][0][-1]) - torch.tensor(results[1][0][-1])).abs().max() > 0
 
 
 def test_fragments_cover_every_parameter_and_sync_once_per_h():
