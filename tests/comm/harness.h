@@ -3,9 +3,12 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "gtest/gtest.h"
@@ -61,6 +64,20 @@ void ExpectCreateFailsOnEveryRank(int n, const std::function<CommunicatorOptions
 
 // A directory unique to this call, under the test's temporary directory.
 std::string FreshTempDir();
+
+// Fails (fatally: wrap a call whose caller goes on in ASSERT_NO_FATAL_FAILURE) unless `got` holds
+// exactly the bits of `want` (so -0.0 vs 0.0 and NaN payloads count), naming the first element
+// that differs.
+inline void ExpectSameBits(const std::vector<float>& want, const std::vector<float>& got, const std::string& what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  if (want.empty() || std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0) return;
+  for (size_t i = 0; i < want.size(); ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, &want[i], 4);
+    std::memcpy(&b, &got[i], 4);
+    ASSERT_EQ(a, b) << what << ": element " << i << ": want " << want[i] << ", got " << got[i];
+  }
+}
 
 }  // namespace testing
 }  // namespace gossipcc

@@ -60,17 +60,6 @@ Pair Connect(int rank, int n, const std::shared_ptr<Store>& store) {
   return p;
 }
 
-void ExpectSameBits(const std::vector<float>& want, const std::vector<float>& got, const std::string& what) {
-  ASSERT_EQ(want.size(), got.size());
-  if (want.empty() || std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0) return;
-  for (size_t i = 0; i < want.size(); ++i) {
-    uint32_t a, b;
-    std::memcpy(&a, &want[i], 4);
-    std::memcpy(&b, &got[i], 4);
-    ASSERT_EQ(a, b) << what << ": element " << i << ": plain ring " << want[i] << ", packed " << got[i];
-  }
-}
-
 using Param = std::tuple<LaunchMode, int>;
 class PackedRingTest : public ::testing::TestWithParam<Param> {
  protected:

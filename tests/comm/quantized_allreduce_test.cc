@@ -114,17 +114,6 @@ double WorstBoundRatio(const std::vector<std::vector<float>>& inputs, const std:
   return worst;
 }
 
-void ExpectSameBits(const std::vector<float>& want, const std::vector<float>& got, const std::string& what) {
-  ASSERT_EQ(want.size(), got.size());
-  if (want.empty() || std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0) return;
-  for (size_t i = 0; i < want.size(); ++i) {
-    uint32_t a, b;
-    std::memcpy(&a, &want[i], 4);
-    std::memcpy(&b, &got[i], 4);
-    ASSERT_EQ(a, b) << what << ": element " << i << ": reference " << want[i] << ", got " << got[i];
-  }
-}
-
 // ---- the codec alone ------------------------------------------------------------------------
 TEST(QuantizedCodecTest, RoundTripMatchesTheReferenceAndPacksNibbles) {
   for (int bits : {8, 4}) {
