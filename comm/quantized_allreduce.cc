@@ -235,13 +235,8 @@ std::vector<Slice> PlanSlices(size_t count, size_t block, int bits, int n) {
 
 namespace quantized_internal {
 void QuantizeBlock(const float* x, size_t count, int bits, uint8_t* out, float* residual) {
-  if (!residual) {
-    QuantizeValues(x, count, bits, out, nullptr);
-    return;
-  }
-  std::vector<float> v(count);
-  for (size_t i = 0; i < count; ++i) v[i] = x[i] + residual[i];
-  QuantizeValues(v.data(), count, bits, out, residual);
+  // One block: QuantizeRange stages x + residual before it overwrites residual.
+  QuantizeRange(x, residual, residual, count, bits, std::max<size_t>(count, 1), out);
 }
 void DequantizeBlock(const uint8_t* in, size_t count, int bits, float* out) { Dequantize<false>(in, count, bits, out); }
 void DequantizeAddBlock(const uint8_t* in, size_t count, int bits, float* acc) { Dequantize<true>(in, count, bits, acc); }
