@@ -57,7 +57,7 @@ import hashlib
 import torch
 import torch.distributed as dist
 
-from ._wrapper_utils import check_params, flatten
+from ._wrapper_utils import check_params, flatten, unflatten_into
 
 _EXACT, _POWERSGD, _GOSSIP, _QUANTIZED = 0, 1, 2, 3
 
@@ -298,13 +298,14 @@ class DiLoCo:
             local = flatten(frag) if self.mix > 0 else None
             grads = [p.grad for p in self.params]
             try:
-                offset = 0
                 for p in self.params:
                     p.grad = None
+                unflatten_into(self._global[f], frag)
+                # avg is this averaging's own tensor (popped above): the gradients can view it.
+                offset = 0
                 for p in frag:
                     n = p.numel()
-                    p.copy_(self._global[f][offset:offset + n].view_as(p))
-                    p.grad = avg[offset:offset + n].view_as(p).clone()
+                    p.grad = avg[offset:offset + n].view_as(p)
                     offset += n
                 self.outer_optimizer.step()
             finally:
@@ -312,12 +313,7 @@ class DiLoCo:
                     p.grad = g
             self._global[f] = flatten(frag)
             if self.mix > 0:
-                mixed = local.mul_(self.mix).add_(self._global[f], alpha=1.0 - self.mix)
-                offset = 0
-                for p in frag:
-                    n = p.numel()
-                    p.copy_(mixed[offset:offset + n].view_as(p))
-                    offset += n
+                unflatten_into(local.mul_(self.mix).add_(self._global[f], alpha=1.0 - self.mix), frag)
 
     def flush(self):
         """Applies every averaging in flight now (e.g. before evaluating or stopping)."""
