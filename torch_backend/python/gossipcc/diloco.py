@@ -321,12 +321,16 @@ class DiLoCo:
             self._apply(f)
 
     # ---- checkpoints ---------------------------------------------------------------------
+    def _config(self):
+        """What a checkpoint must have been saved with to load here."""
+        return {"sync_every": self.sync_every, "fragments": self.fragments, "overlap": self.overlap,
+                "mix": self.mix, "outer_sync": self.outer_sync, "world_size": self.world_size}
+
     def state_dict(self):
         """DiLoCo's state (see the module docstring); averagings in flight are waited for and
         kept, to be applied at their step after a resume."""
         pending = {f: {"apply_at": p.apply_at, "average": p.get().clone()} for f, p in self._pending.items()}
-        return {"config": {"sync_every": self.sync_every, "fragments": self.fragments, "overlap": self.overlap,
-                           "mix": self.mix, "outer_sync": self.outer_sync, "world_size": self.world_size},
+        return {"config": self._config(),
                 "inner_steps": self.inner_steps, "outer_steps": list(self.outer_steps),
                 "global": [g.clone() for g in self._global], "pending": pending,
                 "outer_optimizer": self.outer_optimizer.state_dict(),
@@ -338,8 +342,7 @@ class DiLoCo:
     def load_state_dict(self, state):
         """Restores state_dict() of a DiLoCo with the same configuration and model (ValueError
         naming what differs; nothing is changed then)."""
-        config = {"sync_every": self.sync_every, "fragments": self.fragments, "overlap": self.overlap,
-                  "mix": self.mix, "outer_sync": self.outer_sync, "world_size": self.world_size}
+        config = self._config()
         if not isinstance(state, dict) or "config" not in state:
             raise ValueError("DiLoCo.load_state_dict: expected the dict DiLoCo.state_dict() returns")
         for key, value in config.items():
