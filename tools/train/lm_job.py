@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # tools/: emulated_cluster
 import emulated_cluster  # noqa: E402
 import lm  # noqa: E402
 import lm_worker  # noqa: E402
-from train import load_average, read_rank_logs  # noqa: E402
+from train import load_average, run_method, run_methods  # noqa: E402
 
 WORKER = os.path.join(HERE, "lm_worker.py")
 
@@ -215,52 +215,30 @@ def main(argv=None):
     flags = []
     for key, value in worker_args.items():
         flags += ["--" + key.replace("_", "-"), str(value)]
-    rows = []
-    try:
-        with cluster:
-            for i, name in enumerate(names):
-                m = lm.resolve(name)
-                reason = lm.unsupported_reason(m)
-                if reason is not None:
-                    print(f"[{i + 1}/{len(names)}] {name}: skipped: the installed gossipcc rejects outer_sync "
-                          f"{m.outer_sync!r}: {reason}", flush=True)
-                    rows.append({"method": name, "skipped": reason})
-                    continue
-                print(f"[{i + 1}/{len(names)}] {name}: {m.description}   (load {load_average()})", flush=True)
-                outs = [os.path.join(results, f"{name}.rank{r}.jsonl") for r in range(args.ranks)]
-                logs = [open(os.path.join(results, f"{name}.rank{r}.log"), "w") for r in range(args.ranks)]
-                cmds = [[sys.executable, WORKER, "--method", name, "--out", outs[r]] + flags
-                        + (["--progress"] if r == 0 else []) for r in range(args.ranks)]
-                load_before = load_average()
-                try:
-                    run = cluster.run(cmds, env={"OMP_NUM_THREADS": "1"}, timeout=timeout,
-                                      stdout=[None] + logs[1:], stderr=logs)
-                    row = summarize(name, read_rank_logs(outs), args.target)
-                    row["run_wall_seconds"] = run.wall_seconds
-                    if "skipped" in row:
-                        print(f"  skipped: {row['skipped']}", flush=True)
-                except emulated_cluster.ClusterError as e:
-                    for f in logs:
-                        f.flush()
-                    tail = emulated_cluster.log_tails([f.name for f in logs])
-                    print(f"  {name} FAILED: {e}{tail}", file=sys.stderr)
-                    row = {"method": name, "error": str(e)}
-                finally:
-                    for f in logs:
-                        f.close()
-                row["load_before"], row["load_after"] = load_before, load_average()
-                rows.append(row)
-    except emulated_cluster.NamespacesUnavailable as e:
-        print(f"lm_job: the emulated network is not available here: {e}\n"
-              "lm_job: run as root, or pass --network local to run the ranks over loopback without shaping",
-              file=sys.stderr)
-        return 2
-    except emulated_cluster.ClusterError as e:
-        print(f"lm_job: could not set up the emulated network: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\nlm_job: interrupted; rank processes stopped and namespaces removed", file=sys.stderr)
-        return 130
+    def run_one(i, name):
+        m = lm.resolve(name)
+        reason = lm.unsupported_reason(m)
+        if reason is not None:
+            print(f"[{i + 1}/{len(names)}] {name}: skipped: the installed gossipcc rejects outer_sync "
+                  f"{m.outer_sync!r}: {reason}", flush=True)
+            return {"method": name, "skipped": reason}
+        print(f"[{i + 1}/{len(names)}] {name}: {m.description}   (load {load_average()})", flush=True)
+
+        def command(r, out):
+            return [sys.executable, WORKER, "--method", name, "--out", out] + flags + (["--progress"] if r == 0 else [])
+
+        def row_of(ranks, run):
+            row = summarize(name, ranks, args.target)
+            row["run_wall_seconds"] = run.wall_seconds
+            if "skipped" in row:
+                print(f"  skipped: {row['skipped']}", flush=True)
+            return row
+
+        return run_method(cluster, results, name, args.ranks, command, timeout, row_of)
+
+    rows, status = run_methods(cluster, names, run_one, "lm_job")
+    if rows is None:
+        return status
 
     table = format_table(rows, args.target, args.baseline)
     share = compute_share(rows, args.baseline)

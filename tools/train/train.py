@@ -37,6 +37,56 @@ def read_rank_logs(paths):
     return ranks
 
 
+def run_method(cluster, results, name, ranks, command, timeout, row_of):
+    """Runs one method's ranks on `cluster`: rank r runs command(r, out), writing its JSON records
+    to out (results/<name>.rank<r>.jsonl) and its output to results/<name>.rank<r>.log (rank 0's
+    stdout stays on the terminal). row_of(records per rank, the cluster's run) -> the method's row;
+    a ClusterError becomes {"method": name, "error": ...} after the logs' tails are printed. The
+    load average before and after goes into the row. Shared with lm_job.py."""
+    outs = [os.path.join(results, f"{name}.rank{r}.jsonl") for r in range(ranks)]
+    logs = [open(os.path.join(results, f"{name}.rank{r}.log"), "w") for r in range(ranks)]
+    cmds = [command(r, outs[r]) for r in range(ranks)]
+    load_before = load_average()
+    try:
+        run = cluster.run(cmds, env={"OMP_NUM_THREADS": "1"}, timeout=timeout,
+                          stdout=[None] + logs[1:], stderr=logs)
+        row = row_of(read_rank_logs(outs), run)
+    except emulated_cluster.ClusterError as e:
+        for f in logs:
+            f.flush()
+        tail = emulated_cluster.log_tails([f.name for f in logs])
+        print(f"  {name} FAILED: {e}{tail}", file=sys.stderr)
+        row = {"method": name, "error": str(e)}
+    finally:
+        for f in logs:
+            f.close()
+    row["load_before"], row["load_after"] = load_before, load_average()
+    return row
+
+
+def run_methods(cluster, names, run_one, prog):
+    """run_one(i, name) -> row for each method inside `cluster`; returns (rows, None), or
+    (None, exit status) where the cluster could not be set up or Ctrl-C stopped the run (the
+    cluster's exit stops the rank processes and removes the namespaces). Shared with lm_job.py."""
+    rows = []
+    try:
+        with cluster:
+            for i, name in enumerate(names):
+                rows.append(run_one(i, name))
+    except emulated_cluster.NamespacesUnavailable as e:
+        print(f"{prog}: the emulated network is not available here: {e}\n"
+              f"{prog}: run as root, or pass --network local to run the ranks over loopback without shaping",
+              file=sys.stderr)
+        return None, 2
+    except emulated_cluster.ClusterError as e:
+        print(f"{prog}: could not set up the emulated network: {e}", file=sys.stderr)
+        return None, 2
+    except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted; rank processes stopped and namespaces removed", file=sys.stderr)
+        return None, 130
+    return rows, None
+
+
 def summarize(name, ranks, target):
     """Per-rank JSON records -> one summary row. Accuracy and loss: mean over ranks (each rank
     evaluates its own model); time at a step: the slowest rank's training clock."""
@@ -152,48 +202,28 @@ def main(argv=None):
 
     print(f"gossipcc main job: {args.ranks} ranks, network {args.network}, {args.steps} steps per method, "
           f"MLP 64-{args.hidden}-{args.hidden}-10 on scikit-learn digits; results in {results}")
-    rows = []
-    try:
-        with cluster:
-            for i, name in enumerate(names):
-                m = methods.REGISTRY[name]
-                print(f"[{i + 1}/{len(names)}] {name}: {m.description}   (load {load_average()})", flush=True)
-                outs = [os.path.join(results, f"{name}.rank{r}.jsonl") for r in range(args.ranks)]
-                logs = [open(os.path.join(results, f"{name}.rank{r}.log"), "w") for r in range(args.ranks)]
-                cmds = [[sys.executable, WORKER, "--method", name, "--steps", str(args.steps),
-                         "--batch", str(args.batch), "--lr", str(args.lr), "--hidden", str(args.hidden),
-                         "--eval-every", str(args.eval_every), "--powersgd-start-iter", str(args.powersgd_start_iter),
-                         "--out", outs[r]]
-                        + (["--progress"] if r == 0 else []) for r in range(args.ranks)]
-                load_before = load_average()
-                try:
-                    run = cluster.run(cmds, env={"OMP_NUM_THREADS": "1"}, timeout=args.timeout,
-                                      stdout=[None] + logs[1:], stderr=logs)
-                    row = summarize(name, read_rank_logs(outs), args.target)
-                    row["run_wall_seconds"] = run.wall_seconds
-                    row["run_tx_bytes"] = run.tx_bytes
-                except emulated_cluster.ClusterError as e:
-                    for f in logs:
-                        f.flush()
-                    tail = emulated_cluster.log_tails([f.name for f in logs])
-                    print(f"  {name} FAILED: {e}{tail}", file=sys.stderr)
-                    row = {"method": name, "error": str(e)}
-                finally:
-                    for f in logs:
-                        f.close()
-                row["load_before"], row["load_after"] = load_before, load_average()
-                rows.append(row)
-    except emulated_cluster.NamespacesUnavailable as e:
-        print(f"train: the emulated network is not available here: {e}\n"
-              "train: run as root, or pass --network local to run the ranks over loopback without shaping",
-              file=sys.stderr)
-        return 2
-    except emulated_cluster.ClusterError as e:
-        print(f"train: could not set up the emulated network: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ntrain: interrupted; rank processes stopped and namespaces removed", file=sys.stderr)
-        return 130
+    def run_one(i, name):
+        m = methods.REGISTRY[name]
+        print(f"[{i + 1}/{len(names)}] {name}: {m.description}   (load {load_average()})", flush=True)
+
+        def command(r, out):
+            return ([sys.executable, WORKER, "--method", name, "--steps", str(args.steps),
+                     "--batch", str(args.batch), "--lr", str(args.lr), "--hidden", str(args.hidden),
+                     "--eval-every", str(args.eval_every), "--powersgd-start-iter", str(args.powersgd_start_iter),
+                     "--out", out]
+                    + (["--progress"] if r == 0 else []))
+
+        def row_of(ranks, run):
+            row = summarize(name, ranks, args.target)
+            row["run_wall_seconds"] = run.wall_seconds
+            row["run_tx_bytes"] = run.tx_bytes
+            return row
+
+        return run_method(cluster, results, name, args.ranks, command, args.timeout, row_of)
+
+    rows, status = run_methods(cluster, names, run_one, "train")
+    if rows is None:
+        return status
 
     table = format_table(rows, args.target, args.baseline)
     print("\n" + table)
