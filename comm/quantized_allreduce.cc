@@ -345,7 +345,9 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
   // Slices of the buffer go through the two phases one after another, so that quantizing,
   // summing and dequantizing one slice overlap the transfers of the others (lanes).
   std::vector<Slice> slices = PlanSlices(count, block, bits, n);
-  std::vector<uint8_t> quantized(stats.quantized_bytes), gathered(stats.quantized_bytes);
+  // One buffer for both phases: a slice's all-gather-v writes over the slice's bytes only after
+  // its all-to-all-v (which sent them) is done.
+  std::vector<uint8_t> quantized(stats.quantized_bytes);
   std::vector<float> new_sent(feedback ? count : 0);
   std::vector<float> sum;
   // Every issued collective is waited for before this frame's buffers go, also on an error.
@@ -411,10 +413,10 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
                     feedback ? sl.new_owned.data() : nullptr, my_count, bits, block, sl.mine.data());
       if (n > 1) {
         sl.gather = comm.allgatherv(CpuBuffer(sl.mine.data(), my_bytes),
-                                    CpuBuffer(gathered.data() + sl.byte[0], sl.byte[n] - sl.byte[0]), sl.range_bytes);
+                                    CpuBuffer(quantized.data() + sl.byte[0], sl.byte[n] - sl.byte[0]), sl.range_bytes);
         stats.bytes_sent += my_bytes * (n - 1);  // a direct all-gather's; Gloo's ring forwards as much
       } else {
-        std::memcpy(gathered.data() + sl.byte[0], sl.mine.data(), my_bytes);
+        std::memcpy(quantized.data() + sl.byte[0], sl.mine.data(), my_bytes);
       }
     }
     // Every rank dequantizes the same bytes, slice by slice as they arrive.
@@ -423,7 +425,7 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
         std::shared_ptr<Work> w = std::move(sl.gather);
         w->wait();
       }
-      const uint8_t* in = gathered.data() + sl.byte[0];
+      const uint8_t* in = quantized.data() + sl.byte[0];
       for (size_t start = sl.elem[0]; start < sl.elem[n]; start += block) {
         const size_t len = std::min(block, sl.elem[n] - start);
         quantized_internal::DequantizeBlock(in, len, bits, x + start);
