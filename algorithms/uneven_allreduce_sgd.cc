@@ -93,11 +93,10 @@ int UnevenAllReduceSGD::Winner(const std::vector<int64_t>& steps_per_rank) {
 
 int UnevenAllReduceSGD::SynchronizeParameters(Communicator& comm, std::vector<Buffer> params) {
   CheckBuffers("uneven_allreduce_sgd synchronize", params);
-  // Every rank's count in its own slot: after the sum every rank holds the same list and
-  // computes the same winner without further messages.
-  std::vector<int64_t> steps(comm.size(), 0);
-  steps[comm.rank()] = steps_since_sync_;
-  comm.allreduce(CpuBuffer(steps.data(), steps.size()), ReduceOp::kSum)->wait();
+  // Every rank gets every rank's count and computes the same winner without further messages.
+  int64_t mine = steps_since_sync_;
+  std::vector<int64_t> steps(comm.size());
+  comm.allgather(CpuBuffer(&mine, 1), CpuBuffer(steps.data(), steps.size()))->wait();
   const int winner = Winner(steps);
   HostStaging staging("uneven_allreduce_sgd synchronize", params, /*load=*/comm.rank() == winner);
   std::vector<std::shared_ptr<Work>> works;
