@@ -217,7 +217,9 @@ TEST_P(QuantizedAllreduceTest, EveryRankGetsTheReferenceBitsWithinTheBound) {
     if (c.count) {
       const double ratio = WorstBoundRatio(inputs, want, c.bits, c.block, c.op);
       EXPECT_LE(ratio, 1.0) << what << ": the reference exceeds the stated bound";
-      if (c.count >= 255) EXPECT_GT(ratio, 0.05) << what << ": the bound is far from tight";
+      if (c.count >= 255) {
+        EXPECT_GT(ratio, 0.05) << what << ": the bound is far from tight";
+      }
     }
     RunRanks(n, LaunchMode::kThreads, [&](Communicator& comm) {
       std::vector<float> x = inputs[comm.rank()];
@@ -356,7 +358,9 @@ TEST(QuantizedErrorFeedbackTest, StateIsKeptPerKeyAndRestartsOnANewSize) {
     ASSERT_EQ(ranges.size(), 1u);
     const auto& owned = ef.state("a")->owned;
     for (size_t i = 0; i < 600; ++i) {
-      if (i < ranges[0].first || i >= ranges[0].second) EXPECT_EQ(owned[i], 0.0f) << i;
+      if (i < ranges[0].first || i >= ranges[0].second) {
+        EXPECT_EQ(owned[i], 0.0f) << i;
+      }
     }
     // A saved state restored into a fresh object gives the same next result.
     QuantizedErrorFeedback restored;
