@@ -375,6 +375,20 @@ TEST(QuantizedErrorFeedbackTest, StateIsKeptPerKeyAndRestartsOnANewSize) {
   });
 }
 
+TEST(QuantizedErrorFeedbackTest, SetStateRefusesResidualsOfDifferentSizes) {
+  QuantizedErrorFeedback ef;
+  QuantizedErrorFeedback::State bad;
+  bad.sent.assign(10, 0.0f);
+  bad.owned.assign(9, 0.0f);
+  try {
+    ef.set_state("w", bad);
+    ADD_FAILURE() << "set_state accepted sent of 10 and owned of 9 elements";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("sent has 10 elements, owned 9"));
+  }
+  EXPECT_EQ(ef.state("w"), nullptr);
+}
+
 // ---- bad input ----------------------------------------------------------------------------------
 struct BadCase {
   std::string name;
