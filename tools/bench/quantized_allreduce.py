@@ -88,7 +88,7 @@ def worker(args):
         json.dump({"times": times, "sent": sent, "error": error, "digest": digest}, f)
 
 
-def summarize(docs, n):
+def summarize(docs):
     rows = []
     k = len(docs[0]["times"][VARIANTS[0]])
     slowest = {v: [max(d["times"][v][i] for d in docs) for i in range(k)] for v in VARIANTS}
@@ -127,7 +127,7 @@ def main():
         common.fail(f"quantized_allreduce: emulated network not available: {e}")
     print(f"load average before {load0}, after {common.load_average()}\n")
     print(common.markdown_table(["variant", "time (ms, median)", "range (ms)", "speed-up vs exact",
-                                 "MB sent/rank/op", "max error / max |average|"], summarize(docs, args.ranks)))
+                                 "MB sent/rank/op", "max error / max |average|"], summarize(docs)))
 
 
 if __name__ == "__main__":
