@@ -191,6 +191,13 @@ def bad_worker(rank, world_size):
         outcomes["non-contiguous"] = ("no error", True)
     except gossipcc.InvalidArgumentError as e:
         outcomes["non-contiguous"] = (str(e), True)
+    # Synchronous: one error-feedback residual without the other.
+    x = torch.ones(10)
+    try:
+        pg.quantized_allreduce([x], 8, True, torch.zeros(10), None)
+        outcomes["residual alone"] = ("no error", True)
+    except gossipcc.InvalidArgumentError as e:
+        outcomes["residual alone"] = (str(e), torch.equal(x, torch.ones(10)))
     # Usable afterwards.
     x = torch.ones(10)
     pg.quantized_allreduce([x], 8, False).wait()
@@ -209,6 +216,7 @@ def test_bad_input_fails_on_every_rank():
         "float16 on rank 0": "rank 0: only float32 is supported, got float16",
         "residual too short": "rank 0: the error-feedback residuals must",
         "non-contiguous": "contiguous",
+        "residual alone": "pass both residual and owned_residual",
         "after": str([2.0] * 10),
     }
     for rank, outcomes in enumerate(run_ranks(bad_worker, 2)):
