@@ -390,6 +390,21 @@ TEST(QuantizedErrorFeedbackTest, SetStateRefusesResidualsOfDifferentSizes) {
 }
 
 // ---- bad input ----------------------------------------------------------------------------------
+TEST(QuantizedAllreduceBadInputTest, NullDataWithElementsFailsOnEveryRank) {
+  RunRanks(2, LaunchMode::kThreads, [&](Communicator& comm) {
+    std::vector<float> x(10, 1.0f);
+    const Buffer data = comm.rank() == 1 ? Buffer{nullptr, 10, DType::kFloat32, Device::CPU()}
+                                         : CpuBuffer(x.data(), x.size());
+    try {
+      QuantizedAllreduce(comm, data, {});
+      ADD_FAILURE() << "rank " << comm.rank() << ": no error";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("rank 1: data is null with 10 elements"));
+    }
+    for (float v : x) EXPECT_EQ(v, 1.0f);
+  });
+}
+
 struct BadCase {
   std::string name;
   // Sets up rank r's call: options, and whether to pass float64 / a different count / bad residuals.
