@@ -237,4 +237,10 @@ def _bad_options(rank, world_size):
     assert model.step == 1
     with pytest.raises(ValueError, match="fault_tolerant=True"):
         model.load_state_dict(model.state_dict())
+    # The binding's own checks, at the call on this rank alone.
+    pg = gossipcc.get_backend_object()
+    with pytest.raises(ValueError, match="state is None"):
+        pg.fault_tolerant_push_sum_round([torch.zeros(4)], None)
+    with pytest.raises(ValueError, match="float32 or float64 only"):
+        pg.fault_tolerant_push_sum_round([torch.zeros(4, dtype=torch.float16)], model._ft)
     dist.destroy_process_group()
