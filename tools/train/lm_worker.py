@@ -173,12 +173,7 @@ def main(argv=None):
     record(end)
     out.close()
     dist.barrier(group=control)
-    if method.backend == "gloo":
-        # As worker.py: gloo ranks leave without the group's teardown (seen to hang under load).
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    dist.destroy_process_group()
+    methods.leave(method)  # gloo ranks: os._exit(0), without the group's teardown
 
 
 if __name__ == "__main__":

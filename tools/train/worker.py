@@ -185,17 +185,7 @@ def main(argv=None):
             end["averaged_test_loss"], end["averaged_test_acc"] = evaluate(module, x_test, y_test)
         record(end)
     dist.barrier()
-    if method.backend == "gloo":
-        # Seen twice in the test suite under load, with PyTorch's powerSGD_hook on gloo (the
-        # baseline): every record written, destroy_process_group() done, and then the rank
-        # hung while main()'s objects (DDP, the hook state, the group) were torn down, with a
-        # gloo thread alive. The results are on disk, so gloo ranks leave here without that
-        # teardown; gossipcc ranks go on and shut down normally, so their clean exit stays
-        # exercised.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    dist.destroy_process_group()
+    methods.leave(method)  # gloo ranks: os._exit(0), without the group's teardown
 
 
 if __name__ == "__main__":
