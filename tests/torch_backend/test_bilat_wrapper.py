@@ -196,6 +196,11 @@ def bad_checkpoints(rank, world_size, saved):
     other_rank["adpsgd"]["rank"] = (rank + 2) % 4
     refused(wrapper(make_model(0)), other_rank, f"saved with rank={(rank + 2) % 4}, this wrapper has rank={rank}")
     refused(wrapper(make_model(0)), saved["module"], r"expected the dict state_dict\(\) returns")
+    negative = copy.deepcopy(saved)
+    negative["adpsgd"]["exchanges"] = -1
+    refused(wrapper(make_model(0)), negative, "the checkpoint's exchanges must be an integer >= 0, got -1")
+    with pytest.raises(ValueError, match="exchanges must be >= 0, got -1"):  # the binding's own check
+        gossipcc.get_backend_object().async_bilateral_restore(-1)
     pair = dist.new_group([0, 1])  # every rank creates it
     if rank < 2:
         refused(wrapper(make_model(0), group=pair), saved, "saved with world_size=4, this wrapper has world_size=2")
