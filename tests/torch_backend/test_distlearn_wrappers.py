@@ -360,3 +360,10 @@ def test_uneven_checkpoint_resumes_bit_for_bit(uneven_results):
         assert resumed["winner"] == uninterrupted["winner"] == 2
         assert resumed["state"] == uninterrupted["state"], (resumed["state"], uninterrupted["state"])
         assert resumed["state"]["uneven_sgd"]["steps_contributed"] == (3, 5, 7)[rank]
+
+
+def test_uneven_winner_binding_states_the_rule():
+    # UnevenAllReduceSGD.winner (docs/pytorch.md) names the rank finish() picks, as the cases above saw.
+    import gossipcc
+    for name, (steps, _, _, winner) in UNEVEN_CASES.items():
+        assert gossipcc._C.UnevenAllReduceSGD.winner(list(steps)) == winner, name
