@@ -28,10 +28,17 @@ class C10dStore : public Store {
     // Short waits poll check() instead: a c10d store's wait that times out raises a c10::Error
     // (which records a backtrace) and, in a TCPStore, leaves a waiter on the server to cancel.
     // The fault-tolerant push-sum's recovery polls keys every 20 ms with 1 ms waits.
-    if (timeout <= kPollBelow) {
+    // (0 means "no timeout" to c10d stores: their own wait.)
+    if (timeout.count() > 0 && timeout <= kPollBelow) {
       const auto deadline = std::chrono::steady_clock::now() + timeout;
       for (;;) {
-        if (store_->check(keys)) return;
+        bool set = false;
+        try {
+          set = store_->check(keys);
+        } catch (const std::exception& e) {  // an unreachable store: named as the long path names it
+          throw TimeoutError("c10d store: keys [" + Names(keys) + "] not readable (" + e.what() + ")");
+        }
+        if (set) return;
         if (std::chrono::steady_clock::now() >= deadline) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
