@@ -106,13 +106,13 @@ class FaultTolerantPushSum {
 
   // Collective over the current members: out <- (sum of every member's x) / (sum of their
   // weights), the value the de-biased x / w converges to, bitwise equal on every member
-  // (summed in float64, then broadcast from the first member). `x` as for Step; `out` a CPU
+  // (summed in float64 by one all-reduce, whose result has the same bits on every rank). `x` as for Step; `out` a CPU
   // float32/float64 buffer of the same total count. x and weight() are left unchanged, so the
   // mass records stay exact. A peer failing during it raises its CommError and leaves the
   // communicator unusable: the next Step then recovers.
   void Average(const std::vector<Buffer>& x, Buffer out);
   // Collective over the current members: each buffer <- the members' mean of it, in place
-  // (float64 sums, broadcast from the first member; CPU float32/float64). For state that is
+  // (float64 sums; CPU float32/float64). For state that is
   // not push-sum mass (e.g. BatchNorm statistics); errors as Average.
   void MeanOverMembers(const std::vector<Buffer>& buffers);
 
