@@ -21,9 +21,9 @@ declare -A LAYER=(
   [p2p_op.h]=2 [gloo_util.h]=2 [gloo_call.h]=2
   # 3: the signature check, the rings' shared plan
   [consistency_check.h]=3 [ring_common.h]=3
-  # 4: the algorithms
+  # 4: the algorithms; point-to-point's wire format (header, segments) and receive turns
   [eager_collectives.h]=4 [direct_allreduce.h]=4 [ring_allreduce.h]=4 [packed_ring_allreduce.h]=4
-  [ring_reduce_scatter.h]=4
+  [ring_reduce_scatter.h]=4 [p2p_wire.h]=4 [p2p_turns.h]=4
   # 5: the data paths (Gloo collectives, point-to-point, NCCL)
   [gloo_collectives.h]=5 [p2p_exchange.h]=5 [nccl_transport.h]=5
   # 6: the Communicator's parts, one job each
