@@ -18,6 +18,13 @@ package(default_visibility = ["//visibility:public"])
 
 # CUDA runtime, cuBLAS and NCCL from {root}. Linked dynamically; the rpath lets
 # binaries find them without LD_LIBRARY_PATH.
+# --define=gossipcc_cudart=static (tools/gpu_bundle.sh): the CUDA runtime linked statically, so
+# that a bundle needs only the GPU machine's NCCL and cuBLAS.
+config_setting(
+    name = "static_cudart",
+    define_values = {{"gossipcc_cudart": "static"}},
+)
+
 cc_library(
     name = "cuda",
     hdrs = glob(["include/**"]),
@@ -28,8 +35,10 @@ cc_library(
         "-Wl,-rpath,{root}/lib64",
         "-lnccl",
         "-lcublas",
-        "-lcudart",
-    ],
+    ] + select({{
+        ":static_cudart": ["-l:libcudart_static.a", "-ldl", "-lrt", "-lpthread"],
+        "//conditions:default": ["-lcudart"],
+    }}),
 )
 
 exports_files(["build_info.py"])

@@ -20,7 +20,7 @@ trap report EXIT
 
 stage "setup (apt packages)" tools/setup.sh
 stage "build //..." bazel build //...
-stage "test //... (torch 1.13)" bazel test //... "$@"
+stage "test //... (torch 1.13)" bazel test --test_tag_filters=-gpu //... "$@"
 # The pip path (pyproject.toml): the wheel built by pip, installed into a fresh venv and tested
 # from outside the source tree (tools/wheel_test.sh); again against torch 2.x at the end.
 stage "pip wheel + venv (torch 1.13)" tools/wheel_test.sh
@@ -29,12 +29,15 @@ stage "pip wheel + venv (torch 1.13)" tools/wheel_test.sh
 # tests and what they need are built (--build_tests_only): the benchmarks and examples that no
 # test runs were compiled by the plain build already.
 stage "test //... (asan+ubsan)" bazel test --config=asan --build_tests_only --build_tag_filters=-python \
-  --test_tag_filters=-python //... "$@"
+  --test_tag_filters=-python,-gpu //... "$@"
 # The C++ suite under ThreadSanitizer (.bazelrc: tsan; tools/tsan explains the Abseil shim).
 stage "test C++ (tsan)" bazel test --config=tsan --build_tests_only --build_tag_filters=-python \
-  --test_tag_filters=-python,-no_tsan \
+  --test_tag_filters=-python,-no_tsan,-gpu \
   //tests/comm/... //tests/compression/... //tests/algorithms/... //tests/reliability/... \
   //tests/torch_backend:op_lane_test //tests/torch_backend:callback_executor_test "$@"
+# The CUDA/NCCL tests (tag "gpu") packed for a GPU machine without Bazel; here, without a GPU,
+# run.sh runs the no-GPU cases and reports every GPU case skipped with its reason.
+stage "GPU bundle (build + run.sh)" bash -c 'tools/gpu_bundle.sh && gpu_bundle/run.sh'
 # libFuzzer on the option/graph parsers, bounded (tools/fuzz.sh; installs clang on first use).
 stage "fuzz parsers (20 s each)" tools/fuzz.sh 20
 # The c10d backend against torch 2.x: the same build and tests in a Debian trixie root.

@@ -230,7 +230,8 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   void shutdown();
 
  private:
-  std::shared_ptr<Work> IssueCollective(const char* what, std::function<std::shared_ptr<Work>()> issue);
+  std::shared_ptr<Work> IssueCollective(const char* what, const at::Tensor& tensor,
+                                        std::function<std::shared_ptr<Work>()> issue);
   // Where a returned Work completes (gossipcc_work.h): collectives and algorithm calls in issue
   // order, point-to-point operations as they finish.
   Completion Ordered() const;
