@@ -199,6 +199,12 @@ Completion ProcessGroupGossipcc::Unordered() const { return Completion{executor_
 
 std::shared_ptr<Work> ProcessGroupGossipcc::IssueCollective(const char* what, const at::Tensor& tensor,
                                                             std::function<std::shared_ptr<Work>()> issue) {
+  if (order_nested_ && !executor_->HoldsTurn() && !executor_->WaitForEarlierTasks(options_.timeout)) {
+    throw TimeoutError(std::string("gossipcc ") + what + " on rank " + std::to_string(rank_) +
+                       ": the completion callbacks of earlier collectives did not return within the timeout (" +
+                       std::to_string(options_.timeout.count()) +
+                       " ms); with nested collectives ordered, a collective starts only after them");
+  }
   // A CUDA collective follows the caller's current stream as it is now (comm/cuda_stream.h).
   // Issued later (queued behind the group's algorithm tasks) it follows that stream as it is
   // then: it may wait for more of the caller's work, never for less.
