@@ -25,6 +25,7 @@
 #include "comm/failure_state.h"
 #include "comm/lanes.h"
 #include "comm/meshes.h"
+#include "comm/cuda_stream.h"
 #include "comm/nccl_transport.h"
 #include "comm/op_spec.h"
 #include "comm/peer_health.h"
@@ -108,11 +109,14 @@ class Communicator::Impl {
 
   Lanes::Task CudaTask(const OpSpec& spec, LaneLink& lane, std::shared_ptr<StagedWork> work, std::string description,
                        CudaPath cuda) {
-    return [this, &lane, spec, work, description, issued = Clock::now(), cuda = std::move(cuda)] {
+    // Issued now: the point in the caller's current stream that the launch must follow.
+    std::shared_ptr<StreamPoint> point = StreamPoint::Record(spec.device.index, CurrentCudaStream(), description);
+    return [this, &lane, spec, work, description, point, issued = Clock::now(), cuda = std::move(cuda)] {
       std::shared_ptr<Work> launched;
       std::exception_ptr error = Run(spec, lane, issued, [&](std::chrono::milliseconds) {
         NcclTransport& nccl = NcclFor(spec.device.index);
         absl::MutexLock launch_lock(&nccl_mu_);
+        nccl.FollowNext(point);
         launched = cuda(nccl, description);
       });
       if (error) {
@@ -197,6 +201,7 @@ class Communicator::Impl {
                                                 "first: the NCCL communicator must be created collectively"));
       }
       absl::MutexLock launch_lock(&nccl_mu_);
+      nccl_->FollowNext(StreamPoint::Record(nccl_->device(), CurrentCudaStream(), description));
       return nccl_->P2P(ops, description);
     }
     try {

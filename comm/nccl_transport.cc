@@ -18,6 +18,13 @@ namespace gossipcc {
 
 int NcclTransport::DeviceCount() { return 0; }
 
+std::shared_ptr<StreamPoint> StreamPoint::Record(int device, void*, const std::string& where) {
+  throw InvalidArgumentError(absl::StrCat(where, ": CUDA buffer on cuda:", device,
+                                          " but gossipcc was built without CUDA (no /usr/local/cuda at build time)"));
+}
+
+StreamPoint::~StreamPoint() = default;
+
 std::unique_ptr<NcclTransport> NcclTransport::Create(std::shared_ptr<Store>, int rank, int, int device,
                                                      std::chrono::milliseconds) {
   throw InvalidArgumentError(absl::StrCat("rank ", rank, ": CUDA buffer on cuda:", device,
@@ -167,6 +174,8 @@ class NcclTransportImpl : public NcclTransport {
 
   int device() const override { return device_; }
 
+  void FollowNext(std::shared_ptr<StreamPoint> point) override { follow_next_ = std::move(point); }
+
   std::shared_ptr<Work> Allreduce(Buffer data, ReduceOp op, std::string description) override {
     return Launch(std::move(description), [&] {
       return ncclAllReduce(data.data, data.data, data.count, ToNccl(data.dtype), ToNccl(op), comm_, stream_);
@@ -258,12 +267,13 @@ class NcclTransportImpl : public NcclTransport {
   template <typename Fn>
   std::shared_ptr<Work> Launch(std::string description, Fn enqueue) {
     CheckCuda(cudaSetDevice(device_), description);
-    // The communication stream waits for work the caller queued on the default stream.
-    cudaEvent_t ready, done;
-    CheckCuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), description);
-    CheckCuda(cudaEventRecord(ready, nullptr), description);
-    CheckCuda(cudaStreamWaitEvent(stream_, ready, 0), description);
-    cudaEventDestroy(ready);
+    // The communication stream waits for the caller's stream as it was when the operation was
+    // issued (FollowNext), else for everything queued on the legacy default stream until now.
+    std::shared_ptr<StreamPoint> point = std::move(follow_next_);
+    follow_next_.reset();
+    if (!point) point = StreamPoint::Record(device_, nullptr, description);
+    CheckCuda(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(point->event()), 0), description);
+    cudaEvent_t done;
     const ncclResult_t res = enqueue();
     CheckNccl(res, description);
     if (res == ncclInProgress) AwaitEnqueued(description);
@@ -296,9 +306,29 @@ class NcclTransportImpl : public NcclTransport {
   const int size_;
   const std::chrono::milliseconds timeout_;
   void* barrier_scratch_ = nullptr;
+  std::shared_ptr<StreamPoint> follow_next_;  // guarded by the caller's launch lock
 };
 
 }  // namespace
+
+std::shared_ptr<StreamPoint> StreamPoint::Record(int device, void* stream, const std::string& where) {
+  int previous = -1;
+  CheckCuda(cudaGetDevice(&previous), where);
+  CheckCuda(cudaSetDevice(device), where);
+  cudaEvent_t event = nullptr;
+  cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (err == cudaSuccess) err = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
+  cudaSetDevice(previous);
+  if (err != cudaSuccess) {
+    if (event) cudaEventDestroy(event);
+    CheckCuda(err, absl::StrCat(where, ": recording the caller's stream"));
+  }
+  return std::shared_ptr<StreamPoint>(new StreamPoint(device, event));
+}
+
+StreamPoint::~StreamPoint() {
+  if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
 
 int NcclTransport::DeviceCount() {
   int count = 0;

@@ -7,4 +7,5 @@ export PYTHONPATH="$RUNFILES/torch_backend:$RUNFILES/tests/torch_backend:$RUNFIL
 export GOSSIPCC_TOOLS="$RUNFILES/tools"
 export OMP_NUM_THREADS=1
 cd "$RUNFILES"
-exec /usr/bin/python3 -m pytest -q -p no:cacheprovider "$@"
+# --durations: the slowest cases in each test.log, for whoever sizes the suite's time next.
+exec /usr/bin/python3 -m pytest -q -p no:cacheprovider --durations=10 "$@"

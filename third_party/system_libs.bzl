@@ -4,6 +4,7 @@ Nothing here downloads: every repository points at files a Debian package (or th
 installed. tools/setup.sh installs the packages.
 """
 
+load("//third_party:debian_sources.bzl", "debian_source_repository")
 load("//third_party:torch.bzl", "torch_repository")
 
 def _cuda_repository_impl(rctx):
@@ -18,6 +19,13 @@ package(default_visibility = ["//visibility:public"])
 
 # CUDA runtime, cuBLAS and NCCL from {root}. Linked dynamically; the rpath lets
 # binaries find them without LD_LIBRARY_PATH.
+# --define=gossipcc_cudart=static (tools/gpu_bundle.sh): the CUDA runtime linked statically, so
+# that a bundle needs only the GPU machine's NCCL and cuBLAS.
+config_setting(
+    name = "static_cudart",
+    define_values = {{"gossipcc_cudart": "static"}},
+)
+
 cc_library(
     name = "cuda",
     hdrs = glob(["include/**"]),
@@ -28,8 +36,10 @@ cc_library(
         "-Wl,-rpath,{root}/lib64",
         "-lnccl",
         "-lcublas",
-        "-lcudart",
-    ],
+    ] + select({{
+        ":static_cudart": ["-l:libcudart_static.a", "-ldl", "-lrt", "-lpthread"],
+        "//conditions:default": ["-lcudart"],
+    }}),
 )
 
 exports_files(["build_info.py"])
@@ -117,6 +127,20 @@ def gossipcc_system_libraries():
         name = "absl",
         path = "/usr",
         build_file = "@gossipcc//third_party:absl.BUILD",
+    )
+    # Static copies for the wheel's extension (--define=gossipcc_wheel=1): @gloo and @absl
+    # select them there. From the Debian source packages tools/setup.sh fetches.
+    debian_source_repository(
+        name = "gloo_source",
+        package = "gloo",
+        target = "gloo",
+        build_file = "@gossipcc//third_party:gloo_source.BUILD",
+    )
+    debian_source_repository(
+        name = "absl_source",
+        package = "abseil",
+        target = "absl",
+        build_file = "@gossipcc//third_party:absl_source.BUILD",
     )
     native.new_local_repository(
         name = "gtest",

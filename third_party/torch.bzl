@@ -85,7 +85,17 @@ def _torch_repository_impl(rctx):
         # (--copt=-D_GLIBCXX_USE_CXX11_ABI=0, which the pip build backend adds).
         defines = ["_GLIBCXX_USE_CXX11_ABI=0"]
 
+    cuda_libs = []
+    if info["cuda"] and rctx.path(info["lib"] + "/libc10_cuda.so").exists:
+        # A CUDA torch: the backend follows torch's current CUDA stream (c10/cuda/CUDAStream.h,
+        # torch_backend/tensor_buffer.cc), which lives in libc10_cuda.
+        defines.append("GOSSIPCC_TORCH_CUDA=1")
+        cuda_libs = ["-lc10_cuda"]
+        if not search:
+            search = []
+
     rctx.template("BUILD.bazel", rctx.attr.build_file, {
+        "%{cuda_libs}": repr(cuda_libs),
         "%{includes}": repr(includes),
         "%{defines}": repr(defines),
         "%{search}": repr(search),

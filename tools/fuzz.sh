@@ -13,7 +13,7 @@
 # into the committed corpus. A finding (crash, sanitizer report, unexpected exception, failed
 # round trip, timeout, out-of-memory) leaves its input under $FUZZ_DIR/artifacts and makes the
 # script exit non-zero. Env: FUZZ_DIR (default /tmp/gossipcc-fuzz), FUZZ_TARGETS (subset),
-# FUZZ_MERGE=1.
+# FUZZ_MERGE=1, FUZZ_JOBS (targets run side by side, default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,9 +41,12 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 mkdir -p "$FUZZ_DIR/bin" "$FUZZ_DIR/artifacts"
-failed=()
-declare -a SUMMARY=()
-for t in "${TARGETS[@]}"; do
+# fuzz_one TARGET: builds and runs one target; writes its summary line to $FUZZ_DIR/TARGET.summary
+# and returns non-zero on a finding. Targets run FUZZ_JOBS at a time (default 2, this machine's
+# cores): each libFuzzer run is one process on one core, so running two side by side gives each
+# the same -max_total_time of fuzzing in half the wall-clock time of running them one by one.
+fuzz_one() {
+  local t=$1 srcs bin start build_s corpus scratch log rc run_s execs per_s new cov verdict line
   srcs=$(sources "$t")
   bin="$FUZZ_DIR/bin/${t}_fuzz"
   start=$SECONDS
@@ -64,19 +67,40 @@ for t in "${TARGETS[@]}"; do
   stat() { sed -n "s/^stat::$1: *//p" "$log" | tail -1 || true; }
   execs=$(stat number_of_executed_units); per_s=$(stat average_exec_per_sec); new=$(stat new_units_added)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2 || true)
-  if [ "$rc" -eq 0 ]; then verdict=ok; else verdict="FINDING (rc $rc)"; failed+=("$t"); fi
+  if [ "$rc" -eq 0 ]; then verdict=ok; else verdict="FINDING (rc $rc)"; fi
   line=$(printf 'fuzz: %-18s build %3ds  run %3ds  %9s execs  %6s exec/s  cov %4s  new units %3s  seeds %3d  %s' \
     "$t" "$build_s" "$run_s" "${execs:-?}" "${per_s:-?}" "${cov:-?}" "${new:-?}" "$(ls "$corpus" | wc -l)" "$verdict")
-  echo "$line"
-  SUMMARY+=("$line")
+  echo "$line" > "$FUZZ_DIR/$t.summary"
   if [ "$rc" -ne 0 ]; then
-    echo "---- $log (last 40 lines)" >&2
-    tail -40 "$log" >&2
-    echo "---- crashing input(s): $(ls "$FUZZ_DIR/artifacts/$t-"* 2>/dev/null | tr '\n' ' ')" >&2
+    {
+      echo "---- $log (last 40 lines)"
+      tail -40 "$log"
+      echo "---- crashing input(s): $(ls "$FUZZ_DIR/artifacts/$t-"* 2>/dev/null | tr '\n' ' ')"
+    } > "$FUZZ_DIR/$t.finding"
+    return 1
   elif [ "${FUZZ_MERGE:-0}" = 1 ]; then
     "$bin" -merge=1 -max_len=256 "$corpus" "$scratch" >"$FUZZ_DIR/$t.merge.log" 2>&1
-    echo "fuzz: $t corpus now $(ls "$corpus" | wc -l) files (merged from $scratch)"
+    echo "fuzz: $t corpus now $(ls "$corpus" | wc -l) files (merged from $scratch)" >> "$FUZZ_DIR/$t.summary"
   fi
+}
+
+JOBS=${FUZZ_JOBS:-2}
+failed=()
+declare -A PIDS=()
+for t in "${TARGETS[@]}"; do
+  sources "$t" >/dev/null  # an unknown target fails here, before anything runs
+  rm -f "$FUZZ_DIR/$t.summary" "$FUZZ_DIR/$t.finding"
+done
+i=0
+while [ "$i" -lt "${#TARGETS[@]}" ]; do
+  batch=("${TARGETS[@]:i:JOBS}")
+  for t in "${batch[@]}"; do fuzz_one "$t" & PIDS[$t]=$!; done
+  for t in "${batch[@]}"; do
+    wait "${PIDS[$t]}" || failed+=("$t")
+    cat "$FUZZ_DIR/$t.summary" 2>/dev/null || echo "fuzz: $t: no summary (the build failed?)"
+    if [ -f "$FUZZ_DIR/$t.finding" ]; then cat "$FUZZ_DIR/$t.finding" >&2; fi
+  done
+  i=$((i + JOBS))
 done
 
 if [ ${#failed[@]} -gt 0 ]; then

@@ -15,6 +15,10 @@ ROOT=${GOSSIPCC_TRIXIE_ROOT:-/var/lib/gossipcc/trixie}
 # last one out unmounts everything this script mounts (in reverse order).
 COUNT="/run/gossipcc-trixie-users"
 MOUNTS=("$ROOT" "$ROOT/dev" "$ROOT/dev/shm" "$ROOT/tmp" "$ROOT$REPO")
+# The Debian source packages tools/setup.sh fetched for the wheel's static Gloo and Abseil
+# (third_party/debian_sources.bzl): the same tarballs for the trixie root's wheel, read-only.
+SRC_CACHE=${GOSSIPCC_SRC_CACHE:-/var/cache/gossipcc/src}
+[ -d "$SRC_CACHE" ] && MOUNTS+=("$ROOT$SRC_CACHE")
 users() {  # users DELTA: adds DELTA to the count under the lock, prints the new count
   (
     flock 9
@@ -43,6 +47,10 @@ mount_once "$ROOT/dev" --bind /dev
 mount_once "$ROOT/dev/shm" -t tmpfs tmpfs
 mount_once "$ROOT/tmp" -t tmpfs tmpfs
 mount_once "$ROOT$REPO" --bind "$REPO"
+if [ -d "$SRC_CACHE" ]; then
+  mount_once "$ROOT$SRC_CACHE" --bind "$SRC_CACHE"
+  mount -o remount,bind,ro "$ROOT$SRC_CACHE" 2>/dev/null || true
+fi
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
 # In a PID namespace of its own, with its /proc: trixie's `ip netns` reads /proc/1/ns (the
 # "init namespace"), which the host's /proc does not let a chroot read.

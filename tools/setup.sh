@@ -6,6 +6,9 @@ set -euo pipefail
 PACKAGES=(
   # Build: Bazel 4.2.3 and the rule repositories it needs locally.
   bazel-bootstrap bazel-platforms bazel-rules-java bazel-skylib g++
+  # The wheel's Gloo and Abseil are compiled from Debian source packages (below): unpacked and
+  # patched by a Bazel repository rule (third_party/debian_sources.bzl).
+  patch xz-utils
   # Libraries: Gloo (CPU transport), Abseil, GoogleTest/GoogleMock, Eigen (PowerSGD on CPU).
   libgloo-dev libabsl-dev libgtest-dev libgmock-dev libeigen3-dev
   # The c10d backend (torch 1.13 on bookworm) and its Python tests.
@@ -40,19 +43,84 @@ missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
-fi
-
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-log=$(mktemp /tmp/gossipcc-setup.XXXXXX.log)
-if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
-  echo "setup: installing ${missing[*]} failed; log follows" >&2
-  cat "$log" >&2
-  exit 1
+if [ ${#missing[@]} -ne 0 ]; then
+  log=$(mktemp /tmp/gossipcc-setup.XXXXXX.log)
+  if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+    echo "setup: installing ${missing[*]} failed; log follows" >&2
+    cat "$log" >&2
+    exit 1
+  fi
+  rm -f "$log"
+  if [ ! -e /usr/local/cuda/include/nccl.h ]; then
+    echo "setup: note: no CUDA toolkit at /usr/local/cuda; CUDA/NCCL paths compile out and their tests skip" >&2
+  fi
 fi
-rm -f "$log"
-if [ ! -e /usr/local/cuda/include/nccl.h ]; then
-  echo "setup: note: no CUDA toolkit at /usr/local/cuda; CUDA/NCCL paths compile out and their tests skip" >&2
+
+# Source packages for the wheel (tools/pep517): its extension links Gloo (core + TCP transport)
+# and Abseil statically, compiled with -fPIC and hidden symbols, so it loads no libgloo/libabsl
+# next to pip's torch (which bundles its own Gloo). Debian ships Gloo only as a shared library
+# and bookworm's static Abseil is not position-independent, so both are compiled from Debian's
+# source packages: trixie's, one set of sources for the bookworm build and the trixie root's
+# (tools/in_trixie.sh bind-mounts this directory). Only the upstream and Debian tarballs are
+# fetched, each checked against the SHA-256 in trixie's signed Sources index (apt's own
+# download; the .dsc of gloo is missing from the archive's pool, and is not needed). Kept in
+# $GOSSIPCC_SRC_CACHE (default /var/cache/gossipcc/src) with a manifest (SOURCES) that
+# third_party/debian_sources.bzl reads; a complete manifest means nothing is fetched again.
+SRC_CACHE=${GOSSIPCC_SRC_CACHE:-/var/cache/gossipcc/src}
+SRC_SUITE=trixie
+SRC_PACKAGES=(abseil gloo)
+sources_complete() {
+  [ -s "$SRC_CACHE/SOURCES" ] || return 1
+  local name version orig debian
+  for name in "${SRC_PACKAGES[@]}"; do
+    read -r _ version orig debian < <(grep "^$name " "$SRC_CACHE/SOURCES") || return 1
+    [ -n "$debian" ] && [ -s "$SRC_CACHE/$orig" ] && [ -s "$SRC_CACHE/$debian" ] || return 1
+  done
+}
+if ! sources_complete; then
+  fetch_failed() {
+    echo "setup: could not fetch the Debian source packages ${SRC_PACKAGES[*]} ($SRC_SUITE) into $SRC_CACHE," >&2
+    echo "setup: which the wheel's self-contained extension is compiled from (tools/pep517, third_party/debian_sources.bzl): $1" >&2
+    exit 1
+  }
+  $SUDO mkdir -p "$SRC_CACHE/apt/lists/partial"
+  # A private apt configuration: the system's sources and package lists are left as they are.
+  echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $SRC_SUITE main" |
+    $SUDO tee "$SRC_CACHE/apt/sources.list" >/dev/null
+  APT_SRC=(-o "Dir::Etc::SourceList=$SRC_CACHE/apt/sources.list" -o Dir::Etc::SourceParts=/nonexistent
+           -o "Dir::State::Lists=$SRC_CACHE/apt/lists" -o Debug::NoDropPrivs=true)
+  log=$(mktemp /tmp/gossipcc-setup.XXXXXX.log)
+  $SUDO apt-get "${APT_SRC[@]}" update -qq --error-on=any >"$log" 2>&1 || { cat "$log" >&2; fetch_failed "apt-get update of the deb-src index failed (log above)"; }
+  # Lines: 'URI' FILE SIZE SHA256:HASH, for the .dsc, the upstream tarball and the Debian one.
+  uris=$(cd "$SRC_CACHE/apt" && $SUDO apt-get "${APT_SRC[@]}" source --print-uris "${SRC_PACKAGES[@]}" 2>"$log") ||
+    { cat "$log" >&2; fetch_failed "apt-get source --print-uris failed (log above)"; }
+  manifest=""
+  for name in "${SRC_PACKAGES[@]}"; do
+    dsc=$(grep -oE "^'[^']+' ${name}_[^ ]+\.dsc " <<<"$uris" | awk '{print $2}' | head -n 1)
+    [ -n "$dsc" ] || fetch_failed "no source package $name in $SRC_SUITE's Sources index"
+    version=${dsc#"${name}_"}; version=${version%.dsc}
+    orig="" debian=""
+    while read -r uri file _ hash; do
+      uri=${uri//\'/}
+      case "$file" in
+        "${name}_${version%-*}.orig.tar."*) orig=$file ;;
+        "${name}_${version}.debian.tar."*) debian=$file ;;
+        *) continue ;;
+      esac
+      if [ ! -s "$SRC_CACHE/$file" ]; then
+        $SUDO /usr/lib/apt/apt-helper download-file "$uri" "$SRC_CACHE/$file.part" "$hash" >"$log" 2>&1 ||
+          { cat "$log" >&2; fetch_failed "downloading $uri failed (log above)"; }
+        $SUDO mv "$SRC_CACHE/$file.part" "$SRC_CACHE/$file"
+      fi
+    done <<<"$uris"
+    [ -n "$orig" ] && [ -n "$debian" ] || fetch_failed "$name $version has no .orig.tar.* and .debian.tar.* (a native package?)"
+    manifest+="$name $version $orig $debian"$'\n'
+  done
+  rm -f "$log"
+  printf '%s' "# package version upstream-tarball debian-tarball (tools/setup.sh; Debian $SRC_SUITE)"$'\n'"$manifest" |
+    $SUDO tee "$SRC_CACHE/SOURCES.part" >/dev/null
+  $SUDO mv "$SRC_CACHE/SOURCES.part" "$SRC_CACHE/SOURCES"
+  sources_complete || fetch_failed "the manifest $SRC_CACHE/SOURCES is incomplete"
 fi

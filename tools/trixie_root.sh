@@ -12,8 +12,10 @@ PACKAGES=(
   libtorch-dev python3-torch python3-dev pybind11-dev python3-pybind11 python3-pytest python3-numpy python3-expecttest python3-setuptools
   # The multi-host tests (tests/torch_backend:multihost_test): ip and tc for tools/emulated_cluster.py.
   iproute2
-  # tools/wheel_test.sh: pip builds the wheel and installs it into a venv.
-  python3-pip python3-venv
+  # tools/wheel_test.sh: pip builds the wheel and installs it into a venv; its static Gloo and
+  # Abseil are unpacked and patched from the source tarballs tools/setup.sh fetched
+  # (third_party/debian_sources.bzl).
+  python3-pip python3-venv patch xz-utils
 )
 marker="$ROOT/.gossipcc-packages"
 want="${PACKAGES[*]}"

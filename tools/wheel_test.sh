@@ -2,7 +2,8 @@
 # The pip path of a user (README.md): builds gossipcc's wheel with pip (pyproject.toml, against
 # the torch of Debian's /usr/bin/python3), installs it into a fresh venv that sees the system's
 # torch (--system-site-packages), and tests the installed package from a directory outside the
-# source tree, so nothing can come from bazel-bin: tests/wheel/test_installed.py (where it was
+# source tree, so nothing can come from bazel-bin: tools/extension_isolation_check.sh (the
+# extension needs no libgloo/libabsl and exports no gloo::/absl:: symbol), tests/wheel/test_installed.py (where it was
 # imported from, the version, python -m gossipcc.info, the ImportError under another torch), then
 # a subset of the backend's tests (test_collectives.py, test_ddp.py) with only their helpers
 # (tests/torch_backend) on PYTHONPATH.
@@ -32,6 +33,8 @@ step "pip install --no-index $(basename "$wheel")"
 "$VPY" -m pip install -q --no-index "$wheel"
 
 cd "$WORK"  # outside the source tree
+step "isolation: the installed extension links Gloo and Abseil privately (ldd, nm -D)"
+"$REPO/tools/extension_isolation_check.sh" "$(ls "$WORK"/venv/lib/python*/site-packages/gossipcc/_C*.so)"
 step "python -m gossipcc.info"
 "$VPY" -m gossipcc.info
 step "tests/wheel/test_installed.py"

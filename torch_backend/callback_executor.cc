@@ -101,10 +101,12 @@ void CallbackExecutor::RunOrdered(State& s, std::unique_lock<std::mutex>& lock, 
   s.turn_ticket = ticket;
   s.turn_since = std::chrono::steady_clock::now();
   ++s.running;
+  s.active_ordered.insert(ticket);
   lock.unlock();
   RunTask(s, task);
   lock.lock();
   if (s.turn_held && s.turn_ticket == ticket) s.turn_held = false;
+  s.active_ordered.erase(ticket);
   --s.running;
   s.done_cv.notify_all();
 }
@@ -117,6 +119,16 @@ bool CallbackExecutor::RunIfTurn(uint64_t ticket) {
   tl_running.pop_back();
   MaybeSpawn(s_);  // the next ordered task may be ready
   return true;
+}
+
+bool CallbackExecutor::WaitForEarlierTasks(std::chrono::milliseconds limit) {
+  std::unique_lock<std::mutex> lock(s_->mu);
+  const uint64_t reserved = s_->next_ticket;
+  return s_->done_cv.wait_for(lock, limit, [&] {
+    if (s_->closed) return true;
+    if (s_->next_turn < reserved) return false;
+    return s_->active_ordered.empty() || *s_->active_ordered.begin() >= reserved;
+  });
 }
 
 bool CallbackExecutor::HoldsTurn() const {
@@ -224,6 +236,7 @@ bool CallbackExecutor::Stop(std::chrono::milliseconds limit) {
   });
   s_->closed = true;
   s_->cv.notify_all();
+  s_->done_cv.notify_all();  // WaitForEarlierTasks
   lock.unlock();
   // No thread is added after `closed`, so the list is fixed; each thread writes only its own
   // node's `finished` (under the lock), never the thread handle used here.

@@ -40,6 +40,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -91,6 +92,14 @@ class CallbackExecutor {
   // called for it).
   void PostNested(std::function<void()> task);
 
+  // Waits until every ordered task whose ticket was reserved before this call has run to its
+  // end (or the executor is stopped); false if `limit` passed first. For a process group that
+  // orders nested collectives (ProcessGroupGossipcc::set_order_nested_collectives): a thread
+  // that does not hold the turn issues its next collective only once the callbacks of the
+  // earlier ones, and the collectives they issued, are done. Must not be called while holding
+  // the turn (it would wait for itself).
+  bool WaitForEarlierTasks(std::chrono::milliseconds limit);
+
   // Called by the process group when a thread waits for an operation that is not nested: if
   // the calling thread runs an ordered task of any executor that holds the turn, the next
   // ordered task may start now (the waited-for operation's completion may need the turn).
@@ -120,6 +129,7 @@ class CallbackExecutor {
     uint64_t next_ticket = 0;         // next Reserve()
     uint64_t next_turn = 0;           // lowest ticket not yet started
     std::map<uint64_t, std::function<void()>> ordered;
+    std::set<uint64_t> active_ordered;  // tickets whose task is running
     std::deque<std::function<void()>> unordered;
     bool turn_held = false;
     uint64_t turn_ticket = 0;

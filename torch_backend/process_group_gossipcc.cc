@@ -11,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "comm/cuda_stream.h"
 #include "comm/errors.h"
 #include "torch_backend/c10d_store.h"
 #include "torch_backend/gossipcc_work.h"
@@ -196,9 +197,22 @@ void ProcessGroupGossipcc::shutdown() {
 Completion ProcessGroupGossipcc::Ordered() const { return Completion{executor_, true}; }
 Completion ProcessGroupGossipcc::Unordered() const { return Completion{executor_, false}; }
 
-std::shared_ptr<Work> ProcessGroupGossipcc::IssueCollective(const char* what,
+std::shared_ptr<Work> ProcessGroupGossipcc::IssueCollective(const char* what, const at::Tensor& tensor,
                                                             std::function<std::shared_ptr<Work>()> issue) {
-  return lane_->Issue(std::string("gossipcc ") + what + " on rank " + std::to_string(rank_), std::move(issue));
+  if (order_nested_ && !executor_->HoldsTurn() && !executor_->WaitForEarlierTasks(options_.timeout)) {
+    throw TimeoutError(std::string("gossipcc ") + what + " on rank " + std::to_string(rank_) +
+                       ": the completion callbacks of earlier collectives did not return within the timeout (" +
+                       std::to_string(options_.timeout.count()) +
+                       " ms); with nested collectives ordered, a collective starts only after them");
+  }
+  // A CUDA collective follows the caller's current stream as it is now (comm/cuda_stream.h).
+  // Issued later (queued behind the group's algorithm tasks) it follows that stream as it is
+  // then: it may wait for more of the caller's work, never for less.
+  return lane_->Issue(std::string("gossipcc ") + what + " on rank " + std::to_string(rank_),
+                      [stream = CallerStream(tensor), issue = std::move(issue)] {
+                        ScopedCudaStream current(stream);
+                        return issue();
+                      });
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::broadcast(std::vector<at::Tensor>& tensors,
@@ -206,7 +220,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::broadcast(std::vector<at::Ten
   const at::Tensor& t = SingleTensor(tensors, "broadcast", "");
   CheckRoot(opts.rootRank, size_, "broadcast");
   if (opts.rootTensor != 0) Unsupported("broadcast with rootTensor != 0 (one tensor per rank)");
-  auto work = IssueCollective("broadcast", [=] { return communicator_->broadcast(ToBuffer(t, "broadcast", "tensor"), static_cast<int>(opts.rootRank)); });
+  auto work = IssueCollective("broadcast", t, [=] { return communicator_->broadcast(ToBuffer(t, "broadcast", "tensor"), static_cast<int>(opts.rootRank)); });
   return Wrap(rank_, Ordered(), OpType::BROADCAST, "gossipcc:broadcast", std::move(work), tensors);
 }
 
@@ -214,7 +228,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce(std::vector<at::Ten
                                                              const ::c10d::AllreduceOptions& opts) {
   const at::Tensor& t = SingleTensor(tensors, "allreduce", "");
   const ReduceOp op = ToReduceOp(opts.reduceOp, t, "allreduce");
-  auto work = IssueCollective("allreduce", [=] { return communicator_->allreduce(ToBuffer(t, "allreduce", "tensor"), op); });
+  auto work = IssueCollective("allreduce", t, [=] { return communicator_->allreduce(ToBuffer(t, "allreduce", "tensor"), op); });
   return Wrap(rank_, Ordered(), OpType::ALLREDUCE, "gossipcc:allreduce", std::move(work), tensors);
 }
 
@@ -233,7 +247,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce_coalesced(
   }
   const ReduceOp op = ToReduceOp(opts.reduceOp, tensors[0], "allreduce_coalesced");
   at::Tensor flat = Flatten(tensors);
-  auto work = IssueCollective("allreduce", [=] { return communicator_->allreduce(ToBuffer(flat, "allreduce_coalesced", "flattened tensors"), op); });
+  auto work = IssueCollective("allreduce", flat, [=] { return communicator_->allreduce(ToBuffer(flat, "allreduce_coalesced", "flattened tensors"), op); });
   std::vector<at::Tensor> outputs = tensors;
   return Wrap(rank_, Ordered(), OpType::ALLREDUCE_COALESCED, "gossipcc:allreduce_coalesced", std::move(work), outputs,
               [flat, outputs]() mutable { Unflatten(flat, outputs); });
@@ -248,11 +262,11 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce(std::vector<at::Tensor
   // An all-reduce; ranks other than the root reduce into a scratch copy so their input is
   // left as it was (c10d leaves non-root tensors unspecified; we keep them intact).
   if (rank_ == opts.rootRank) {
-    auto work = IssueCollective("allreduce", [=] { return communicator_->allreduce(ToBuffer(t, "reduce", "tensor"), op); });
+    auto work = IssueCollective("allreduce", t, [=] { return communicator_->allreduce(ToBuffer(t, "reduce", "tensor"), op); });
     return Wrap(rank_, Ordered(), OpType::REDUCE, "gossipcc:reduce", std::move(work), tensors);
   }
   at::Tensor scratch = t.clone();
-  auto work = IssueCollective("allreduce", [=] { return communicator_->allreduce(ToBuffer(scratch, "reduce", "tensor"), op); });
+  auto work = IssueCollective("allreduce", scratch, [=] { return communicator_->allreduce(ToBuffer(scratch, "reduce", "tensor"), op); });
   return Wrap(rank_, Ordered(), OpType::REDUCE, "gossipcc:reduce", std::move(work), tensors, [scratch]() {});
 }
 
@@ -271,7 +285,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather(std::vector<std::ve
   }
   CheckSameLayout(out, input, "allgather", "output");
   at::Tensor flat = at::empty({static_cast<int64_t>(size_) * input.numel()}, input.options());
-  auto work = IssueCollective("allgather", [=] { return communicator_->allgather(ToBuffer(input, "allgather", "input"), ToBuffer(flat, "allgather", "output")); });
+  auto work = IssueCollective("allgather", input, [=] { return communicator_->allgather(ToBuffer(input, "allgather", "input"), ToBuffer(flat, "allgather", "output")); });
   std::vector<at::Tensor> result = out;
   return Wrap(rank_, Ordered(), OpType::ALLGATHER, "gossipcc:allgather", std::move(work), result,
               [flat, result]() mutable { Unflatten(flat, result); });
@@ -286,7 +300,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_allgather_base(at::Tensor& o
                                ", expected world size x input = " +
                                c10::str(size_ * input.numel(), " x ", input.scalar_type(), " on ", input.device()));
   }
-  auto work = IssueCollective("allgather", [=] { return communicator_->allgather(ToBuffer(input, "_allgather_base", "input"),
+  auto work = IssueCollective("allgather", input, [=] { return communicator_->allgather(ToBuffer(input, "_allgather_base", "input"),
                                        ToBuffer(output, "_allgather_base", "output")); });
   return Wrap(rank_, Ordered(), OpType::_ALLGATHER_BASE, "gossipcc:_allgather_base", std::move(work), {output});
 }
@@ -310,7 +324,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather_coalesced(
   }
   at::Tensor flat_in = Flatten(inputs);
   at::Tensor flat_out = at::empty({static_cast<int64_t>(size_) * flat_in.numel()}, flat_in.options());
-  auto work = IssueCollective("allgather", [=] { return communicator_->allgather(ToBuffer(flat_in, "allgather_coalesced", "input"),
+  auto work = IssueCollective("allgather", flat_in, [=] { return communicator_->allgather(ToBuffer(flat_in, "allgather_coalesced", "input"),
                                        ToBuffer(flat_out, "allgather_coalesced", "output")); });
   std::vector<at::Tensor> all;
   for (auto& list : outputs) all.insert(all.end(), list.begin(), list.end());
@@ -347,7 +361,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::gather(std::vector<std::vecto
     }
     flat = at::empty({0}, input.options());
   }
-  auto work = IssueCollective("alltoallv", [=] { return communicator_->alltoallv(ToBuffer(input, "gather", "input"), send_counts,
+  auto work = IssueCollective("alltoallv", input, [=] { return communicator_->alltoallv(ToBuffer(input, "gather", "input"), send_counts,
                                        ToBuffer(flat, "gather", "output"), recv_counts); });
   return Wrap(rank_, Ordered(), OpType::GATHER, "gossipcc:gather", std::move(work), result,
               [flat, result]() mutable { Unflatten(flat, result); });
@@ -378,7 +392,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::scatter(std::vector<at::Tenso
     }
     flat = at::empty({0}, output.options());
   }
-  auto work = IssueCollective("alltoallv", [=] { return communicator_->alltoallv(ToBuffer(flat, "scatter", "input"), send_counts,
+  auto work = IssueCollective("alltoallv", flat, [=] { return communicator_->alltoallv(ToBuffer(flat, "scatter", "input"), send_counts,
                                        ToBuffer(output, "scatter", "output"), recv_counts); });
   return Wrap(rank_, Ordered(), OpType::SCATTER, "gossipcc:scatter", std::move(work), outputs, [flat]() {});
 }
@@ -394,7 +408,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce_scatter(std::vector<at
   CheckSameLayout(inputs[0], output, "reduce_scatter", "input");
   const ReduceOp op = ToReduceOp(opts.reduceOp, output, "reduce_scatter");
   at::Tensor flat = Flatten(inputs[0]);
-  auto work = IssueCollective("reduce_scatter", [=] { return communicator_->reduce_scatter(ToBuffer(flat, "reduce_scatter", "input"),
+  auto work = IssueCollective("reduce_scatter", flat, [=] { return communicator_->reduce_scatter(ToBuffer(flat, "reduce_scatter", "input"),
                                             ToBuffer(output, "reduce_scatter", "output"), op); });
   return Wrap(rank_, Ordered(), OpType::REDUCE_SCATTER, "gossipcc:reduce_scatter", std::move(work), outputs, [flat]() {});
 }
@@ -402,7 +416,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce_scatter(std::vector<at
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                         const ::c10d::ReduceScatterOptions& opts) {
   const ReduceOp op = ToReduceOp(opts.reduceOp, output, "_reduce_scatter_base");
-  auto work = IssueCollective("reduce_scatter", [=] { return communicator_->reduce_scatter(ToBuffer(input, "_reduce_scatter_base", "input"),
+  auto work = IssueCollective("reduce_scatter", input, [=] { return communicator_->reduce_scatter(ToBuffer(input, "_reduce_scatter_base", "input"),
                                             ToBuffer(output, "_reduce_scatter_base", "output"), op); });
   return Wrap(rank_, Ordered(), OpType::_REDUCE_SCATTER_BASE, "gossipcc:_reduce_scatter_base", std::move(work), {output});
 }
@@ -448,7 +462,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall_base(at::Tensor& out
                                                                  const ::c10d::AllToAllOptions&) {
   std::vector<size_t> send = SplitCounts(input, input_split_sizes, size_, "input");
   std::vector<size_t> recv = SplitCounts(output, output_split_sizes, size_, "output");
-  auto work = IssueCollective("alltoallv", [=] { return communicator_->alltoallv(ToBuffer(input, "alltoall_base", "input"), send,
+  auto work = IssueCollective("alltoallv", input, [=] { return communicator_->alltoallv(ToBuffer(input, "alltoall_base", "input"), send,
                                        ToBuffer(output, "alltoall_base", "output"), recv); });
   return Wrap(rank_, Ordered(), OpType::ALLTOALL_BASE, "gossipcc:alltoall_base", std::move(work), {output});
 }
@@ -472,7 +486,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall(std::vector<at::Tens
   }
   at::Tensor flat_in = Flatten(inputs);
   at::Tensor flat_out = at::empty({std::accumulate(recv.begin(), recv.end(), int64_t{0})}, inputs[0].options());
-  auto work = IssueCollective("alltoallv", [=] { return communicator_->alltoallv(ToBuffer(flat_in, "alltoall", "input"), send,
+  auto work = IssueCollective("alltoallv", flat_in, [=] { return communicator_->alltoallv(ToBuffer(flat_in, "alltoall", "input"), send,
                                        ToBuffer(flat_out, "alltoall", "output"), recv); });
   std::vector<at::Tensor> result = outputs;
   return Wrap(rank_, Ordered(), OpType::ALLTOALL, "gossipcc:alltoall", std::move(work), result,
@@ -482,6 +496,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall(std::vector<at::Tens
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   const at::Tensor& t = SingleTensor(tensors, "send", "");
   CheckPeer(dst_rank, size_, "send");
+  ScopedCudaStream current(CallerStream(t));  // comm/cuda_stream.h
   auto work = communicator_->send(ToBuffer(t, "send", "tensor"), dst_rank, ToTag(tag, "send"));
   return Wrap(rank_, Unordered(), OpType::SEND, "gossipcc:send", std::move(work), tensors);
 }
@@ -489,6 +504,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::send(std::vector<at::Tensor>&
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   const at::Tensor& t = SingleTensor(tensors, "recv", "");
   CheckPeer(src_rank, size_, "recv");
+  ScopedCudaStream current(CallerStream(t));
   auto work = communicator_->recv(ToBuffer(t, "recv", "tensor"), src_rank, ToTag(tag, "recv"));
   return Wrap(rank_, Unordered(), OpType::RECV, "gossipcc:recv", std::move(work), tensors);
 }
@@ -506,11 +522,11 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::recvAnysource(std::vector<at:
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::barrier(const ::c10d::BarrierOptions&) {
-  return Wrap(rank_, Ordered(), OpType::BARRIER, "gossipcc:barrier", IssueCollective("barrier", [this] { return communicator_->barrier(); }), {});
+  return Wrap(rank_, Ordered(), OpType::BARRIER, "gossipcc:barrier", IssueCollective("barrier", at::Tensor(), [this] { return communicator_->barrier(); }), {});
 }
 
 void ProcessGroupGossipcc::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool) {
-  auto work = IssueCollective("monitored barrier", [this] { return communicator_->barrier(); });
+  auto work = IssueCollective("monitored barrier", at::Tensor(), [this] { return communicator_->barrier(); });
   work->wait(opts.timeout.count() > 0 ? opts.timeout : std::chrono::milliseconds::zero());
 }
 

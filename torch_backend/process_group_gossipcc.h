@@ -229,8 +229,22 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   // Shuts the communicator down: pending and later calls fail with a clear error.
   void shutdown();
 
+  // Orders collectives issued inside completion callbacks (nested: PyTorch's powerSGD_hook
+  // issues an all_reduce in a callback and waits for it there) before any collective issued
+  // later by another thread. Without it, with several DDP buckets, the autograd thread's next
+  // bucket and an earlier bucket's callback issue collectives concurrently, in an order that
+  // can differ between ranks (a MismatchError; gloo deadlocks there). With it, a collective
+  // issued by a thread outside the callbacks waits until the callbacks of every earlier
+  // collective have returned: the same order on every rank, at the cost of that collective
+  // not starting before the earlier ones' callbacks end. Every rank must set the same value
+  // before such hooks run; gossipcc sets it when torch's PowerSGD hooks are registered on a
+  // DDP model of the group (gossipcc/ddp.py).
+  void set_order_nested_collectives(bool on) { order_nested_ = on; }
+  bool order_nested_collectives() const { return order_nested_; }
+
  private:
-  std::shared_ptr<Work> IssueCollective(const char* what, std::function<std::shared_ptr<Work>()> issue);
+  std::shared_ptr<Work> IssueCollective(const char* what, const at::Tensor& tensor,
+                                        std::function<std::shared_ptr<Work>()> issue);
   // Where a returned Work completes (gossipcc_work.h): collectives and algorithm calls in issue
   // order, point-to-point operations as they finish.
   Completion Ordered() const;
@@ -259,6 +273,7 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   // Runs every Work's completion (its future's callbacks) off the communicator's threads.
   // Declared before the lanes: destroyed after them.
   std::shared_ptr<CallbackExecutor> executor_;
+  std::atomic<bool> order_nested_{false};
   // Declared last: destroyed (stopped, joined) before anything their tasks use.
   std::unique_ptr<OpLane> lane_;        // algorithm calls and the collectives ordered with them
   std::unique_ptr<OpLane> async_lane_;  // asynchronous bilateral exchange

@@ -203,6 +203,10 @@ PYBIND11_MODULE(_C, m) {
            "Bytes this rank handed to collectives, sent/received point to point, and the packed "
            "all-reduce's float32 bytes and what it sent for them.")
       .def("shutdown", &ProcessGroupGossipcc::shutdown, py::call_guard<py::gil_scoped_release>())
+      .def_property("order_nested_collectives", &ProcessGroupGossipcc::order_nested_collectives,
+                    &ProcessGroupGossipcc::set_order_nested_collectives,
+                    "Collectives issued inside completion callbacks go before any issued later by another "
+                    "thread (set by gossipcc when torch's PowerSGD hooks are registered; every rank alike)")
       // gossipcc's own collectives (process_group_gossipcc.h documents the contract).
       .def("push_sum_round", &ProcessGroupGossipcc::push_sum_round, py::arg("tensors"), py::arg("weight"),
            py::arg("step"), py::arg("graph") = "exponential", py::arg("keep") = py::none(),

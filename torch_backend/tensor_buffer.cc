@@ -2,6 +2,9 @@
 
 #include <c10/core/Stream.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#if GOSSIPCC_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <algorithm>
 
@@ -104,6 +107,13 @@ std::vector<Buffer> FloatingBuffers(const std::vector<at::Tensor>& tensors, cons
     buffers.push_back(ToBuffer(t, op, what));
   }
   return buffers;
+}
+
+void* CallerStream(const at::Tensor& tensor) {
+#if GOSSIPCC_TORCH_CUDA
+  if (tensor.defined() && tensor.is_cuda()) return c10::cuda::getCurrentCUDAStream(tensor.device().index()).stream();
+#endif
+  return nullptr;
 }
 
 void SyncCallerStreams(const std::vector<at::Tensor>& tensors) {

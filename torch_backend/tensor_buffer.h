@@ -33,6 +33,11 @@ void CheckSameLayout(const std::vector<at::Tensor>& tensors, const at::Tensor& r
 // only if `cpu_only`). Returns their views; InvalidArgumentError naming `op` and the tensor.
 std::vector<Buffer> FloatingBuffers(const std::vector<at::Tensor>& tensors, const char* op, bool cpu_only = false);
 
+// The caller's current CUDA stream on `tensor`'s device, as a cudaStream_t for
+// ScopedCudaStream (comm/cuda_stream.h); nullptr for a CPU tensor. Builds against a torch
+// without CUDA (GOSSIPCC_TORCH_CUDA unset: third_party/torch.bzl) have no CUDA tensors.
+void* CallerStream(const at::Tensor& tensor);
+
 // Blocks until the caller's current stream on each CUDA device of `tensors` is idle: for
 // operations that read or write the tensors from another thread (no-op for CPU tensors).
 void SyncCallerStreams(const std::vector<at::Tensor>& tensors);

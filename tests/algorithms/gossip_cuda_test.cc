@@ -12,6 +12,7 @@
 #include "comm/errors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/comm/cuda_devices.h"
 #include "tests/comm/harness.h"
 
 #if GOSSIPCC_WITH_CUDA
@@ -22,23 +23,16 @@ namespace gossipcc {
 namespace testing {
 namespace {
 
-int GpuCount() {
-#if GOSSIPCC_WITH_CUDA
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
-  return n;
-#else
-  return 0;
-#endif
-}
-
+// The ranks are threads sharing device 0 (the gossip stages CUDA buffers through host memory).
 std::string MissingGpu() {
+  if (!MissingGpus(1).empty() && VisibleCudaDevices() == 0) {
 #if !GOSSIPCC_WITH_CUDA
-  return "built without CUDA (no /usr/local/cuda at build time)";
+    return "built without CUDA (no CUDA toolkit with NCCL at build time)";
 #else
-  if (GpuCount() < 1) return "needs a CUDA device; none visible (cudaGetDeviceCount)";
-  return "";
+    return "needs a CUDA device; none visible";
 #endif
+  }
+  return "";
 }
 
 TEST(GossipCudaTest, PushSumAndDpsgdOnCudaBuffersMatchCpu) {
@@ -70,7 +64,7 @@ TEST(GossipCudaTest, PushSumAndDpsgdOnCudaBuffersMatchCpu) {
 }
 
 TEST(GossipCudaTest, CudaBufferWithoutGpuIsRefused) {
-  if (GpuCount() > 0) GTEST_SKIP() << "a GPU is present: this case covers machines without one";
+  if (VisibleCudaDevices() > 0) GTEST_SKIP() << "a GPU is present: this case covers machines without one";
   RunRanks(2, LaunchMode::kThreads, [](Communicator& comm) {
     std::vector<float> fake(4);
     PushSum ps(MakePeerGraph("exponential", 2));

@@ -1,5 +1,6 @@
 // Every collective of Communicator against a locally computed reference: n = 1..8 ranks,
 // as threads and as processes, every dtype, sizes 0, 1, odd and larger; 64 MB separately.
+// Under ASan/TSan, fewer (mode, n) pairs, each n still in one mode (RankSweep, harness.h).
 #include "comm/communicator.h"
 #include "comm/errors.h"
 
@@ -492,8 +493,7 @@ TEST_P(CollectivesTest, BarrierCompletesAfterEveryEarlierCollective) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesTest,
-                         ::testing::Combine(::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
-                                            ::testing::Range(1, 9)),
+                         ::testing::ValuesIn(RankSweep()),  // all 16 pairs; fewer under sanitizers (harness.h)
                          ModeAndRanksName);
 
 TEST(CollectiveLanesOptionTest, OutOfRangeLaneCountsAreRejected) {
@@ -639,7 +639,15 @@ TEST_P(LargeTest, HalfPrecisionAllreduceAndReduceScatterAccumulateWideInSlices) 
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, LargeTest, ::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
+// Both modes in the plain build; threads only under a sanitizer, where each 64 MB case takes
+// 4-17 s: the 64 MB code paths are the same in both modes, and the process mode's own paths
+// (fork, FileStore) run there in the rank sweep (RankSweep in harness.h).
+std::vector<LaunchMode> LargeModes() {
+  if (kSanitizerBuild) return {LaunchMode::kThreads};
+  return {LaunchMode::kThreads, LaunchMode::kProcesses};
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, LargeTest, ::testing::ValuesIn(LargeModes()),
                          [](const ::testing::TestParamInfo<LaunchMode>& info) { return LaunchModeName(info.param); });
 
 }  // namespace

@@ -402,7 +402,9 @@ TEST_P(ErrorsTest, WaitWithShortTimeoutAndCallsAfterShutdown) {
 // loaded machine can outlast).
 TEST_P(ErrorsTest, TimedWaitOnAPendingCollectiveReturnsAtItsTimeout) {
   RunRanksWithStore(2, GetParam(), [](int rank, std::shared_ptr<Store> store) {
-    auto comm = Communicator::Create(std::make_shared<PrefixStore>("comm", store), rank, 2, Quick());
+    // The collective's own timeout is 20 s, far from the timed wait's 50 ms, so the bound below
+    // can be a safety net (100x the wait) that still tells the two apart.
+    auto comm = Communicator::Create(std::make_shared<PrefixStore>("comm", store), rank, 2, Quick(20000));
     std::vector<float> f(4, static_cast<float>(rank + 1));
     if (rank == 0) {
       auto w = comm->allreduce(CpuBuffer(f.data(), 4));
@@ -410,10 +412,11 @@ TEST_P(ErrorsTest, TimedWaitOnAPendingCollectiveReturnsAtItsTimeout) {
       EXPECT_THAT(ExpectThrow<TimeoutError>([&] { w->wait(std::chrono::milliseconds(50)); }),
                   HasSubstr("wait timed out after 50 ms"));
       // The timed wait did not run the collective inline (that would wait for rank 1, which
-      // joins only after this): it returned at its own 50 ms. Under the collective's own 2 s
-      // timeout, by a margin for a loaded machine.
+      // joins only after this, until the collective's 20 s timeout): it returned at its own
+      // 50 ms. The bound is 100x that and 4x under the collective's timeout.
       const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-      EXPECT_LT(took.count(), 1500) << CurrentTestName() << ": a 50 ms wait took " << took.count() << " ms";
+      EXPECT_LT(took.count(), 5000) << CurrentTestName() << ": a 50 ms wait took " << took.count()
+                                    << " ms (the collective's timeout is 20000 ms)";
       store->set("waited", {'1'});
       w->wait();
     } else {
@@ -445,7 +448,11 @@ TEST_P(ErrorsTest, QueuedCollectiveGetsWhatIsLeftOfItsTimeout) {
       EXPECT_THAT(ExpectFailure<TimeoutError>(second), AllOf(HasSubstr("allreduce #1"), HasSubstr("rank 0 of 2")));
       const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - issued);
       // Expected ~4.2 s; with its timeout counted from its start it took ~7 s.
-      EXPECT_LT(took.count(), 5500) << "the queued collective outlived its timeout of 4000 ms from issue";
+      // The bound tells the two apart (1.3 s from each); only the peer check (150-300 ms) and
+      // the error path take longer on a slower machine: A's completion, which a slower machine
+      // delays, does not move B's deadline.
+      EXPECT_LT(took.count(), 5500) << CurrentTestName() << ": the queued collective failed " << took.count()
+                                    << " ms after issue: it outlived its timeout of 4000 ms from issue";
       store->set("failed", {'1'});
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(2800));

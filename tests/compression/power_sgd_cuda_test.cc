@@ -8,6 +8,7 @@
 #include "comm/reduce.h"
 #include "compression/power_sgd.h"
 #include "gtest/gtest.h"
+#include "tests/comm/cuda_devices.h"
 #include "tests/comm/harness.h"
 
 #if GOSSIPCC_WITH_CUDA
@@ -21,17 +22,6 @@ namespace {
 using compression::GradientTensor;
 using compression::PowerSGD;
 using compression::PowerSGDOptions;
-
-std::string MissingGpus(int n) {
-#if !GOSSIPCC_WITH_CUDA
-  return "built without CUDA (no /usr/local/cuda at build time)";
-#else
-  int have = 0;
-  if (cudaGetDeviceCount(&have) != cudaSuccess) have = 0;
-  if (have >= n) return "";
-  return "needs " + std::to_string(n) + " CUDA device(s), one per rank; " + std::to_string(have) + " visible";
-#endif
-}
 
 #if GOSSIPCC_WITH_CUDA
 // Runs 3 steps of rank-2 PowerSGD on float32 and float16 tensors twice, from host memory and

@@ -129,6 +129,41 @@ TEST(CallbackExecutorTest, NestedOperationsCompleteWhileTheHolderKeepsTheTurn) {
   EXPECT_EQ(events, (std::vector<std::string>{"nested", "first done", "second"}));
 }
 
+// WaitForEarlierTasks (order_nested_collectives): returns only after every task reserved before
+// the call has run to its end (even one that lost the turn), not before; a task reserved after
+// the call is not waited for; a limit ends the wait with false.
+TEST(CallbackExecutorTest, WaitForEarlierTasksWaitsForEveryEarlierTicketToEnd) {
+  CallbackExecutor::Options options;
+  options.handoff_after = std::chrono::milliseconds(50);  // the first task outlives its turn
+  CallbackExecutor executor("test", options);
+  const uint64_t first = executor.Reserve();
+  const uint64_t second = executor.Reserve();
+  Event release_first;
+  std::atomic<int> ended{0};
+  executor.Post(second, [&] { ended += 1; });
+  // Not posted yet: the wait cannot end, and gives up at its limit.
+  EXPECT_FALSE(executor.WaitForEarlierTasks(std::chrono::milliseconds(100))) << "wait: ended before the tasks ran";
+  executor.Post(first, [&] {
+    EXPECT_TRUE(release_first.WaitFor(kSafetyNet)) << "wait: never released";
+    ended += 1;
+  });
+  std::atomic<bool> waited{false};
+  std::thread waiter([&] {
+    EXPECT_TRUE(executor.WaitForEarlierTasks(kSafetyNet)) << "wait: safety net fired";
+    EXPECT_EQ(ended.load(), 2) << "wait: returned before both earlier tasks ended";
+    waited = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the second runs, the first blocks
+  EXPECT_FALSE(waited.load()) << "wait: returned while the first task still ran";
+  const uint64_t later = executor.Reserve();  // reserved after the wait began: not waited for
+  release_first.Set();
+  waiter.join();
+  EXPECT_TRUE(waited.load());
+  executor.Post(later, [] {});
+  EXPECT_TRUE(executor.WaitForEarlierTasks(kSafetyNet));
+  EXPECT_TRUE(executor.Stop(kSafetyNet));
+}
+
 // A callback blocked on something the executor cannot see (no yield) loses the turn after
 // handoff_after, so the later task still runs.
 TEST(CallbackExecutorTest, ATaskBlockedWithoutYieldingLosesTheTurn) {

@@ -128,8 +128,13 @@ def _log(message):
 def _bazel_build():
     torch = _torch()
     bazel = os.environ.get("GOSSIPCC_BAZEL", "bazel")
-    # The extension exports only PyInit__C in the wheel (torch_backend/python_module.lds).
-    command = [bazel, "build", "--define=gossipcc_wheel=1"]
+    # --define=gossipcc_wheel=1: the extension links Gloo and Abseil statically, compiled from
+    # Debian's source packages with hidden symbols (third_party/debian_sources.bzl; @gloo and
+    # @absl select them), and exports only PyInit__C (torch_backend/python_module.lds).
+    # --platform_suffix: its outputs (everything compiled against those headers) live in an
+    # output directory of their own (k8-opt-wheel), so the wheel and the project's ordinary
+    # builds do not evict each other's compiled files.
+    command = [bazel, "build", "--define=gossipcc_wheel=1", "--platform_suffix=wheel"]
     # The default (unset) is /usr/bin/python3: leave it unset for that interpreter, so a pip
     # build there shares every cached action and repository with the project's own builds.
     if os.path.abspath(sys.executable) != "/usr/bin/python3":
@@ -137,8 +142,8 @@ def _bazel_build():
     if not torch._C._GLIBCXX_USE_CXX11_ABI:
         # Everything that shares C++ types with torch must use its (old) ABI.
         command.append("--copt=-D_GLIBCXX_USE_CXX11_ABI=0")
-        _log("this torch uses the pre-C++11 libstdc++ ABI: building with -D_GLIBCXX_USE_CXX11_ABI=0; "
-             "Debian's shared Gloo and Abseil use the new ABI, so linking may fail")
+        _log("this torch uses the pre-C++11 libstdc++ ABI: building with -D_GLIBCXX_USE_CXX11_ABI=0 "
+             "(Gloo and Abseil are compiled from source with it too)")
     command += shlex.split(os.environ.get("GOSSIPCC_BAZEL_ARGS", "")) + [PACKAGE_TARGET]
     _log(f"building against torch {torch.__version__} of {sys.executable}: {' '.join(command)}")
     start = time.monotonic()

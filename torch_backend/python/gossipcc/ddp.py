@@ -3,6 +3,12 @@
 With policy "exact" nothing changes: DDP all-reduces its buckets through the backend. With a
 "powersgd" policy, every DDP model built on a gossipcc process group gets a comm hook that
 compresses its gradient buckets with gossipcc's native PowerSGD collective.
+
+Registering one of torch's PowerSGD hooks (`powerSGD_hook`, `batched_powerSGD_hook`, also inside
+`fp16_compress_wrapper` / `bf16_compress_wrapper`) on a DDP model of a gossipcc group turns on the
+group's `order_nested_collectives`: those hooks issue all-reduces inside future callbacks, and with
+several buckets the order of those and of the next buckets' all-reduces must be the same on every
+rank (ProcessGroupGossipcc::set_order_nested_collectives).
 """
 import functools
 
@@ -32,3 +38,47 @@ def _init_with_policy(self, *args, **kwargs):
 
 
 DistributedDataParallel.__init__ = _init_with_policy
+
+_original_register_comm_hook = DistributedDataParallel.register_comm_hook
+
+
+def _issues_collectives_in_callbacks(hook):
+    """Whether `hook` is one of torch's PowerSGD hooks, possibly wrapped (functools.wraps,
+    functools.partial, or a closure such as fp16_compress_wrapper's)."""
+    try:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+    except ImportError:
+        return False
+    nesting = {ps.powerSGD_hook, ps.batched_powerSGD_hook}
+    seen = set()
+
+    def visit(f, depth):
+        if any(f is n for n in nesting):
+            return True
+        if depth > 4 or id(f) in seen:
+            return False
+        seen.add(id(f))
+        inner = [getattr(f, "__wrapped__", None), getattr(f, "func", None)]
+        for cell in getattr(f, "__closure__", None) or ():
+            try:
+                inner.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                pass
+        return any(callable(g) and visit(g, depth + 1) for g in inner if g is not None)
+
+    return visit(hook, 0)
+
+
+@functools.wraps(_original_register_comm_hook)
+def _register_comm_hook(self, state, hook, *args, **kwargs):
+    result = _original_register_comm_hook(self, state, hook, *args, **kwargs)
+    if _issues_collectives_in_callbacks(hook):
+        # DDP's group, and the hook's own if its state names another one.
+        for group in (getattr(self, "process_group", None), getattr(state, "process_group", None)):
+            backend = _gossipcc_backend(group) if group is not None else None
+            if backend is not None:
+                backend.order_nested_collectives = True
+    return result
+
+
+DistributedDataParallel.register_comm_hook = _register_comm_hook

@@ -70,7 +70,11 @@ def info():
             "cpu": "gloo (TCP)",
             "cuda": "nccl" if _build_info.WITH_CUDA else None,
         },
-        # Shared Gloo/Abseil the extension pulled in; empty when they are linked statically.
+        # Debian source packages compiled into the extension (the wheel: Gloo and Abseil with
+        # hidden symbols), by package name; empty when it links Debian's shared ones.
+        "static_libraries": dict(getattr(_build_info, "STATIC_LIBRARIES", {})),
+        # Shared Gloo/Abseil/NCCL/CUDA runtime mapped into this process: the extension's, or
+        # torch's own (Debian's libtorch_cpu.so links libgloo.so.0).
         "shared_libraries": _loaded_libraries("libgloo", "libabsl", "libnccl", "libcudart"),
         "environment": environment,
         "other_gossipcc_environment": other,
@@ -97,8 +101,15 @@ def format_report(r):
     for family in ("libgloo", "libabsl", "libnccl", "libcudart"):
         paths = [p for p in r["shared_libraries"] if os.path.basename(p).startswith(family)]
         what = family[3:]
-        if not paths:
-            lines.append(f"{what}: no shared library loaded" + (" (linked statically)" if what in ("gloo", "absl") else ""))
+        package = {"gloo": "gloo", "absl": "abseil"}.get(what)
+        if package in r.get("static_libraries", {}):
+            line = (f"{what}: linked statically, hidden (Debian source package {package} "
+                    f"{r['static_libraries'][package]})")
+            if paths:  # not gossipcc's: e.g. Debian's libtorch_cpu.so links libgloo.so.0
+                line += f"; the process also has {', '.join(paths)} (not used by gossipcc)"
+            lines.append(line)
+        elif not paths:
+            lines.append(f"{what}: no shared library loaded")
         elif len(paths) == 1:
             lines.append(f"{what}: shared, {paths[0]}")
         else:
