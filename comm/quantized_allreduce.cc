@@ -203,12 +203,12 @@ void QuantizeRange(const float* x, const float* residual_in, float* residual_out
 // elements [elem[r], elem[r+1]) and quantized bytes [byte[r], byte[r+1]).
 struct Slice {
   std::vector<size_t> elem, byte, range_bytes;
-  std::vector<uint8_t> received, mine;
+  std::vector<uint8_t> received;
   std::vector<float> new_owned;
-  std::shared_ptr<Work> scatter, gather;
 };
 
 size_t SliceBlocks(size_t block_size) { return std::max<size_t>(1, kQuantizedSliceElements / block_size); }
+constexpr uint32_t kTag = kQuantizedAllreduceTag;
 
 std::vector<Slice> PlanSlices(size_t count, size_t block, int bits, int n) {
   const size_t blocks = BlockCount(count, block);
@@ -342,98 +342,171 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
   float* sent_residual = feedback ? static_cast<float*>(residual.sent.data) : nullptr;
   float* owned_residual = feedback ? static_cast<float*>(residual.owned.data) : nullptr;
 
-  // Slices of the buffer go through the two phases one after another, so that quantizing,
-  // summing and dequantizing one slice overlap the transfers of the others (lanes).
   std::vector<Slice> slices = PlanSlices(count, block, bits, n);
-  // One buffer for both phases: a slice's all-gather-v writes over the slice's bytes only after
-  // its all-to-all-v (which sent them) is done.
+  const size_t num_slices = slices.size();
+  // One buffer for both phases: this rank's quantized input, then, region by region as the
+  // owners' sums arrive, the result (owner o's region of a slice is sent to o in the scatter
+  // before o's sum overwrites it in the gather).
   std::vector<uint8_t> quantized(stats.quantized_bytes);
   std::vector<float> new_sent(feedback ? count : 0);
   std::vector<float> sum;
-  // Every issued collective is waited for before this frame's buffers go, also on an error.
-  auto wait_all = [&slices]() {
-    for (Slice& sl : slices) {
-      for (auto* w : {&sl.scatter, &sl.gather}) {
-        if (!*w) continue;
-        try {
-          (*w)->wait();
-        } catch (...) {
-        }
-        w->reset();
-      }
-    }
+  for (Slice& sl : slices) sl.received.resize(sl.range_bytes[me] * n);
+
+  // The rounds, in this order on every rank: per slice the n - 1 scatter rounds, then per slice
+  // the n - 1 gather rounds. In round r a rank sends to rank + r and receives from rank - r, one
+  // round at a time: each host's link carries one stream each way.
+  struct Step {
+    bool gather;
+    size_t slice;
+    int round;
   };
-  try {
-    // 2. Quantize each slice (plus residual) and send its blocks to their owners at once.
-    for (Slice& sl : slices) {
-      const size_t e0 = sl.elem[0], e1 = sl.elem[n];
-      QuantizeRange(x + e0, sent_residual ? sent_residual + e0 : nullptr, feedback ? new_sent.data() + e0 : nullptr,
-                    e1 - e0, bits, block, quantized.data() + sl.byte[0]);
-      const size_t my_bytes = sl.range_bytes[me];
-      sl.received.resize(my_bytes * n);
-      if (n > 1) {
-        sl.scatter = comm.alltoallv(CpuBuffer(quantized.data() + sl.byte[0], sl.byte[n] - sl.byte[0]), sl.range_bytes,
-                                    CpuBuffer(sl.received.data(), sl.received.size()),
-                                    std::vector<size_t>(n, my_bytes));
-        stats.bytes_sent += sl.byte[n] - sl.byte[0] - my_bytes;
-      } else {
-        std::memcpy(sl.received.data(), quantized.data() + sl.byte[0], my_bytes);
-      }
+  std::vector<Step> steps;
+  for (int phase = 0; phase < 2; ++phase) {
+    for (size_t s = 0; s < num_slices; ++s) {
+      for (int r = 1; r < n; ++r) steps.push_back({phase == 1, s, r});
     }
-    // 3-4. As each slice's blocks arrive: sum every rank's copy of this rank's blocks in float32 in
-    // rank order, quantize the sum again and send it to every rank.
-    for (Slice& sl : slices) {
-      if (sl.scatter) {
-        std::shared_ptr<Work> w = std::move(sl.scatter);
-        w->wait();
-      }
+  }
+  // What a slice's sum waits for: its n - 1 scatter rounds and this rank's own region quantized.
+  std::vector<int> before_sum(num_slices, n);
+  std::vector<char> summed(num_slices, 0);
+  // Quantization in the order the rounds send it: per slice, owner rank + 1's region first (the
+  // first round waits for that region only), this rank's own last.
+  std::vector<std::pair<size_t, int>> units;
+  for (size_t s = 0; s < num_slices; ++s) {
+    for (int r = 1; r <= n; ++r) units.emplace_back(s, (me + r) % n);
+  }
+  std::vector<std::vector<char>> region_ready(num_slices, std::vector<char>(n, 0));
+  size_t quantized_units = 0;
+
+  auto quantize = [&](size_t s, int o) {
+    Slice& sl = slices[s];
+    const size_t e0 = sl.elem[o], e1 = sl.elem[o + 1];
+    QuantizeRange(x + e0, sent_residual ? sent_residual + e0 : nullptr, feedback ? new_sent.data() + e0 : nullptr,
+                  e1 - e0, bits, block, quantized.data() + sl.byte[o]);
+    if (o == me) {
       const size_t my_bytes = sl.range_bytes[me];
-      const size_t my_begin = sl.elem[me], my_count = sl.elem[me + 1] - my_begin;
-      sum.resize(my_count);
-      for (int r = 0; r < n; ++r) {
-        const uint8_t* in = sl.received.data() + static_cast<size_t>(r) * my_bytes;
-        for (size_t start = 0; start < my_count; start += block) {
-          const size_t len = std::min(block, my_count - start);
-          if (r == 0) {
-            quantized_internal::DequantizeBlock(in, len, bits, sum.data() + start);
-          } else {
-            quantized_internal::DequantizeAddBlock(in, len, bits, sum.data() + start);
-          }
-          in += 4 + CodeBytes(len, bits);
+      std::memcpy(sl.received.data() + static_cast<size_t>(me) * my_bytes, quantized.data() + sl.byte[me], my_bytes);
+    }
+    region_ready[s][o] = 1;
+  };
+  // Every rank's copy of this rank's blocks, dequantized and added in rank order in float32,
+  // quantized again into this rank's region of `quantized`.
+  auto reduce = [&](Slice& sl) {
+    const size_t my_bytes = sl.range_bytes[me];
+    const size_t my_begin = sl.elem[me], my_count = sl.elem[me + 1] - my_begin;
+    sum.resize(my_count);
+    for (int r = 0; r < n; ++r) {
+      const uint8_t* in = sl.received.data() + static_cast<size_t>(r) * my_bytes;
+      for (size_t start = 0; start < my_count; start += block) {
+        const size_t len = std::min(block, my_count - start);
+        if (r == 0) {
+          quantized_internal::DequantizeBlock(in, len, bits, sum.data() + start);
+        } else {
+          quantized_internal::DequantizeAddBlock(in, len, bits, sum.data() + start);
         }
-      }
-      sl.received = {};
-      if (options.op == ReduceOp::kAvg) {
-        const float ranks = static_cast<float>(n);
-        for (float& v : sum) v /= ranks;
-      }
-      sl.mine.resize(my_bytes);
-      sl.new_owned.resize(feedback ? my_count : 0);
-      QuantizeRange(sum.data(), feedback ? owned_residual + my_begin : nullptr,
-                    feedback ? sl.new_owned.data() : nullptr, my_count, bits, block, sl.mine.data());
-      if (n > 1) {
-        sl.gather = comm.allgatherv(CpuBuffer(sl.mine.data(), my_bytes),
-                                    CpuBuffer(quantized.data() + sl.byte[0], sl.byte[n] - sl.byte[0]), sl.range_bytes);
-        stats.bytes_sent += my_bytes * (n - 1);  // a direct all-gather's; Gloo's ring forwards as much
-      } else {
-        std::memcpy(quantized.data() + sl.byte[0], sl.mine.data(), my_bytes);
-      }
-    }
-    // Every rank dequantizes the same bytes, slice by slice as they arrive.
-    for (Slice& sl : slices) {
-      if (sl.gather) {
-        std::shared_ptr<Work> w = std::move(sl.gather);
-        w->wait();
-      }
-      const uint8_t* in = quantized.data() + sl.byte[0];
-      for (size_t start = sl.elem[0]; start < sl.elem[n]; start += block) {
-        const size_t len = std::min(block, sl.elem[n] - start);
-        quantized_internal::DequantizeBlock(in, len, bits, x + start);
         in += 4 + CodeBytes(len, bits);
       }
     }
+    sl.received = {};
+    if (options.op == ReduceOp::kAvg) {
+      const float ranks = static_cast<float>(n);
+      for (float& v : sum) v /= ranks;
+    }
+    sl.new_owned.resize(feedback ? my_count : 0);
+    QuantizeRange(sum.data(), feedback ? owned_residual + my_begin : nullptr, feedback ? sl.new_owned.data() : nullptr,
+                  my_count, bits, block, quantized.data() + sl.byte[me]);
+  };
+  // Every rank dequantizes the same bytes: owner o's region of a slice once o's sum is here.
+  auto finish = [&](const Slice& sl, int o) {
+    const uint8_t* in = quantized.data() + sl.byte[o];
+    for (size_t start = sl.elem[o]; start < sl.elem[o + 1]; start += block) {
+      const size_t len = std::min(block, sl.elem[o + 1] - start);
+      quantized_internal::DequantizeBlock(in, len, bits, x + start);
+      in += 4 + CodeBytes(len, bits);
+    }
+  };
+  auto one_less_before_sum = [&](size_t s) {
+    if (--before_sum[s] > 0) return;
+    reduce(slices[s]);
+    summed[s] = 1;
+    finish(slices[s], me);
+  };
+  auto ready = [&](const Step& st) {
+    return st.gather ? summed[st.slice] != 0 : region_ready[st.slice][(me + st.round) % n] != 0;
+  };
+  // One round: a batch of this rank's send and receive (either may be empty: a rank owning no
+  // block of a small slice).
+  auto issue = [&](const Step& st) -> std::shared_ptr<Work> {
+    Slice& sl = slices[st.slice];
+    const int to = (me + st.round) % n, from = (me - st.round + n) % n;
+    const size_t my_bytes = sl.range_bytes[me];
+    std::vector<P2POp> ops;
+    if (!st.gather) {
+      // This rank's quantized copy of `to`'s blocks; `from`'s copy of this rank's blocks.
+      if (sl.range_bytes[to]) {
+        ops.push_back(P2POp::Send(CpuBuffer(quantized.data() + sl.byte[to], sl.range_bytes[to]), to, kTag));
+      }
+      if (my_bytes) {
+        ops.push_back(P2POp::Recv(CpuBuffer(sl.received.data() + static_cast<size_t>(from) * my_bytes, my_bytes),
+                                  from, kTag));
+      }
+    } else {
+      // This rank's quantized sum; `from`'s sum, into its region.
+      if (my_bytes) ops.push_back(P2POp::Send(CpuBuffer(quantized.data() + sl.byte[me], my_bytes), to, kTag));
+      if (sl.range_bytes[from]) {
+        ops.push_back(P2POp::Recv(CpuBuffer(quantized.data() + sl.byte[from], sl.range_bytes[from]), from, kTag));
+      }
+    }
+    if (ops.empty()) return nullptr;
+    if (ops[0].kind == P2POp::Kind::kSend) stats.bytes_sent += ops[0].buffer.count;
+    return comm.p2p(ops);
+  };
+
+  // The CPU work (quantizing, summing, dequantizing) runs while a round is on the wire; a round
+  // is issued as soon as the previous one is done and its data is ready.
+  size_t next = 0;
+  std::shared_ptr<Work> in_flight;
+  bool busy = false;  // a round issued and not yet waited for
+  std::vector<const Step*> arrived;  // rounds waited for whose data is not yet used
+  try {
+    for (;;) {
+      if (!busy && next < steps.size() && ready(steps[next])) {
+        in_flight = issue(steps[next++]);
+        busy = true;
+        continue;
+      }
+      if (!arrived.empty()) {
+        const Step* st = arrived.back();
+        arrived.pop_back();
+        if (!st->gather) {
+          one_less_before_sum(st->slice);
+        } else {
+          finish(slices[st->slice], (me - st->round + n) % n);
+        }
+        continue;
+      }
+      if (quantized_units < units.size()) {
+        const auto [s, o] = units[quantized_units++];
+        quantize(s, o);
+        if (o == me) one_less_before_sum(s);
+        continue;
+      }
+      if (!busy) break;  // every round done and its data used
+      if (in_flight) {
+        std::shared_ptr<Work> w = std::move(in_flight);
+        w->wait();
+      }
+      busy = false;
+      arrived.push_back(&steps[next - 1]);
+    }
   } catch (...) {
-    wait_all();
+    // A posted round is waited for before this frame's buffers go.
+    if (in_flight) {
+      try {
+        in_flight->wait();
+      } catch (...) {
+      }
+    }
     throw;
   }
   if (feedback) {

@@ -13,16 +13,26 @@
 //     the block, Q = 2^(bits-1) - 1 (127 or 7), and per element the symmetric signed integer
 //     q = round(x / s) in [-Q, Q] (round to nearest, ties to even: see "Rounding"), 8 bits one per
 //     byte, 4 bits two per byte (low nibble first).
-//  3. Reduce-scatter (one alltoallv per slice): each block's bytes go to the block's owner, which
-//     dequantizes every rank's copy (s * q, float32) and adds them in rank order in float32
-//     (average: then divides by n).
-//  4. The owner quantizes that sum again (same format); an allgatherv (per slice) brings every
-//     owner's bytes to every rank, and every rank dequantizes the same bytes: the result is bitwise
-//     identical on every rank (and a pure function of every rank's input and state: neither the
-//     slicing nor the ownership changes a block's arithmetic).
-// Pipelined: every slice's alltoallv is issued as soon as it is quantized, and a slice's
-// allgatherv as soon as its sum is, so the CPU work of one slice overlaps other slices' transfers
-// (on the communicator's lanes).
+//  3. Reduce-scatter, in n - 1 rounds per slice: in round r each rank sends its quantized copy of
+//     rank (me + r)'s blocks to that rank and receives rank (me - r)'s copy of its own blocks (a
+//     point-to-point batch). The owner dequantizes every rank's copy (s * q, float32) and adds them
+//     in rank order in float32 (average: then divides by n).
+//  4. The owner quantizes that sum again (same format); an all-gather in n - 1 rounds per slice
+//     (round r: this rank's quantized sum to rank me + r, rank me - r's into its place) brings
+//     every owner's bytes to every rank, and every rank dequantizes the same bytes: the result is
+//     bitwise identical on every rank (and a pure function of every rank's input and state:
+//     neither the slicing nor the ownership changes a block's arithmetic).
+// The rounds run one at a time, in the same order on every rank (per slice the scatter rounds,
+// then per slice the gather rounds): every round is a permutation, so each host's link carries
+// one stream each way. The CPU work runs while a round is on the wire: the input is quantized
+// owner by owner in the order the rounds send it (the first round waits for one owner's region
+// only), a slice's sum as soon as its scatter rounds are in, each owner's region dequantized as
+// soon as its sum arrives. The rounds use point-to-point tag kQuantizedAllreduceTag.
+// An earlier version ran one all-to-all-v and one all-gather-v per slice on the communicator's two
+// lanes, so each host sent up to 2 (n - 1) streams at once; on the emulated 100 Mbit/s hosts (tbf,
+// 4 ranks, 16 MB) that cost 6-31 retransmitted TCP segments per rank per call (the rounds: 0.1-2.5)
+// and its all-to-all-v phase ran at 7-10 MB/s of a ~12 MB/s link. The rounds took 4-8% less time
+// in 5 of 6 interleaved comparisons on a loaded machine (docs/benchmarks.md (f)).
 // Per rank on the wire: 2 (n-1)/n of the quantized size, (bits/8 + 4/block_size) bytes per
 // element: 1.016 (8 bits) or 0.516 (4 bits) bytes with the default block of 256, against 4
 // bytes for the exact all-reduce's 2 (n-1)/n.
@@ -61,13 +71,15 @@
 //    naming each rank's value;
 //  - whatever the Communicator raises (TimeoutError, PeerError, AbortedError); after a transport
 //    failure part-way the residuals are unchanged (written at the end) and data may hold the
-//    result in some slices, its input in others.
+//    result in some regions, its input in others.
 // Synchronous: call it from one thread per communicator at a time (it issues an all-gather, then
-// an all-to-all-v and an all-gather-v per slice, and waits for all of them), in the same order with
-// respect to other collectives on every rank.
+// the point-to-point rounds, and waits for all of them), in the same order with respect to other
+// collectives on every rank, and with no point-to-point traffic of the caller's own on
+// kQuantizedAllreduceTag meanwhile.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -81,8 +93,11 @@ namespace gossipcc {
 inline constexpr size_t kDefaultQuantizedBlockSize = 256;
 inline constexpr size_t kMaxQuantizedBlockSize = size_t{1} << 20;
 // The buffer goes through the algorithm in slices of this many elements (rounded down to whole
-// blocks, at least one): quantizing and summing one slice overlaps the transfers of others.
-inline constexpr size_t kQuantizedSliceElements = size_t{1} << 20;
+// blocks, at least one; 16 MB of float32): the sum of one slice overlaps the rounds of the next.
+inline constexpr size_t kQuantizedSliceElements = size_t{1} << 22;
+// The point-to-point tag of the rounds ("QAR"), in the range the torch backend reserves for
+// gossipcc's own messages (ProcessGroupGossipcc::kReservedTagBegin/End).
+inline constexpr uint32_t kQuantizedAllreduceTag = 0x51415200;
 
 struct QuantizedAllreduceOptions {
   int bits = 8;                                 // 4 or 8

@@ -1,12 +1,13 @@
 // The quantized all-reduce (comm/quantized_allreduce.h) against a reference computed here, written
 // independently of the library's codec (std::nearbyint, element by element):
 //  - every rank's result has exactly the reference's bits (so identical bits on every rank), for
-//    n = 1..8, 8 and 4 bits, sum and average, counts 0, 1, around the block size and up to 6 MB;
+//    n = 1..8, 8 and 4 bits, sum and average, counts 0, 1, around the block size and up to 6 MB
+//    (and 16 MB, more than one slice, on 2 and 3 ranks);
 //  - the result is within the header's error bound of the exact sum/average (computed in double);
 //  - error feedback: over 1000 calls the running sum of outputs stays within a fixed bound of the
 //    running sum of exact averages (without feedback the same inputs drift far beyond it);
-//  - bad input (bits, block size, op, dtype, counts, residuals; on one rank or all): the same
-//    clear error on every rank, nothing modified, the communicator usable afterwards.
+//  - bad input (bits, block size, op, dtype, counts, a CUDA buffer, either residual; on one rank or
+//    all): the same clear error on every rank, nothing modified, the communicator usable afterwards.
 #include "comm/quantized_allreduce.h"
 
 #include <cmath>
@@ -206,32 +207,51 @@ TEST_P(QuantizedAllreduceTest, EveryRankGetsTheReferenceBitsWithinTheBound) {
   const size_t large = (n <= 4 && !kSanitizerBuild ? size_t{6} : size_t{2}) << 18;  // elements
   cases.push_back({large + 3, 8, ReduceOp::kAvg, 256});
   cases.push_back({large + 3, 4, ReduceOp::kSum, 256});
+  // More than one slice (16 MB and a bit): the rounds of a second slice, in which (2 blocks) some
+  // ranks own nothing and send or receive nothing in some rounds.
+  if ((n == 2 || n == 3) && !kSanitizerBuild) cases.push_back({kQuantizedSliceElements + 300, 8, ReduceOp::kAvg, 256});
 
-  for (const Case& c : cases) {
-    const std::string what = "n " + std::to_string(n) + ", count " + std::to_string(c.count) + ", bits " +
-                             std::to_string(c.bits) + ", " + ReduceOpName(c.op) + ", block " + std::to_string(c.block);
-    SCOPED_TRACE(what);
+  // Every case's inputs and reference first, then all cases on one set of communicators (one
+  // RunRanks): a RunRanks per case spent most of this test's time (about 0.75 s per case at n 8,
+  // in the plain build as under TSan) setting up and tearing down n communicators, not in the
+  // quantized all-reduce.
+  struct Prepared {
+    Case c;
+    std::string what;
     std::vector<std::vector<float>> inputs;
-    for (int r = 0; r < n; ++r) inputs.push_back(Input(r, c.count));
-    const std::vector<float> want = Reference(inputs, c.bits, c.block, c.op);
+    std::vector<float> want;
+  };
+  std::vector<Prepared> prepared;
+  for (const Case& c : cases) {
+    Prepared p{c, "n " + std::to_string(n) + ", count " + std::to_string(c.count) + ", bits " + std::to_string(c.bits) +
+                      ", " + ReduceOpName(c.op) + ", block " + std::to_string(c.block),
+               {}, {}};
+    for (int r = 0; r < n; ++r) p.inputs.push_back(Input(r, c.count));
+    p.want = Reference(p.inputs, c.bits, c.block, c.op);
     if (c.count) {
-      const double ratio = WorstBoundRatio(inputs, want, c.bits, c.block, c.op);
-      EXPECT_LE(ratio, 1.0) << what << ": the reference exceeds the stated bound";
+      const double ratio = WorstBoundRatio(p.inputs, p.want, c.bits, c.block, c.op);
+      EXPECT_LE(ratio, 1.0) << p.what << ": the reference exceeds the stated bound";
       if (c.count >= 255) {
-        EXPECT_GT(ratio, 0.05) << what << ": the bound is far from tight";
+        EXPECT_GT(ratio, 0.05) << p.what << ": the bound is far from tight";
       }
     }
-    RunRanks(n, LaunchMode::kThreads, [&](Communicator& comm) {
-      std::vector<float> x = inputs[comm.rank()];
-      QuantizedAllreduceOptions o;
-      o.bits = c.bits;
-      o.op = c.op;
-      o.block_size = c.block;
-      const QuantizedAllreduceStats stats = QuantizedAllreduce(comm, CpuBuffer(x.data(), x.size()), o);
-      EXPECT_EQ(stats.quantized_bytes, QuantizedBytes(c.count, c.bits, c.block));
-      ExpectSameBits(want, x, what + ", rank " + std::to_string(comm.rank()));
-    });
+    prepared.push_back(std::move(p));
   }
+  RunRanks(n, LaunchMode::kThreads, [&](Communicator& comm) {
+    for (const Prepared& p : prepared) {
+      const std::string what = p.what + ", rank " + std::to_string(comm.rank());
+      std::vector<float> x = p.inputs[comm.rank()];
+      QuantizedAllreduceOptions o;
+      o.bits = p.c.bits;
+      o.op = p.c.op;
+      o.block_size = p.c.block;
+      const QuantizedAllreduceStats stats = QuantizedAllreduce(comm, CpuBuffer(x.data(), x.size()), o);
+      EXPECT_EQ(stats.quantized_bytes, QuantizedBytes(p.c.count, p.c.bits, p.c.block)) << what;
+      // A mismatch fails the case and goes on to the next (the lambda confines ExpectSameBits'
+      // fatal assertion), so the ranks stay in step for the collectives that follow.
+      [&] { ExpectSameBits(p.want, x, what); }();
+    }
+  });
 }
 
 // Non-finite values on one rank: that block is NaN on every rank, the others are unaffected.
@@ -405,6 +425,39 @@ TEST(QuantizedAllreduceBadInputTest, NullDataWithElementsFailsOnEveryRank) {
   });
 }
 
+// A CUDA buffer handed to this CPU collective (here a host pointer labelled cuda:0, which it
+// never dereferences): on one rank or on all, every rank raises the same InvalidArgumentError
+// before anything moves, and nothing is modified.
+TEST(QuantizedAllreduceBadInputTest, ACudaBufferFailsOnEveryRank) {
+  RunRanks(3, LaunchMode::kThreads, [&](Communicator& comm) {
+    for (bool everywhere : {false, true}) {
+      std::vector<float> x = Input(comm.rank(), 1000), x0 = x;
+      const bool cuda = everywhere || comm.rank() == 1;
+      const Buffer data = cuda ? Buffer{x.data(), x.size(), DType::kFloat32, Device::CUDA(0)}
+                               : CpuBuffer(x.data(), x.size());
+      try {
+        QuantizedAllreduce(comm, data, {});
+        ADD_FAILURE() << "rank " << comm.rank() << ": no error";
+      } catch (const InvalidArgumentError& e) {
+        EXPECT_THAT(e.what(), HasSubstr("rank 1: only CPU buffers are supported, got a CUDA buffer"));
+        EXPECT_THAT(e.what(), HasSubstr("nothing was modified"));
+        if (everywhere) {
+          EXPECT_THAT(e.what(), HasSubstr("rank 0: only CPU buffers are supported"));
+        } else {
+          EXPECT_THAT(e.what(), HasSubstr("ranks disagree on the device: rank 0: cpu, rank 1: cuda, rank 2: cpu"));
+        }
+      }
+      ExpectSameBits(x0, x, "data modified");
+    }
+    // Still usable.
+    std::vector<std::vector<float>> inputs;
+    for (int r = 0; r < 3; ++r) inputs.push_back(Input(r, 300));
+    std::vector<float> y = inputs[comm.rank()];
+    QuantizedAllreduce(comm, CpuBuffer(y.data(), y.size()), {});
+    ExpectSameBits(Reference(inputs, 8, 256, ReduceOp::kAvg), y, "after the errors");
+  });
+}
+
 struct BadCase {
   std::string name;
   // Sets up rank r's call: options, and whether to pass float64 / a different count / bad residuals.
@@ -432,21 +485,36 @@ TEST(QuantizedAllreduceBadInputTest, EveryRankFailsAlikeAndNothingIsModified) {
        "op must be sum or avg, got max"},
       {"residual too short on rank 0", [](int r, auto&, auto&, auto&, int& res) { res = r == 0 ? 2 : 1; }, false,
        "rank 0: the error-feedback residuals must"},
+      {"owned residual too short on rank 1", [](int r, auto&, auto&, auto&, int& res) { res = r == 1 ? 3 : 1; },
+       false, "rank 1: the error-feedback residuals must"},
+      {"owned residual float64 on rank 2", [](int r, auto&, auto&, auto&, int& res) { res = r == 2 ? 4 : 1; }, false,
+       "rank 2: the error-feedback residuals must both be float32 CPU buffers"},
+      {"owned residual on a CUDA device on rank 0", [](int r, auto&, auto&, auto&, int& res) { res = r == 0 ? 5 : 1; },
+       false, "rank 0: the error-feedback residuals must both be float32 CPU buffers"},
+      {"owned residual missing on rank 1 (sent given)",
+       [](int r, auto&, auto&, auto&, int& res) { res = r == 1 ? 6 : 1; }, false,
+       "rank 1: the error-feedback residuals must"},
   };
   RunRanks(n, LaunchMode::kThreads, [&](Communicator& comm) {
     for (const BadCase& c : cases) {
       QuantizedAllreduceOptions o;
       size_t count = 1000;
       bool float64 = false;
-      int residual = 0;  // 0: none, 1: right, 2: one element short
+      // 0: none, 1: right, 2: sent one element short, 3: owned one element short, 4: owned float64,
+      // 5: owned on a CUDA device, 6: owned empty (sent given)
+      int residual = 0;
       c.make(comm.rank(), o, count, float64, residual);
       std::vector<float> x = Input(comm.rank(), count), x0 = x;
       std::vector<double> xd(count, 1.5);
       std::vector<float> sent(count, 0.25f), owned(count, 0.5f);
+      std::vector<double> owned64(count, 0.5);
       QuantizedResidual res;
       if (residual) {
         res.sent = CpuBuffer(sent.data(), residual == 2 ? count - 1 : count);
-        res.owned = CpuBuffer(owned.data(), count);
+        res.owned = CpuBuffer(owned.data(), residual == 3 ? count - 1 : count);
+        if (residual == 4) res.owned = CpuBuffer(owned64.data(), count);
+        if (residual == 5) res.owned = Buffer{owned.data(), count, DType::kFloat32, Device::CUDA(0)};
+        if (residual == 6) res.owned = Buffer{nullptr, 0, DType::kFloat32, Device::CPU()};
       }
       const Buffer data = float64 ? CpuBuffer(xd.data(), count) : CpuBuffer(x.data(), count);
       std::string error = "no error";
@@ -466,6 +534,7 @@ TEST(QuantizedAllreduceBadInputTest, EveryRankFailsAlikeAndNothingIsModified) {
       for (size_t i = 0; i < count; ++i) {
         ASSERT_EQ(sent[i], 0.25f) << c.name;
         ASSERT_EQ(owned[i], 0.5f) << c.name;
+        ASSERT_EQ(owned64[i], 0.5) << c.name;
       }
     }
     // Still usable.

@@ -170,6 +170,8 @@ def bad_worker(rank, world_size):
         "float64": dict(dtype=torch.float64),
         "float16 on rank 0": dict(dtype=torch.float16 if rank == 0 else torch.float32),
         "residual too short": dict(residual=999 if rank == 0 else 1000),
+        "owned residual too short": dict(residual=1000, owned=999 if rank == 1 else 1000),
+        "owned residual float64": dict(residual=1000, owned_dtype=torch.float64 if rank == 0 else torch.float32),
     }
     outcomes = {}
     for name, c in cases.items():
@@ -178,13 +180,15 @@ def bad_worker(rank, world_size):
         before = x.clone()
         args = {}
         if "residual" in c:
-            args = dict(residual=torch.zeros(c["residual"]), owned_residual=torch.zeros(count))
+            args = dict(residual=torch.zeros(c["residual"]),
+                        owned_residual=torch.zeros(c.get("owned", count), dtype=c.get("owned_dtype", torch.float32)))
         try:
             pg.quantized_allreduce([x], c.get("bits", 8), True, **args).wait()
             outcome = "no error"
         except (RuntimeError, ValueError) as e:
             outcome = str(e)
-        outcomes[name] = (outcome, torch.equal(x, before))
+        untouched = torch.equal(x, before) and all(bool((r == 0).all()) for r in args.values())
+        outcomes[name] = (outcome, untouched)
     # Synchronous: a non-contiguous tensor (this rank alone can tell).
     try:
         pg.quantized_allreduce([torch.zeros(10, 10).t()], 8, True)
@@ -215,6 +219,8 @@ def test_bad_input_fails_on_every_rank():
         "float64": "only float32 is supported, got float64",
         "float16 on rank 0": "rank 0: only float32 is supported, got float16",
         "residual too short": "rank 0: the error-feedback residuals must",
+        "owned residual too short": "rank 1: the error-feedback residuals must",
+        "owned residual float64": "rank 0: the error-feedback residuals must both be float32 CPU buffers",
         "non-contiguous": "contiguous",
         "residual alone": "pass both residual and owned_residual",
         "after": str([2.0] * 10),
@@ -222,4 +228,4 @@ def test_bad_input_fails_on_every_rank():
     for rank, outcomes in enumerate(run_ranks(bad_worker, 2)):
         for name, (outcome, unchanged) in outcomes.items():
             assert words[name] in outcome, f"{name}, rank {rank}: {outcome}"
-            assert unchanged, f"{name}, rank {rank}: the tensor was modified"
+            assert unchanged, f"{name}, rank {rank}: the tensor or a residual was modified"
