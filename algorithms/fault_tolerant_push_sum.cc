@@ -4,19 +4,15 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "algorithms/push_sum.h"
+#include "algorithms/push_sum_ledger.h"
+#include "algorithms/push_sum_membership.h"
 #include "comm/errors.h"
 
 namespace gossipcc {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-std::vector<char> Bytes(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
 
 // x element `i` of the concatenated buffers, as float64.
 class FlatView {
@@ -95,19 +91,7 @@ FaultTolerantPushSum::FaultTolerantPushSum(std::shared_ptr<Store> store, int ran
   }
   window_ = options_.join_window.count() > 0 ? options_.join_window : 2 * options_.comm.timeout;
   for (int r = 0; r < world_size; ++r) members_.push_back(r);
-  // Validates the spec before any rendezvous, at every size a recovery can leave: a spec that
-  // only fits the full world (an edge list naming rank n-1, say) is refused now, not after a death.
-  for (int m = world_size; m >= 1; --m) {
-    try {
-      MakePeerGraph(options_.graph, m);
-    } catch (const InvalidArgumentError& e) {
-      if (m == world_size) throw;
-      throw InvalidArgumentError(absl::StrCat("fault_tolerant_push_sum: graph \"", options_.graph, "\" fits ",
-                                              world_size, " ranks but not the ", m,
-                                              " a recovery may leave (it is re-derived over the survivors): ",
-                                              e.what()));
-    }
-  }
+  CheckGraphFitsSurvivors(options_.graph, world_size);  // before any rendezvous
   Connect();
 }
 
@@ -190,77 +174,17 @@ bool FaultTolerantPushSum::Round(const std::vector<Buffer>& buffers, size_t coun
   double w = weight_ - sent_total * weight_;
   for (const auto& msg : in) w += msg[count + 1];
   weight_ = w;
-  auto record = [&](std::map<int, std::vector<double>>& records, int peer, const double* msg, double sign) {
-    std::vector<double>& rec = records[peer];
-    rec.resize(count + 1, 0.0);
-    for (size_t k = 0; k <= count; ++k) rec[k] += sign * msg[k];
-  };
-  for (int p : plan.out_peers) {
-    record(sent_, members_[p], out.data() + 1, 1.0);
-    record(net_, members_[p], out.data() + 1, 1.0);
-  }
-  for (size_t j = 0; j < in.size(); ++j) {
-    record(recv_, members_[plan.in_peers[j]], in[j].data() + 1, 1.0);
-    record(net_, members_[plan.in_peers[j]], in[j].data() + 1, -1.0);
-  }
+  for (int p : plan.out_peers) ledger_.Sent(members_[p], out.data() + 1, count + 1);
+  for (size_t j = 0; j < in.size(); ++j) ledger_.Received(members_[plan.in_peers[j]], in[j].data() + 1, count + 1);
   ++step_;
   return true;
-}
-
-std::vector<int> FaultTolerantPushSum::AgreeOnMembers() {
-  const std::string prefix = absl::StrCat("ftps/", epoch_, "/");
-  store_->set(absl::StrCat(prefix, "join/", rank_), Bytes("1"));
-  std::vector<bool> joined(members_.size(), false);
-  const auto deadline = Clock::now() + window_;
-  for (;;) {
-    bool all = true;
-    for (size_t i = 0; i < members_.size(); ++i) {
-      if (joined[i]) continue;
-      try {
-        store_->wait({absl::StrCat(prefix, "join/", members_[i])}, std::chrono::milliseconds(1));
-        joined[i] = true;
-      } catch (const TimeoutError&) {
-        all = false;
-      }
-    }
-    if (all || Clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  std::vector<int> view;
-  for (size_t i = 0; i < members_.size(); ++i) {
-    if (joined[i]) view.push_back(members_[i]);
-  }
-  const std::string mine = absl::StrJoin(view, ",");
-  store_->set(absl::StrCat(prefix, "view/", rank_), Bytes(mine));
-  // Everyone in the view joined within this rank's window, so each publishes its view at
-  // most one window after this rank did.
-  for (int r : view) {
-    if (r == rank_) continue;
-    std::vector<char> v;
-    try {
-      v = store_->get(absl::StrCat(prefix, "view/", r), 2 * window_ + options_.comm.timeout);
-    } catch (const TimeoutError& e) {
-      throw PeerError(absl::StrCat("fault_tolerant_push_sum on rank ", rank_, ": recovery of epoch ", epoch_,
-                                   ": rank ", r, " joined but published no membership view (", e.what(), ")"));
-    }
-    const std::string theirs(v.begin(), v.end());
-    if (theirs != mine) {
-      throw PeerError(absl::StrCat("fault_tolerant_push_sum on rank ", rank_, ": recovery of epoch ", epoch_,
-                                   ": survivors disagree on the membership: this rank saw {", mine, "}, rank ", r,
-                                   " saw {", theirs, "}",
-                                   theirs.find(absl::StrCat(rank_)) == std::string::npos
-                                       ? " (this rank joined after the others closed the epoch and was dropped)"
-                                       : " (a rank joined at the very end of the join window)"));
-    }
-  }
-  return view;
 }
 
 void FaultTolerantPushSum::Recover(const std::vector<Buffer>& buffers, size_t count) {
   const int max_attempts = static_cast<int>(members_.size());
   for (int attempt = 0;; ++attempt) {
     comm_.reset();  // closes our sockets: the neighbours' steps fail now, not at their timeout
-    const std::vector<int> view = AgreeOnMembers();
+    const std::vector<int> view = AgreeOnMembers(*store_, epoch_, rank_, members_, window_, options_.comm.timeout);
     std::vector<int> dropped;
     std::set_difference(members_.begin(), members_.end(), view.begin(), view.end(), std::back_inserter(dropped));
     members_ = view;
@@ -291,7 +215,7 @@ void FaultTolerantPushSum::Reconcile(const std::vector<Buffer>& buffers, size_t 
   // Who holds a sent-record for whom (original ranks), and the step to resume at.
   const int world = world_size_;
   std::vector<int32_t> flags(world, 0);
-  for (const auto& [peer, rec] : sent_) {
+  for (const auto& [peer, rec] : ledger_.sent()) {
     flags[peer] = 1;
   }
   std::vector<int32_t> all_flags(static_cast<size_t>(world) * m);
@@ -303,15 +227,15 @@ void FaultTolerantPushSum::Reconcile(const std::vector<Buffer>& buffers, size_t 
   std::vector<std::vector<double>> sent_copy;  // keeps send buffers alive
   for (int j = 0; j < m; ++j) {
     if (j == me) continue;
-    auto it = sent_.find(members_[j]);
-    if (it == sent_.end()) continue;
+    auto it = ledger_.sent().find(members_[j]);
+    if (it == ledger_.sent().end()) continue;
     std::vector<double> rec = it->second;
     rec.resize(words, 0.0);
     sent_copy.push_back(std::move(rec));
   }
   size_t s = 0;
   for (int j = 0; j < m; ++j) {
-    if (j == me || sent_.count(members_[j]) == 0) continue;
+    if (j == me || ledger_.sent().count(members_[j]) == 0) continue;
     ops.push_back(P2POp::Send(CpuBuffer(sent_copy[s++].data(), words), j, options_.tag + 1));
   }
   std::vector<std::pair<int, std::vector<double>>> incoming;
@@ -322,35 +246,15 @@ void FaultTolerantPushSum::Reconcile(const std::vector<Buffer>& buffers, size_t 
   if (!ops.empty()) comm_->p2p(ops)->wait();
 
   // Everything arrived: now nothing can fail, apply the corrections.
-  std::vector<double> corr(words, 0.0);
-  auto add = [&](const std::vector<double>& v, double sign, std::vector<double>* also = nullptr) {
-    for (size_t k = 0; k < v.size() && k < words; ++k) {
-      corr[k] += sign * v[k];
-      if (also) {
-        also->resize(words, 0.0);
-        (*also)[k] -= sign * v[k];  // what we take in from a peer lowers our net flow to it
-      }
-    }
-  };
-  // The dead: undo every exchange with them since the start (net = sent - received).
-  for (int d : dead_) {
-    if (auto it = net_.find(d); it != net_.end()) {
-      add(it->second, +1);
-      net_.erase(it);
-    }
-  }
-  // Survivors: mass in flight (sent, not applied) or half-applied (applied, not recorded as
-  // sent) since the last recovery: settle it here, and in net_ so that a later death of that
-  // peer undoes it too.
-  for (const auto& [j, buf] : incoming) add(buf, +1, &net_[members_[j]]);  // sent_j[me]
+  std::vector<std::pair<int, std::vector<double>>> sent_to_me;  // by original rank
+  for (auto& [j, buf] : incoming) sent_to_me.emplace_back(members_[j], std::move(buf));
+  std::vector<int> survivors;
   for (int j = 0; j < m; ++j) {
-    if (j == me) continue;
-    if (auto it = recv_.find(members_[j]); it != recv_.end()) add(it->second, -1, &net_[members_[j]]);
+    if (j != me) survivors.push_back(members_[j]);
   }
+  const std::vector<double> corr = ledger_.Settle(dead_, sent_to_me, survivors, words);
   FlatView(buffers).Update([&](size_t k, double& v) { v += corr[k]; });
   weight_ += corr[count];
-  sent_.clear();
-  recv_.clear();
   step_ = step;
 }
 

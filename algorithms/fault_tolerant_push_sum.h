@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "algorithms/peer_graph.h"
+#include "algorithms/push_sum_ledger.h"
 #include "comm/communicator.h"
 #include "comm/store.h"
 #include "comm/types.h"
@@ -130,7 +131,6 @@ class FaultTolerantPushSum {
   void Connect();
   bool Round(const std::vector<Buffer>& buffers, size_t count);  // one round, or a recovery: false
   void Recover(const std::vector<Buffer>& buffers, size_t count);
-  std::vector<int> AgreeOnMembers();
   void Reconcile(const std::vector<Buffer>& buffers, size_t count);
   int GroupRank(int original) const;
 
@@ -146,9 +146,7 @@ class FaultTolerantPushSum {
   double weight_ = 1.0;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<PeerGraph> graph_;
-  // By original rank, x elements then w: mass sent and received since the last recovery, and
-  // the net flow (sent - received) since the start, settled in-flight mass included.
-  std::map<int, std::vector<double>> sent_, recv_, net_;
+  MassLedger ledger_;  // mass sent and received per peer (push_sum_ledger.h)
   RecoveryReport last_recovery_;
 };
 

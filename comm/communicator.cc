@@ -1,30 +1,28 @@
 // The Communicator facade. Every call reads: check the arguments (here, synchronously:
-// InvalidArgumentError), describe it (an OpSpec: what every rank must agree on, and the memory
-// it touches), schedule it (Lanes: a collective starts only after every earlier one on
-// overlapping memory), run it (Run: the signature check, then the data path chosen per call:
-// eager, Gloo, or NCCL). The parts, one job each: meshes.h (connections, the options every rank
-// must share, the shutdown order), lanes.h (which collective runs when, on which thread),
-// peer_health.h (heartbeats and the peer check appended to errors), failure_state.h (usable,
-// poisoned or shut down); the data paths below them (gloo_collectives.h, eager_collectives.h,
-// p2p_exchange.h, nccl_transport.h).
+// InvalidArgumentError), describe it (collective_plan.h: the OpSpec every rank must agree on,
+// the memory it touches, its data path: eager, Gloo or NCCL), schedule it (Lanes: a collective
+// starts only after every earlier one on overlapping memory), run it (Run: the deadline, the
+// signature check, then the plan's data path, and the error mapping). The parts, one job each:
+// meshes.h (connections, the options every rank must share, the shutdown order), lanes.h
+// (which collective runs when, on which thread), peer_health.h (heartbeats and the peer check
+// appended to errors), failure_state.h (usable, poisoned or shut down); the data paths below
+// them (gloo_collectives.h, eager_collectives.h, p2p_exchange.h, nccl_transport.h).
 #include "comm/communicator.h"
 
 #include <gloo/context.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <functional>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "comm/argument_checks.h"
+#include "comm/collective_plan.h"
 #include "comm/consistency_check.h"
-#include "comm/eager_collectives.h"
 #include "comm/errors.h"
 #include "comm/failure_state.h"
-#include "comm/gloo_collectives.h"
 #include "comm/lanes.h"
 #include "comm/meshes.h"
 #include "comm/cuda_stream.h"
@@ -36,23 +34,7 @@
 
 namespace gossipcc {
 namespace {
-
 using Clock = std::chrono::steady_clock;
-
-// How a CPU collective moves its data once the signature check passed, and how a CUDA one
-// launches on NCCL.
-using CpuPath = std::function<void(const GlooCall&)>;
-using CudaPath = std::function<std::shared_ptr<Work>(NcclTransport&, std::string)>;
-
-// A CPU collective small enough to travel inside the signature check (consistency_check.h):
-// `payload` rides with this rank's header, and `finish` completes the collective from every
-// rank's payload, given the lane's handshake and scratch. A null `finish`: not eager.
-using EagerFinish = std::function<void(const CollectiveHandshake&, CollectiveScratch&)>;
-struct EagerPlan {
-  absl::Span<const uint8_t> payload;
-  EagerFinish finish;
-};
-
 }  // namespace
 
 class Communicator::Impl {
@@ -81,30 +63,29 @@ class Communicator::Impl {
     return {rank_, size_, options_.cuda_device >= 0 ? options_.cuda_device : (nccl_ ? nccl_->device() : -1)};
   }
 
-  // Describe and schedule: the collective `spec` (its seq assigned here) goes to its lane with
-  // the memory it touches; the lane runs `cpu` (CPU buffers, on Gloo) or `cuda` (CUDA buffers,
-  // launched on NCCL) after the signature check, or an eager CPU collective within the check.
-  // `checks_itself`: `cpu` runs the check itself, overlapped with its first messages.
-  std::shared_ptr<Work> Submit(OpSpec spec, Footprint footprint, CpuPath cpu, CudaPath cuda, uint64_t payload_bytes,
-                               EagerPlan eager = {}, bool checks_itself = false) {
+  // Schedule: the collective (its seq assigned here) goes to its lane with the memory it
+  // touches; the lane runs the plan's CPU path (on Gloo) or CUDA path (launched on NCCL) after
+  // the signature check, or an eager CPU collective within the check (collective_plan.h).
+  std::shared_ptr<Work> Submit(CollectivePlan plan) {
+    OpSpec& spec = plan.spec;
     failure_.ThrowIfUnusable(Where(OpKindName(spec.kind)));
-    if (spec.device.is_cuda()) footprint.fence = true;  // NCCL needs its launches in one order on every rank
+    if (spec.device.is_cuda()) plan.footprint.fence = true;  // NCCL needs its launches in one order on every rank
     std::shared_ptr<Work> work;
-    const bool queued = lanes_->Enqueue(std::move(footprint), [&](uint64_t seq) {
+    const bool queued = lanes_->Enqueue(std::move(plan.footprint), [&](uint64_t seq) {
       spec.seq = seq;
-      collective_payload_bytes_ += payload_bytes;
+      collective_payload_bytes_ += plan.payload_bytes;
       const std::string description = absl::StrCat(spec.Describe(), " on rank ", rank_, " of ", size_);
       LaneLink* lane = &meshes_.lane(lanes_->LaneOf(seq));
       if (spec.device.is_cuda()) {
         auto staged = std::make_shared<StagedWork>(description);
         work = staged;
-        return CudaTask(spec, *lane, staged, description, std::move(cuda));
+        return CudaTask(spec, *lane, staged, description, std::move(plan.cuda));
       }
       auto completion = std::make_shared<CompletionWork>(description);
       completion->SetInlineRunner(lanes_->InlineRunner(seq));
       work = completion;
-      const bool deferred_check = checks_itself && options_.verify_collectives && !eager.finish;
-      return CpuTask(spec, *lane, completion, std::move(cpu), std::move(eager), deferred_check);
+      const bool deferred_check = plan.checks_itself && options_.verify_collectives && !plan.eager.finish;
+      return CpuTask(spec, *lane, completion, std::move(plan.cpu), std::move(plan.eager), deferred_check);
     });
     if (!queued) throw AbortedError(absl::StrCat(Where(OpKindName(spec.kind)), ": ", failure_.stop_reason()));
     return work;
@@ -281,32 +262,7 @@ class Communicator::Impl {
 };
 
 namespace {
-
-// ---- describing a call ----
-
 size_t Sum(const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), size_t{0}); }
-
-absl::Span<const uint8_t> BytesOf(const Buffer& b) {
-  return absl::Span<const uint8_t>(static_cast<const uint8_t*>(b.data), b.bytes());
-}
-
-OpSpec Spec(OpKind kind, const Buffer& b, uint64_t count) {
-  OpSpec s;
-  s.kind = kind;
-  s.dtype = b.dtype;
-  s.device = b.device;
-  s.count = count;
-  return s;
-}
-
-// The eager plan of a CPU collective whose largest per-rank payload is `bytes` (the same on
-// every rank), or no plan (not eager) when it does not fit EagerCollectiveMaxBytes.
-EagerPlan Eager(const Communicator::Impl& c, const Device& device, size_t bytes, absl::Span<const uint8_t> payload,
-                EagerFinish finish) {
-  if (c.size_ == 1 || device.is_cuda() || bytes > EagerCollectiveMaxBytes(c.size_)) return {};
-  return {payload, std::move(finish)};
-}
-
 }  // namespace
 
 std::unique_ptr<Communicator> Communicator::Create(std::shared_ptr<Store> store, int rank, int size,
@@ -332,42 +288,18 @@ void Communicator::shutdown() { impl_->Shutdown("shutdown() called"); }
 TrafficCounters Communicator::traffic() const { return impl_->traffic(); }
 std::vector<int> Communicator::UnresponsivePeers() { return impl_->UnresponsivePeers(); }
 
-// ---- collectives: check, describe, then Submit schedules and runs ----
+// ---- collectives: check, describe (collective_plan.h), then Submit schedules and runs ----
 
 std::shared_ptr<Work> Communicator::allreduce(Buffer data, ReduceOp op) {
   impl_->check().Buffer("allreduce", "data", data);
   impl_->check().Reduce("allreduce", data.dtype, op);
-  OpSpec spec = Spec(OpKind::kAllreduce, data, data.count);
-  spec.op = op;
-  EagerPlan eager = Eager(*impl_, data.device, data.bytes(), BytesOf(data),
-                                       [this, data, op](const CollectiveHandshake& h, CollectiveScratch& scratch) {
-                                         EagerAllreduce(h, size(), data, op, scratch.wide);
-                                       });
-  return impl_->Submit(
-      spec, Footprint::Of({data}),
-      [=](const GlooCall& call) {
-        if (data.count) {
-          GlooAllreduce(call, data, op);
-        } else {
-          RunCheck(call);
-        }
-      },
-      [=](NcclTransport& n, std::string d) { return n.Allreduce(data, op, std::move(d)); }, data.bytes(),
-      std::move(eager), /*checks_itself=*/true);
+  return impl_->Submit(PlanAllreduce(size(), data, op));
 }
 
 std::shared_ptr<Work> Communicator::broadcast(Buffer data, int root) {
   impl_->check().Buffer("broadcast", "data", data);
   impl_->check().Peer("broadcast", root, "root");
-  OpSpec spec = Spec(OpKind::kBroadcast, data, data.count);
-  spec.root = root;
-  EagerPlan eager = Eager(*impl_, 
-      data.device, data.bytes(), rank() == root ? BytesOf(data) : absl::Span<const uint8_t>(),
-      [data, root, me = rank()](const CollectiveHandshake& h, CollectiveScratch&) { EagerBroadcast(h, me, data, root); });
-  return impl_->Submit(
-      spec, Footprint::Of({data}), [=](const GlooCall& call) { if (data.count && call.context->size > 1) GlooBroadcast(call, data, root); },
-      [=](NcclTransport& n, std::string d) { return n.Broadcast(data, root, std::move(d)); }, data.bytes(),
-      std::move(eager));
+  return impl_->Submit(PlanBroadcast(rank(), size(), data, root));
 }
 
 std::shared_ptr<Work> Communicator::allgather(Buffer input, Buffer output) {
@@ -379,15 +311,7 @@ std::shared_ptr<Work> Communicator::allgather(Buffer input, Buffer output) {
                                             " elements but size() * input.count = ", size(), " * ", input.count,
                                             " = ", input.count * size(), " are required"));
   }
-  EagerPlan eager =
-      Eager(*impl_, input.device, input.bytes(), BytesOf(input),
-                   [output, counts = std::vector<size_t>(size(), input.count), n = size()](
-                       const CollectiveHandshake& h, CollectiveScratch&) { EagerAllgatherv(h, n, output, counts); });
-  return impl_->Submit(
-      Spec(OpKind::kAllgather, input, input.count), Footprint::Of({input, output}),
-      [=](const GlooCall& call) { if (input.count) GlooAllgather(call, input, output); },
-      [=](NcclTransport& n, std::string d) { return n.Allgather(input, output, std::move(d)); }, input.bytes(),
-      std::move(eager));
+  return impl_->Submit(PlanAllgather(size(), input, output));
 }
 
 std::shared_ptr<Work> Communicator::allgatherv(Buffer input, Buffer output, std::vector<size_t> counts) {
@@ -404,17 +328,7 @@ std::shared_ptr<Work> Communicator::allgatherv(Buffer input, Buffer output, std:
     throw InvalidArgumentError(absl::StrCat(impl_->Where("allgatherv"), ": output has ", output.count,
                                             " elements but the counts add up to ", total));
   }
-  OpSpec spec = Spec(OpKind::kAllgatherv, input, total);
-  spec.layout_hash = HashCounts(counts);
-  // Decided from the counts vector, which every rank must pass alike (checked), not from this
-  // rank's own count, so all ranks choose the same plan.
-  EagerPlan eager = Eager(*impl_, 
-      input.device, *std::max_element(counts.begin(), counts.end()) * ElementSize(input.dtype), BytesOf(input),
-      [output, counts, n = size()](const CollectiveHandshake& h, CollectiveScratch&) { EagerAllgatherv(h, n, output, counts); });
-  return impl_->Submit(
-      spec, Footprint::Of({input, output}), [=](const GlooCall& call) { if (total) GlooAllgatherv(call, input, output, counts); },
-      [=](NcclTransport& n, std::string d) { return n.Allgatherv(input, output, counts, std::move(d)); },
-      input.bytes(), std::move(eager));
+  return impl_->Submit(PlanAllgatherv(size(), input, output, std::move(counts)));
 }
 
 std::shared_ptr<Work> Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op) {
@@ -427,16 +341,7 @@ std::shared_ptr<Work> Communicator::reduce_scatter(Buffer input, Buffer output, 
                                             " elements but size() * output.count = ", size(), " * ", output.count,
                                             " = ", output.count * size(), " are required"));
   }
-  OpSpec spec = Spec(OpKind::kReduceScatter, input, output.count);
-  spec.op = op;
-  EagerPlan eager = Eager(*impl_, input.device, input.bytes(), BytesOf(input),
-                                       [this, output, op](const CollectiveHandshake& h, CollectiveScratch& scratch) {
-                                         EagerReduceScatter(h, size(), rank(), output, op, scratch.wide);
-                                       });
-  return impl_->Submit(
-      spec, Footprint::Of({input, output}), [=](const GlooCall& call) { GlooReduceScatter(call, input, output, op); },
-      [=](NcclTransport& n, std::string d) { return n.ReduceScatter(input, output, op, std::move(d)); },
-      input.bytes(), std::move(eager));
+  return impl_->Submit(PlanReduceScatter(rank(), size(), input, output, op));
 }
 
 std::shared_ptr<Work> Communicator::alltoall(Buffer input, Buffer output) {
@@ -448,13 +353,7 @@ std::shared_ptr<Work> Communicator::alltoall(Buffer input, Buffer output) {
                                             output.count, ") must have the same element count, a multiple of size() = ",
                                             size()));
   }
-  const size_t chunk = input.count / size();
-  std::vector<size_t> counts(size(), chunk);
-  return impl_->Submit(
-      Spec(OpKind::kAlltoall, input, input.count), Footprint::Of({input, output}),
-      [=](const GlooCall& call) { if (input.count) GlooAlltoall(call, input, output); },
-      [=](NcclTransport& n, std::string d) { return n.Alltoallv(input, counts, output, counts, std::move(d)); },
-      input.bytes());
+  return impl_->Submit(PlanAlltoall(size(), input, output));
 }
 
 std::shared_ptr<Work> Communicator::alltoallv(Buffer input, std::vector<size_t> send_counts, Buffer output,
@@ -469,34 +368,10 @@ std::shared_ptr<Work> Communicator::alltoallv(Buffer input, std::vector<size_t> 
                                             " (input has ", input.count, "), recv_counts add up to ", Sum(recv_counts),
                                             " (output has ", output.count, ")"));
   }
-  OpSpec spec = Spec(OpKind::kAlltoallv, input, 0);
-  spec.send_counts = send_counts;
-  spec.recv_counts = recv_counts;
-  return impl_->Submit(
-      spec, Footprint::Of({input, output}),
-      [=](const GlooCall& call) {
-        if (call.context->size == 1) {
-          if (input.count) std::memcpy(output.data, input.data, input.bytes());
-        } else {
-          GlooAlltoallv(call, input, send_counts, output, recv_counts);
-        }
-      },
-      [=](NcclTransport& n, std::string d) {
-        return n.Alltoallv(input, send_counts, output, recv_counts, std::move(d));
-      },
-      input.bytes());
+  return impl_->Submit(PlanAlltoallv(input, std::move(send_counts), output, std::move(recv_counts)));
 }
 
-std::shared_ptr<Work> Communicator::barrier() {
-  OpSpec spec;
-  spec.kind = OpKind::kBarrier;
-  // A CPU barrier is the handshake alone: a rank gets past it only once every peer's header
-  // (sent on entering the barrier) has arrived.
-  EagerPlan eager = Eager(*impl_, spec.device, 0, {}, [](const CollectiveHandshake&, CollectiveScratch&) {});
-  return impl_->Submit(
-      spec, Footprint::Fence(), [](const GlooCall& call) { GlooBarrier(call); },
-      [](NcclTransport& n, std::string d) { return n.Barrier(std::move(d)); }, 0, std::move(eager));
-}
+std::shared_ptr<Work> Communicator::barrier() { return impl_->Submit(PlanBarrier(size())); }
 
 // ---- point-to-point: check, then post at once ----
 

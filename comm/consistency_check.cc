@@ -12,29 +12,13 @@
 #include "absl/strings/str_cat.h"
 #include "comm/options.h"
 #include "comm/errors.h"
+#include "comm/fingerprint.h"
 #include "comm/gloo_util.h"
 
 namespace gossipcc {
 namespace {
 
-// The header every rank sends: 64 bytes, then the payload (if any).
-struct Fingerprint {
-  uint64_t seq;
-  uint64_t count;
-  uint64_t layout_hash;
-  uint64_t sends_to_peer;      // alltoallv: elements the sender sends to the receiver
-  uint64_t expects_from_peer;  // alltoallv: elements the sender expects from the receiver
-  int32_t root;
-  int32_t device_index;
-  uint32_t payload_bytes;
-  uint8_t kind;
-  uint8_t dtype;
-  uint8_t op;
-  uint8_t device_type;
-  uint64_t reserved;
-};
-constexpr size_t kHeaderBytes = 64;
-static_assert(sizeof(Fingerprint) == kHeaderBytes, "fingerprint layout");
+constexpr size_t kHeaderBytes = kFingerprintBytes;
 
 // Bytes of payload every rank appends at most, summed over the peers it goes to. Direct
 // exchange sends (n-1) x payload per rank where a ring all-reduce sends 2(n-1)/n x payload
@@ -42,49 +26,6 @@ static_assert(sizeof(Fingerprint) == kHeaderBytes, "fingerprint layout");
 // for slow links (at 100 Mbit/s 128 KiB take 10 ms, about what the saved ring steps cost on
 // a loaded host); on loopback a larger budget would still pay (docs/benchmarks_history.md).
 constexpr size_t kEagerFanoutBytes = size_t{128} << 10;
-
-Fingerprint Make(const OpSpec& spec, int peer, size_t payload_bytes) {
-  Fingerprint f{};
-  f.seq = spec.seq;
-  f.count = spec.count;
-  f.layout_hash = spec.layout_hash;
-  if (spec.kind == OpKind::kAlltoallv) {
-    f.sends_to_peer = spec.send_counts[peer];
-    f.expects_from_peer = spec.recv_counts[peer];
-  }
-  f.root = spec.root;
-  f.device_index = spec.device.index;
-  f.payload_bytes = static_cast<uint32_t>(payload_bytes);
-  f.kind = static_cast<uint8_t>(spec.kind);
-  f.dtype = static_cast<uint8_t>(spec.dtype);
-  f.op = static_cast<uint8_t>(spec.op);
-  f.device_type = static_cast<uint8_t>(spec.device.type);
-  return f;
-}
-
-std::string DeviceTypeName(uint8_t t) {
-  return static_cast<Device::Type>(t) == Device::Type::kCUDA ? "cuda" : "cpu";
-}
-
-// Builds "<field> differs across ranks: rank 0: a, rank 1: b, ..." from the full table.
-template <typename Fn>
-std::string Table(const std::vector<Fingerprint>& all, Fn value) {
-  std::string s;
-  for (size_t r = 0; r < all.size(); ++r) absl::StrAppend(&s, r == 0 ? "" : ", ", "rank ", r, ": ", value(all[r]));
-  return s;
-}
-
-// alltoallv: each pair's counts are checked by the two ranks involved; a second exchange
-// tells every rank about any bad pair, so all ranks fail together instead of the others
-// waiting for data that will never come.
-struct PairVerdict {
-  uint64_t bad;
-  uint64_t sender;
-  uint64_t receiver;
-  uint64_t sends;
-  uint64_t expects;
-};
-static_assert(sizeof(PairVerdict) <= kHeaderBytes, "a verdict travels in a header slot");
 
 // The bound buffers' slots, per parity (Gloo keeps bound and unbound slots apart; no other
 // bound buffer lives on a lane's signature mesh). A send buffer's destructor unregisters its
@@ -136,11 +77,7 @@ const uint8_t* CollectiveHandshake::Header(int rank) const {
 
 const uint8_t* CollectiveHandshake::payload(int rank) const { return Header(rank) + kHeaderBytes; }
 
-size_t CollectiveHandshake::payload_bytes(int rank) const {
-  Fingerprint f;
-  std::memcpy(&f, Header(rank), sizeof(f));
-  return f.payload_bytes;
-}
+size_t CollectiveHandshake::payload_bytes(int rank) const { return Fingerprint::Read(Header(rank)).payload_bytes; }
 
 std::vector<std::shared_ptr<void>> CollectiveHandshake::TakeRetiredBuffers() {
   TakePairsOffTheDeviceThread(mesh_);
@@ -218,20 +155,8 @@ void CollectiveHandshake::Begin(const OpSpec& spec, absl::Span<const uint8_t> pa
   spec_ = &spec;
   timeout_ = timeout;
   // This rank's own header (and payload) stays in outgoing_, where Header(me) finds it.
-  const bool per_peer = spec.kind == OpKind::kAlltoallv;
-  own_offset_ = per_peer ? static_cast<size_t>(me) * kHeaderBytes : 0;
-  size_t send_bytes = kHeaderBytes;
-  if (per_peer) {
-    for (int p = 0; p < n; ++p) {
-      Fingerprint f = Make(spec, p, 0);
-      std::memcpy(outgoing_.data() + static_cast<size_t>(p) * kHeaderBytes, &f, sizeof(f));
-    }
-  } else {
-    Fingerprint f = Make(spec, 0, payload.size());
-    std::memcpy(outgoing_.data(), &f, sizeof(f));
-    if (!payload.empty()) std::memcpy(outgoing_.data() + kHeaderBytes, payload.data(), payload.size());
-    send_bytes += payload.size();
-  }
+  own_offset_ = spec.kind == OpKind::kAlltoallv ? static_cast<size_t>(me) * kHeaderBytes : 0;
+  const size_t send_bytes = WriteFingerprints(spec, payload, n, outgoing_.data());
   arrived_.assign(static_cast<size_t>(n), false);
   arrived_[static_cast<size_t>(me)] = true;
   if (n == 1) return;
@@ -308,70 +233,14 @@ void CollectiveHandshake::Finish() {
   } catch (const std::exception& e) {
     RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", me, " of ", n, ": exchanging signatures"), e);
   }
-  std::vector<Fingerprint> incoming(n);
-  for (int p = 0; p < n; ++p) std::memcpy(&incoming[p], Header(p), sizeof(Fingerprint));
-
+  std::vector<Fingerprint> all(n);
+  for (int p = 0; p < n; ++p) all[p] = Fingerprint::Read(Header(p));
   const std::string where = absl::StrCat(spec.Describe(), " on rank ", me, " of ", n);
-  auto differs = [&](auto field) {
-    for (int p = 0; p < n; ++p)
-      if (field(incoming[p]) != field(incoming[0])) return true;
-    return false;
-  };
-  auto fail = [&](const std::string& what) {
-    throw MismatchError(absl::StrCat(where, ": ranks disagree on ", what, "; no buffer was modified"));
-  };
-  if (differs([](const Fingerprint& f) { return f.seq; }))
-    fail(absl::StrCat("the collective sequence number (did some rank skip or add a collective?): ",
-                      Table(incoming, [](const Fingerprint& f) { return f.seq; })));
-  if (differs([](const Fingerprint& f) { return f.kind; }))
-    fail(absl::StrCat("the operation: ", Table(incoming, [](const Fingerprint& f) {
-                        return std::string(OpKindName(static_cast<OpKind>(f.kind)));
-                      })));
-  if (differs([](const Fingerprint& f) { return f.device_type; }))
-    fail(absl::StrCat("the device type: ",
-                      Table(incoming, [](const Fingerprint& f) { return DeviceTypeName(f.device_type); })));
-  if (spec.kind == OpKind::kBarrier) return;
-  if (differs([](const Fingerprint& f) { return f.dtype; }))
-    fail(absl::StrCat("the dtype: ", Table(incoming, [](const Fingerprint& f) {
-                        return std::string(DTypeName(static_cast<DType>(f.dtype)));
-                      })));
-  if (spec.has_reduce_op() && differs([](const Fingerprint& f) { return f.op; }))
-    fail(absl::StrCat("the reduce op: ", Table(incoming, [](const Fingerprint& f) {
-                        return std::string(ReduceOpName(static_cast<ReduceOp>(f.op)));
-                      })));
-  if (spec.kind == OpKind::kBroadcast && differs([](const Fingerprint& f) { return f.root; }))
-    fail(absl::StrCat("the root: ", Table(incoming, [](const Fingerprint& f) { return f.root; })));
-  if (spec.kind != OpKind::kAlltoallv && differs([](const Fingerprint& f) { return f.count; })) {
-    const char* what = spec.kind == OpKind::kAllgather        ? "the input element count"
-                       : spec.kind == OpKind::kReduceScatter  ? "the output element count"
-                       : spec.kind == OpKind::kAllgatherv     ? "the total element count"
-                       : spec.kind == OpKind::kAlltoall       ? "the input element count"
-                                                              : "the element count";
-    fail(absl::StrCat(what, ": ", Table(incoming, [](const Fingerprint& f) { return f.count; })));
-  }
-  if (spec.kind == OpKind::kAllgatherv && differs([](const Fingerprint& f) { return f.layout_hash; }))
-    fail("the per-rank counts vector (every rank must pass the same counts)");
+  CompareFingerprints(spec, all, where);
   if (spec.kind == OpKind::kAlltoallv) {
-    PairVerdict mine{};
-    for (int p = 0; p < n && !mine.bad; ++p) {
-      if (p == me) continue;
-      if (incoming[p].sends_to_peer != spec.recv_counts[p]) {
-        mine = {1, static_cast<uint64_t>(p), static_cast<uint64_t>(me), incoming[p].sends_to_peer, spec.recv_counts[p]};
-      } else if (incoming[p].expects_from_peer != spec.send_counts[p]) {
-        mine = {1, static_cast<uint64_t>(me), static_cast<uint64_t>(p), spec.send_counts[p],
-                incoming[p].expects_from_peer};
-      }
-    }
+    const PairVerdict mine = PairVerdict::Judge(spec, me, all);
     ExchangeVerdicts(spec, &mine, sizeof(mine), timeout);
-    for (int p = 0; p < n; ++p) {
-      PairVerdict v;
-      std::memcpy(&v, verdicts_in_.data() + static_cast<size_t>(p) * kHeaderBytes, sizeof(v));
-      if (v.bad) {
-        throw MismatchError(absl::StrCat(where, ": rank ", v.sender, " sends ", v.sends, " elements to rank ",
-                                         v.receiver, " but rank ", v.receiver, " expects ", v.expects,
-                                         "; no buffer was modified"));
-      }
-    }
+    ThrowOnBadPair(verdicts_in_.data(), n, where);
   }
 }
 

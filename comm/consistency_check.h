@@ -1,10 +1,11 @@
 // The handshake that starts every collective: a cross-rank check of its signature, which
 // can carry a small collective's whole payload.
 //
-// Every rank sends a 64-byte header (a fingerprint of its OpSpec) to every peer and receives
-// theirs: one message latency. Every rank then holds the whole table, so on a disagreement
-// all ranks raise the same MismatchError listing each rank's value, and none has touched the
-// caller's data: the communicator stays usable. Raw Gloo instead aborts the process when a
+// Every rank sends a 64-byte header (a fingerprint of its OpSpec, fingerprint.h) to every
+// peer and receives theirs: one message latency. Every rank then holds the whole table, so on
+// a disagreement all ranks raise the same MismatchError listing each rank's value
+// (CompareFingerprints), and none has touched the caller's data: the communicator stays
+// usable. This file moves the headers; fingerprint.h encodes and compares them. Raw Gloo instead aborts the process when a
 // message is longer than the posted receive and silently truncates when it is shorter.
 //
 // Eager collectives: a rank may append up to EagerCollectiveMaxBytes(size) bytes of payload

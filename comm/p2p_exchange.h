@@ -7,17 +7,16 @@
 // cannot pass for a full one (raw Gloo reports success). On a mismatch the payload is
 // drained into scratch memory and the receive fails with a MismatchError naming both sides.
 //
-// A payload larger than the segment size travels as consecutive segments: offset/length
-// operations on one Gloo buffer, all posted at once by the sender; the header carries the
-// segment size, and the receiver posts the same cuts, from the header's sender only, a few at
-// a time (kReceiveWindow). Gloo sends a payload only once its receive is announced, and a
-// pair writes announcements in order with its own payloads on one socket: with whole
-// payloads on the collectives' mesh the two directions of an exchange ran one after the
-// other (docs/benchmarks_history.md (c)). So payloads travel on a mesh per direction (lower to
-// higher rank, higher to lower): each socket carries payloads one way and announcements the
-// other. Headers stay on the collectives' mesh (a receive from any source waits on one Gloo
-// buffer for every peer's header). Receives on one (peer, tag) take their payloads in
-// header order (tickets), so their segments never interleave. Counters count payload bytes.
+// A payload larger than the segment size travels as consecutive segments (p2p_wire.h: the
+// header and the segments, moved with their progress). Gloo sends a payload only once its
+// receive is announced, and a pair writes announcements in order with its own payloads on one
+// socket: with whole payloads on the collectives' mesh the two directions of an exchange ran
+// one after the other (docs/benchmarks_history.md (c)). So payloads travel on a mesh per
+// direction (lower to higher rank, higher to lower): each socket carries payloads one way and
+// announcements the other. Headers stay on the collectives' mesh (a receive from any source
+// waits on one Gloo buffer for every peer's header). Receives on one (peer, tag) take their
+// payloads in header order (p2p_turns.h), so their segments never interleave. Counters count
+// payload bytes.
 //
 // Batches are posted on the caller's thread; each then progresses on a thread of its own,
 // its receives independently of each other, and completes as soon as its own messages
@@ -29,11 +28,8 @@
 
 #include <array>
 #include <chrono>
-#include <deque>
 #include <functional>
-#include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <utility>
 #include <thread>
@@ -41,8 +37,9 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "comm/p2p_op.h"
 #include "comm/gloo_util.h"
+#include "comm/p2p_op.h"
+#include "comm/p2p_turns.h"
 #include "comm/work.h"
 
 namespace gloo {
@@ -80,18 +77,9 @@ class P2PExchange {
   struct Message;
   struct Batch;
   struct ReceiveOutcome;
-  class Turn;
-  struct Turns {
-    uint64_t next = 0;              // the ticket the next receive draws
-    uint64_t serving = 0;           // the ticket whose receive may take its payload
-    std::set<uint64_t> finished;    // given back out of order, ahead of `serving`
-  };
-  // Where the payload from `from` to `to` travels. Gloo sends a payload only once the
-  // receiver has announced the receive, and a pair writes everything, announcements
-  // included, in order on one socket. With one connection per pair, an announcement queues
-  // behind the receiver's own payload to the same peer, so the two directions of an exchange
-  // take turns. On a connection per direction, each socket carries payloads one way and
-  // announcements the other, and an announcement only waits in the link's queue.
+  // Where the payload from `from` to `to` travels: the mesh of its direction (see above: on
+  // one connection per pair, an announcement queues behind the receiver's own payload to the
+  // same peer, so the two directions of an exchange take turns), or `context_` if none.
   gloo::Context& PayloadContext(int from, int to) const;
 
   ReceiveOutcome ReceiveOne(Message& m, Clock::time_point deadline, const std::string& description);
@@ -112,7 +100,7 @@ class P2PExchange {
   std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::pair<int, uint32_t>, Turns> turns_ ABSL_GUARDED_BY(mu_);  // by (peer, tag)
+  ReceiveTurns turns_;  // tickets drawn under mu_, in header posting order
 };
 
 }  // namespace gossipcc
