@@ -86,6 +86,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/quantized_blocks.h"  // quantized_internal: the codec, for tests and benchmarks
 #include "comm/types.h"
 
 namespace gossipcc {
@@ -159,15 +160,5 @@ class QuantizedErrorFeedback {
   std::map<std::string, State> states_;
 };
 
-namespace quantized_internal {
-// The codec, exposed for tests and benchmarks. Quantizes `count` values of `x` (one block:
-// count <= block size) into `out` (4 + ceil(count * bits / 8) bytes). If `residual` is set,
-// quantizes x + residual and stores (x + residual) - dequantized there.
-void QuantizeBlock(const float* x, size_t count, int bits, uint8_t* out, float* residual);
-// out[i] = the block's value i (a NaN scale gives NaN everywhere).
-void DequantizeBlock(const uint8_t* in, size_t count, int bits, float* out);
-// acc[i] += the block's value i (float32 addition).
-void DequantizeAddBlock(const uint8_t* in, size_t count, int bits, float* acc);
-}  // namespace quantized_internal
 
 }  // namespace gossipcc
