@@ -254,7 +254,9 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
                   e1 - e0, bits, block, quantized.data() + sl.byte[o]);
     if (o == me) {
       const size_t my_bytes = sl.range_bytes[me];
-      std::memcpy(sl.received.data() + static_cast<size_t>(me) * my_bytes, quantized.data() + sl.byte[me], my_bytes);
+      if (my_bytes) {  // (an empty region: no pointer to copy from)
+        std::memcpy(sl.received.data() + static_cast<size_t>(me) * my_bytes, quantized.data() + sl.byte[me], my_bytes);
+      }
     }
     region_ready[s][o] = 1;
   };
@@ -379,7 +381,7 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
     throw;
   }
   if (feedback) {
-    std::memcpy(sent_residual, new_sent.data(), count * sizeof(float));
+    if (count) std::memcpy(sent_residual, new_sent.data(), count * sizeof(float));
     for (const Slice& sl : slices) {
       const size_t my_count = sl.elem[me + 1] - sl.elem[me];
       if (my_count) std::memcpy(owned_residual + sl.elem[me], sl.new_owned.data(), my_count * sizeof(float));
