@@ -323,7 +323,7 @@ std::shared_ptr<StreamPoint> StreamPoint::Record(int device, void* stream, const
     if (event) cudaEventDestroy(event);
     CheckCuda(err, absl::StrCat(where, ": recording the caller's stream"));
   }
-  return std::shared_ptr<StreamPoint>(new StreamPoint(device, event));
+  return std::shared_ptr<StreamPoint>(new StreamPoint(event));
 }
 
 StreamPoint::~StreamPoint() {

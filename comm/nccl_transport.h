@@ -37,8 +37,7 @@ class StreamPoint {
   void* event() const { return event_; }  // a cudaEvent_t
 
  private:
-  StreamPoint(int device, void* event) : device_(device), event_(event) {}
-  int device_;
+  explicit StreamPoint(void* event) : event_(event) {}
   void* event_;
 };
 
