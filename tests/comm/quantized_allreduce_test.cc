@@ -344,6 +344,8 @@ Drift RunDrift(Communicator& comm, int bits, bool feedback) {
 TEST(QuantizedErrorFeedbackTest, RunningSumStaysWithinAFixedBoundOver1000Calls) {
   for (int n : {2, 3}) {
     for (int bits : {4, 8}) {
+      // Sanitizer builds (5-15x slower) run one rank count per width: 2 ranks at 4 bits, 3 at 8.
+      if (kSanitizerBuild && (n == 2) != (bits == 4)) continue;
       RunRanks(n, LaunchMode::kThreads, [&](Communicator& comm) {
         const Drift with = RunDrift(comm, bits, true);
         const Drift without = RunDrift(comm, bits, false);
