@@ -29,10 +29,8 @@ stage "test //... (torch 1.13)" bazel test --test_tag_filters=-gpu //... "$@"
 # from outside the source tree (tools/wheel_test.sh); again against torch 2.x at the end.
 stage "pip wheel + venv (torch 1.13)" tools/wheel_test.sh
 # The CUDA/NCCL tests (tag "gpu") packed for a GPU machine without Bazel; here, without a GPU,
-# run.sh runs the no-GPU cases and reports every GPU case skipped with its reason. Before the
-# sanitizer stages: they rebuild the same output tree (bazel-out/k8-opt) with their flags, so
-# after them this plain build would recompile every library it links; here it reuses the plain
-# stage's objects.
+# run.sh runs the no-GPU cases and reports every GPU case skipped with its reason (it reuses the
+# plain stage's objects; the sanitizer stages build into k8-opt-asan and k8-opt-tsan).
 stage "GPU bundle (build + run.sh)" bash -c 'tools/gpu_bundle.sh && gpu_bundle/run.sh'
 # The C++ suite again under AddressSanitizer + UndefinedBehaviorSanitizer (.bazelrc: asan);
 # the Python extension and its tests (tag "python") run in the plain stages only. Only the
