@@ -20,9 +20,32 @@ report() {
     $((SECONDS / 60)) $((SECONDS % 60))
   echo "  load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 }
-trap report EXIT
+trixie_pid=""
+trixie_log=$(mktemp /tmp/gossipcc-trixie-root.XXXXXX.log)
+finish() {
+  report
+  # A root left half-made is removed and redone by the next tools/trixie_root.sh.
+  if [ -n "$trixie_pid" ]; then kill "$trixie_pid" 2>/dev/null || true; fi
+  rm -f "$trixie_log"
+}
+trap finish EXIT
+wait_trixie_root() {
+  local pid=$trixie_pid
+  trixie_pid=""
+  if ! wait "$pid"; then
+    cat "$trixie_log" >&2
+    echo "tools/trixie_root.sh failed (its output above)" >&2
+    return 1
+  fi
+  cat "$trixie_log"
+}
 
 stage "setup (apt packages)" tools/setup.sh
+# The torch 2.x root (debootstrap, then trixie's packages: mostly download and unpack, minutes on
+# a fresh machine, nothing once made) is made in the background while the stages below compile
+# and test; the torch 2.x stage waits for it.
+tools/trixie_root.sh >"$trixie_log" 2>&1 &
+trixie_pid=$!
 stage "build //..." bazel build //...
 stage "test //... (torch 1.13)" bazel test --test_tag_filters=-gpu //... "$@"
 # The pip path (pyproject.toml): the wheel built by pip, installed into a fresh venv and tested
@@ -51,7 +74,7 @@ stage "test C++ (tsan)" bazel test --config=tsan --build_tests_only --build_tag_
 # two targets at a time, one core each).
 stage "fuzz parsers (20 s each)" tools/fuzz.sh 20
 # The c10d backend against torch 2.x: the same build and tests in a Debian trixie root.
-stage "trixie root (torch 2.x)" tools/trixie_root.sh
+stage "trixie root (torch 2.x), waited" wait_trixie_root
 # Tests tagged "one_torch" (the 90-run exit test, PyTorch's suite on 4 ranks) ran above already.
 stage "test backend (torch 2.x)" tools/in_trixie.sh bazel test --test_tag_filters=-one_torch \
   //torch_backend/... //tests/torch_backend/... "$@"
