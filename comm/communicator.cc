@@ -23,6 +23,7 @@
 #include "comm/consistency_check.h"
 #include "comm/errors.h"
 #include "comm/failure_state.h"
+#include "comm/issue_time.h"
 #include "comm/lanes.h"
 #include "comm/meshes.h"
 #include "comm/cuda_stream.h"
@@ -35,6 +36,20 @@
 namespace gossipcc {
 namespace {
 using Clock = std::chrono::steady_clock;
+
+// When a collective was issued: its deadline counts from `at`, the caller's issue time
+// (issue_time.h) where it set one, else the Communicator call (`called`).
+struct Issue {
+  Clock::time_point at, called;
+  std::string waited_for;  // what the caller held it back for (empty: nothing)
+  static Issue Now() {
+    const Clock::time_point now = Clock::now();
+    const IssueTime* caller = CurrentIssueTime();
+    return caller ? Issue{std::min(caller->issued, now), now, caller->waited_for} : Issue{now, now, {}};
+  }
+};
+
+long long Ms(Clock::duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); }
 }  // namespace
 
 class Communicator::Impl {
@@ -93,7 +108,7 @@ class Communicator::Impl {
 
   Lanes::Task CpuTask(const OpSpec& spec, LaneLink& lane, std::shared_ptr<CompletionWork> work, CpuPath cpu,
                       EagerPlan eager, bool deferred_check) {
-    return [this, &lane, spec, work, deferred_check, issued = Clock::now(), cpu = std::move(cpu),
+    return [this, &lane, spec, work, deferred_check, issued = Issue::Now(), cpu = std::move(cpu),
             eager = std::move(eager)] {
       work->Complete(Run(
           spec, lane, issued,
@@ -111,7 +126,7 @@ class Communicator::Impl {
                        CudaPath cuda) {
     // Issued now: the point in the caller's current stream that the launch must follow.
     std::shared_ptr<StreamPoint> point = StreamPoint::Record(spec.device.index, CurrentCudaStream(), description);
-    return [this, &lane, spec, work, description, point, issued = Clock::now(), cuda = std::move(cuda)] {
+    return [this, &lane, spec, work, description, point, issued = Issue::Now(), cuda = std::move(cuda)] {
       std::shared_ptr<Work> launched;
       std::exception_ptr error = Run(spec, lane, issued, [&](std::chrono::milliseconds) {
         NcclTransport& nccl = NcclFor(spec.device.index);
@@ -129,23 +144,24 @@ class Communicator::Impl {
 
   // Run: one queued collective, on the lane's thread or a waiting one; returns its error.
   // Transport failures poison the communicator; mismatches do not (no data moved). The deadline
-  // is counted from when the collective was `issued`: its data exchange gets what is left of
-  // the timeout (`body`'s argument), and one whose turn comes after the deadline fails without
-  // starting. One wait is bounded from the start instead: the signature check's wait for a
-  // peer's header, which Gloo bounds by the connection's timeout alone, so a collective that
-  // queued and then waits for a late peer's header can take up to twice the timeout.
-  std::exception_ptr Run(const OpSpec& spec, LaneLink& lane, Clock::time_point issued,
+  // is counted from when the collective was `issued` (Issue): its signature check and data
+  // exchange get what is left of the timeout (`body`'s argument; the check's waits end at that
+  // deadline too), and one whose turn comes after the deadline fails without starting.
+  std::exception_ptr Run(const OpSpec& spec, LaneLink& lane, const Issue& issued,
                          const std::function<void(std::chrono::milliseconds)>& body, const EagerPlan& eager = {},
                          bool body_runs_check = false) {
     if (auto aborted = failure_.NotStarted(absl::StrCat(spec.Describe(), " on rank ", rank_))) return aborted;
     const std::string where = absl::StrCat(spec.Describe(), " on rank ", rank_, " of ", size_);
     try {
-      const auto queued = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - issued);
-      const auto left = options_.timeout - queued;
+      const auto now = Clock::now();
+      const auto left = options_.timeout - std::chrono::duration_cast<std::chrono::milliseconds>(now - issued.at);
       if (left.count() <= 0) {
         // Skipping it would desynchronise the ranks: a timeout like any other (poisons).
+        const std::string held = issued.waited_for.empty() ? std::string()
+            : absl::StrCat("was held ", Ms(issued.called - issued.at), " ms before it reached the communicator (",
+                           issued.waited_for, "), then ");
         throw TimeoutError(absl::StrCat(where, ": not started within the timeout (", options_.timeout.count(),
-                                        " ms) of its issue: it queued for ", queued.count(),
+                                        " ms) of its issue: it ", held, "queued for ", Ms(now - issued.called),
                                         " ms behind earlier collectives (on its lane, or touching its memory)"));
       }
       // An eager collective's data travels in the handshake, so it always runs.

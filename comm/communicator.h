@@ -7,7 +7,11 @@
 // transport, CUDA buffers over NCCL. Before any payload moves, ranks compare what each was
 // asked to do (kind, dtype, element counts, op, root, device); a disagreement fails the Work
 // with a MismatchError on every rank, naming each rank's value, and leaves the communicator
-// usable. A timeout or a failed peer fails the Work and leaves the communicator unusable
+// usable. A collective's deadline is CommunicatorOptions::timeout after its issue (the call, or
+// the caller's earlier issue time: comm/issue_time.h); a CPU collective fails with TimeoutError
+// by then whatever it waits for (earlier collectives, its signature check, its data), a CUDA
+// one's NCCL stage within the timeout of its wait (nccl_transport.h). A timeout or a failed
+// peer fails the Work and leaves the communicator unusable
 // (later calls raise AbortedError quoting the first failure), as NCCL does after an abort.
 // Such errors end with a "peer check" naming which peers are dead, stalled or shut down
 // (CommunicatorOptions::heartbeat_interval).

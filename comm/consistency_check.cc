@@ -153,7 +153,7 @@ void CollectiveHandshake::Begin(const OpSpec& spec, absl::Span<const uint8_t> pa
                                             " bytes exceeds the limit of ", EagerCollectiveMaxBytes(n)));
   }
   spec_ = &spec;
-  timeout_ = timeout;
+  deadline_ = std::chrono::steady_clock::now() + timeout;
   // This rank's own header (and payload) stays in outgoing_, where Header(me) finds it.
   own_offset_ = spec.kind == OpKind::kAlltoallv ? static_cast<size_t>(me) * kHeaderBytes : 0;
   const size_t send_bytes = WriteFingerprints(spec, payload, n, outgoing_.data());
@@ -203,7 +203,8 @@ void CollectiveHandshake::SendHeader(int peer) {
 
 void CollectiveHandshake::AwaitHeader(int peer) {
   if (arrived_[static_cast<size_t>(peer)]) return;
-  in_[current_][static_cast<size_t>(peer)]->waitRecv();  // the mesh's timeout (see the constructor's comment)
+  WaitBoundBuffer(*in_[current_][static_cast<size_t>(peer)], BoundBufferWait::kRecv, deadline_,
+                  absl::StrCat("no header from rank ", peer));
   arrived_[static_cast<size_t>(peer)] = true;
 }
 
@@ -220,7 +221,6 @@ bool CollectiveHandshake::PeerAgrees(int peer) {
 
 void CollectiveHandshake::Finish() {
   const OpSpec& spec = *spec_;
-  const std::chrono::milliseconds timeout = timeout_;
   const int n = size_;
   const int me = own_rank_;
   if (n == 1) return;
@@ -228,7 +228,10 @@ void CollectiveHandshake::Finish() {
   try {
     for (int p = 0; p < n; ++p) AwaitHeader(p);
     for (int p = 0; p < n; ++p) {
-      if (p != me) out_[current_][static_cast<size_t>(p)]->waitSend();
+      if (p != me) {
+        WaitBoundBuffer(*out_[current_][static_cast<size_t>(p)], BoundBufferWait::kSend, deadline_,
+                        absl::StrCat("header not written to rank ", p));
+      }
     }
   } catch (const std::exception& e) {
     RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", me, " of ", n, ": exchanging signatures"), e);
@@ -239,7 +242,9 @@ void CollectiveHandshake::Finish() {
   CompareFingerprints(spec, all, where);
   if (spec.kind == OpKind::kAlltoallv) {
     const PairVerdict mine = PairVerdict::Judge(spec, me, all);
-    ExchangeVerdicts(spec, &mine, sizeof(mine), timeout);
+    // What is left until the deadline (at least 1 ms: Gloo reads 0 as its default timeout).
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - std::chrono::steady_clock::now());
+    ExchangeVerdicts(spec, &mine, sizeof(mine), std::max(left, std::chrono::milliseconds(1)));
     ThrowOnBadPair(verdicts_in_.data(), n, where);
   }
 }

@@ -53,9 +53,10 @@ class CollectiveHandshake {
   // One per lane of a communicator, on the lane's signature mesh (a mesh that carries nothing
   // else: a bound send pins its socket's send buffer, docs/comm.md), created as soon as that
   // mesh is connected (its receive buffers must be registered before any peer's first header
-  // arrives); used by one thread at a time (a lane runs one collective at a time). Header
-  // waits use the mesh's timeout (Gloo's bound buffers take no other), which the
-  // communicator sets to the same CommunicatorOptions::timeout it passes to Begin and Run.
+  // arrives); used by one thread at a time (a lane runs one collective at a time). Every wait
+  // of a check ends at its deadline, `timeout` after Begin (or Run): the communicator passes
+  // what is left of the collective's timeout, which the mesh's own timeout (the same
+  // CommunicatorOptions::timeout, the only one Gloo's bound buffers take) never undercuts.
   // Every exchange runs on `mesh`, which must outlive this object.
   explicit CollectiveHandshake(gloo::Context& mesh);
   ~CollectiveHandshake();
@@ -111,7 +112,7 @@ class CollectiveHandshake {
   int current_ = 0;    // the last handshake's parity: the incoming_ that Header reads
   // The check in progress (Begin .. Finish).
   const OpSpec* spec_ = nullptr;
-  std::chrono::milliseconds timeout_{0};
+  std::chrono::steady_clock::time_point deadline_;  // Begin + its timeout: every wait ends by it
   std::vector<bool> arrived_;  // per rank: its header is in (this rank's own: always)
   size_t own_offset_ = 0;  // this rank's header in outgoing_
   size_t send_bytes_ = 0;  // header (+ payload) per peer

@@ -15,6 +15,7 @@
 namespace gloo {
 class Context;
 namespace transport {
+class Buffer;
 class Device;
 class UnboundBuffer;
 }  // namespace transport
@@ -40,6 +41,20 @@ inline uint64_t MakeSlot(uint8_t prefix, uint32_t tag) {
 
 // Rethrows a Gloo exception as TimeoutError or PeerError, prefixed with `context`.
 [[noreturn]] void RethrowGlooError(const std::string& context, const std::exception& e);
+
+// Waits for the next receive (kRecv) or send (kSend) completion of a bound buffer (Gloo's
+// createRecvBuffer / createSendBuffer on a TCP pair) as its waitRecv() / waitSend() does, but
+// until `deadline`: Gloo's bound buffers take no timeout of their own, only the pair's, fixed
+// when it connected, so a wait that must end at an operation's deadline cannot be one of
+// theirs. Missing the deadline fails the pair exactly as Gloo's own timeout does (every buffer
+// on it gets the error, the connection closes, so peers waiting on this rank fail too) and
+// throws that error (a gloo::IoException whose message says "timeout" and `what`:
+// RethrowGlooError makes it a TimeoutError). `deadline` must be no later than the pair's
+// timeout from now (the caller's operation has at most its timeout left). A pair in
+// synchronous mode (after TakePairsOffTheDeviceThread) waits as Gloo does.
+enum class BoundBufferWait { kRecv, kSend };
+void WaitBoundBuffer(gloo::transport::Buffer& buffer, BoundBufferWait which,
+                     std::chrono::steady_clock::time_point deadline, const std::string& what);
 
 // Gloo buffers (and the memory they point at) of operations that failed or unwound part-way.
 // Gloo's device thread may still complete or fail operations posted on them, under the pair's

@@ -15,7 +15,8 @@
 namespace gossipcc {
 
 struct CommunicatorOptions {
-  // Deadline of every operation, counted from its issue, rendezvous included.
+  // Deadline of every operation, counted from its issue, rendezvous included (a collective's
+  // issue: its call, or the caller's earlier issue time, comm/issue_time.h).
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
   // How long Create may take in all, every mesh's rendezvous and connection included; zero:
   // `timeout`. The c10d backend passes what is left of init_process_group's timeout, so that a

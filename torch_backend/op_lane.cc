@@ -1,5 +1,7 @@
 #include "torch_backend/op_lane.h"
 
+#include <algorithm>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -21,22 +23,36 @@ void KeepUntilDone(Work& work, std::function<std::shared_ptr<Work>()> issue) {
 OpLane::~OpLane() { Stop("the process group was destroyed"); }
 
 std::shared_ptr<Work> OpLane::Submit(std::string description, std::function<void()> task, bool uses_collectives) {
-  auto work = std::make_shared<CompletionWork>(std::move(description));
+  Task t;
+  t.fn = std::move(task);
+  t.uses_collectives = uses_collectives;
+  t.work = std::make_shared<CompletionWork>(std::move(description));
+  std::shared_ptr<Work> work = t.work;
+  Enqueue(std::move(t));
+  return work;
+}
+
+void OpLane::Enqueue(Task task) {
+  const bool watched = task.caller_work && task.deadline != Clock::time_point::max();
   {
     std::lock_guard<std::mutex> lock(s_->mu);
-    if (s_->stopped) throw AbortedError(work->description() + ": refused, " + s_->stop_reason);
+    if (s_->stopped) throw AbortedError(task.work->description() + ": refused, " + s_->stop_reason);
     if (!thread_.joinable()) {
       thread_ = std::thread(&OpLane::Loop, s_);
       s_->thread_id = thread_.get_id();
     }
-    if (uses_collectives) ++s_->collective_tasks;
-    s_->queue.push_back(Task{std::move(task), uses_collectives, work});
+    if (watched && !watch_.joinable()) {
+      watch_ = std::thread(&OpLane::Watch, s_, name_);
+    }
+    if (task.uses_collectives) ++s_->collective_tasks;
+    s_->queue.push_back(std::move(task));
   }
   s_->cv.notify_one();
-  return work;
+  if (watched) s_->watch_cv.notify_one();
 }
 
-std::shared_ptr<Work> OpLane::Issue(std::string description, std::function<std::shared_ptr<Work>()> issue) {
+std::shared_ptr<Work> OpLane::Issue(std::string description, Clock::time_point deadline,
+                                    std::function<std::shared_ptr<Work>()> issue) {
   std::unique_lock<std::mutex> lock(s_->mu);
   if (s_->collective_tasks == 0 || s_->stopped) {
     // Issued under the lock: no collective task can be queued (and so issue) before it.
@@ -47,22 +63,62 @@ std::shared_ptr<Work> OpLane::Issue(std::string description, std::function<std::
   }
   auto proxy = std::make_shared<CompletionWork>(std::move(description));
   lock.unlock();
-  // An issue-only task: it posts the collective (non-blocking) and lets it complete the proxy.
-  Submit(proxy->description() + " (issue)",
-         [issue = std::move(issue), proxy]() mutable {
-           std::shared_ptr<Work> inner;
-           try {
-             inner = issue();
-           } catch (...) {
-             proxy->Complete(std::current_exception());
-             return;
-           }
-           Work* raw = inner.get();  // alive while its own callbacks run
-           inner->add_done_callback([raw, proxy]() { proxy->Complete(raw->exception()); });
-           KeepUntilDone(*inner, std::move(issue));
-         },
-         /*uses_collectives=*/true);
+  // An issue-only task: it posts the collective (non-blocking) and lets it complete the proxy
+  // (unless Watch failed the proxy at its deadline first: Complete keeps the first outcome).
+  Task t;
+  t.fn = [issue = std::move(issue), proxy]() mutable {
+    std::shared_ptr<Work> inner;
+    try {
+      inner = issue();
+    } catch (...) {
+      proxy->Complete(std::current_exception());
+      return;
+    }
+    Work* raw = inner.get();  // alive while its own callbacks run
+    inner->add_done_callback([raw, proxy]() { proxy->Complete(raw->exception()); });
+    KeepUntilDone(*inner, std::move(issue));
+  };
+  t.uses_collectives = true;
+  t.work = std::make_shared<CompletionWork>(proxy->description() + " (issue)");
+  t.caller_work = proxy;
+  t.deadline = deadline;
+  t.queued_at = Clock::now();
+  Enqueue(std::move(t));
   return proxy;
+}
+
+void OpLane::Watch(std::shared_ptr<State> s, std::string name) {
+  std::unique_lock<std::mutex> lock(s->mu);
+  while (!s->stopped) {
+    const Clock::time_point now = Clock::now();
+    Clock::time_point next = Clock::time_point::max();
+    std::vector<std::pair<std::shared_ptr<CompletionWork>, std::string>> expired;
+    for (Task& t : s->queue) {
+      if (!t.caller_work || t.deadline == Clock::time_point::max()) continue;
+      if (t.deadline > now) {
+        next = std::min(next, t.deadline);
+        continue;
+      }
+      t.deadline = Clock::time_point::max();  // failed once; it still issues in its turn
+      const auto queued = std::chrono::duration_cast<std::chrono::milliseconds>(now - t.queued_at).count();
+      expired.emplace_back(
+          t.caller_work,
+          t.caller_work->description() + ": timed out before it reached the communicator: its deadline (the timeout " +
+              "from its call) passed while it queued for " + std::to_string(queued) + " ms behind the tasks of '" +
+              name + "'" + (s->running ? " (running: " + s->running_description + ")" : std::string()));
+    }
+    if (!expired.empty()) {
+      lock.unlock();
+      for (auto& [work, message] : expired) work->Complete(std::make_exception_ptr(TimeoutError(message)));
+      lock.lock();
+      continue;
+    }
+    if (next == Clock::time_point::max()) {
+      s->watch_cv.wait(lock);
+    } else {
+      s->watch_cv.wait_until(lock, next);
+    }
+  }
 }
 
 void OpLane::Run(std::string description, std::function<void()> task, bool uses_collectives) {
@@ -81,6 +137,7 @@ void OpLane::Run(std::string description, std::function<void()> task, bool uses_
       run_here = true;
       s_->running = true;
       s_->running_on = me;
+      s_->running_description = description;
       if (uses_collectives) ++s_->collective_tasks;
     }
   }
@@ -110,7 +167,7 @@ std::exception_ptr OpLane::RunHeld(State& s, std::function<void()>& fn, bool use
 
 void OpLane::Stop(const std::string& reason) {
   std::deque<Task> dropped;
-  std::thread thread;
+  std::thread thread, watch;
   {
     std::lock_guard<std::mutex> lock(s_->mu);
     if (!s_->stopped) {
@@ -126,10 +183,22 @@ void OpLane::Stop(const std::string& reason) {
         thread_.detach();  // stopped from a callback on the lane itself: it ends after this task
       }
     }
+    if (watch_.joinable()) {
+      if (std::this_thread::get_id() != watch_.get_id()) {
+        watch = std::move(watch_);
+      } else {
+        watch_.detach();  // stopped from a callback of a Work it failed: it ends on its own
+      }
+    }
   }
   s_->cv.notify_all();
+  s_->watch_cv.notify_all();
   for (Task& t : dropped) {
     t.work->Complete(std::make_exception_ptr(AbortedError(t.work->description() + ": not run, " + reason)));
+    if (t.caller_work) {
+      t.caller_work->Complete(
+          std::make_exception_ptr(AbortedError(t.caller_work->description() + ": not issued, " + reason)));
+    }
   }
   {
     // A task running inline on another thread: wait for it to return, like the lane's own
@@ -139,6 +208,7 @@ void OpLane::Stop(const std::string& reason) {
                                    s_->running_on == s_->thread_id; });
   }
   if (thread.joinable()) thread.join();
+  if (watch.joinable()) watch.join();
 }
 
 void OpLane::Loop(std::shared_ptr<State> s) {
@@ -153,6 +223,7 @@ void OpLane::Loop(std::shared_ptr<State> s) {
       s->queue.pop_front();
       s->running = true;
       s->running_on = std::this_thread::get_id();
+      s->running_description = task.work->description();
     }
     task.work->Complete(RunHeld(*s, task.fn, task.uses_collectives));
   }

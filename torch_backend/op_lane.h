@@ -9,10 +9,13 @@
 //  - Issue() is how the process group issues a plain collective: straight to the communicator
 //    when no collective-issuing task is queued or running (the common case, no extra latency),
 //    else queued behind them, so every rank issues its communicator collectives in program order.
+//    A queued one still waiting at its deadline fails then (a watch thread, started with the
+//    first such deadline), whatever the tasks ahead of it wait for.
 // Point-to-point traffic (gossip rounds) uses its own tags and needs no such ordering.
 // Torch-free.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -44,7 +47,16 @@ class OpLane {
   // when no collective-issuing task is queued or running, else queued behind them; the
   // returned Work completes with the collective. `issue` (and so whatever it captured, e.g.
   // the tensors behind the communicator's views) is kept until the collective completes.
-  std::shared_ptr<Work> Issue(std::string description, std::function<std::shared_ptr<Work>()> issue);
+  // Queued, the returned Work fails with TimeoutError at `deadline` if `issue` has not started
+  // by then (naming the task it queued behind); `issue` still runs in its turn, so that every
+  // rank's communicator sees the same collectives: the caller gives it the same deadline
+  // (comm/issue_time.h), and the communicator then fails it at once, without touching its
+  // buffers (which `issue` keeps alive meanwhile).
+  std::shared_ptr<Work> Issue(std::string description, std::chrono::steady_clock::time_point deadline,
+                              std::function<std::shared_ptr<Work>()> issue);
+  std::shared_ptr<Work> Issue(std::string description, std::function<std::shared_ptr<Work>()> issue) {
+    return Issue(std::move(description), std::chrono::steady_clock::time_point::max(), std::move(issue));
+  }
 
   // Runs `task` in its turn and waits for it, rethrowing its error. When the lane is idle
   // (nothing queued or running) the task runs at once on the calling thread, with the lane
@@ -60,10 +72,16 @@ class OpLane {
   void Stop(const std::string& reason);
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Task {
     std::function<void()> fn;
     bool uses_collectives = false;
     std::shared_ptr<CompletionWork> work;
+    // Issue's queued collective: the caller's Work, failed at `deadline` while still queued
+    // (and at Stop).
+    std::shared_ptr<CompletionWork> caller_work;
+    Clock::time_point deadline = Clock::time_point::max();
+    Clock::time_point queued_at;
   };
   // Shared with the worker thread, so that a lane stopped from its own thread (the last
   // reference to the process group dropped inside a completion callback) can let the thread
@@ -79,8 +97,13 @@ class OpLane {
     // A task holds the lane: on the lane's thread, or inline on a Run() caller's thread.
     bool running = false;
     std::thread::id running_on;
+    std::string running_description;  // of the task holding the lane
+    std::condition_variable watch_cv;  // for Watch(): a new deadline, or Stop
   };
   static void Loop(std::shared_ptr<State> state);
+  // Fails queued collectives whose deadline has passed (their caller_work), until Stop.
+  static void Watch(std::shared_ptr<State> state, std::string name);
+  void Enqueue(Task task);
   // Runs `fn`, which the caller made hold the lane (running, running_on, collective_tasks
   // counted); then releases the lane and returns fn's exception, if any.
   static std::exception_ptr RunHeld(State& s, std::function<void()>& fn, bool uses_collectives);
@@ -88,6 +111,7 @@ class OpLane {
   const std::string name_;
   std::shared_ptr<State> s_ = std::make_shared<State>();
   std::thread thread_;  // started by the first Submit
+  std::thread watch_;   // Watch(), started by the first Issue queued with a deadline
 };
 
 }  // namespace torch_backend

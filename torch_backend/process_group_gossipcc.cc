@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/cuda_stream.h"
 #include "comm/errors.h"
+#include "comm/issue_time.h"
 #include "torch_backend/c10d_store.h"
 #include "torch_backend/gossipcc_work.h"
 #include "torch_backend/tensor_buffer.h"
@@ -197,9 +198,16 @@ void ProcessGroupGossipcc::shutdown() {
 Completion ProcessGroupGossipcc::Ordered() const { return Completion{executor_, true}; }
 Completion ProcessGroupGossipcc::Unordered() const { return Completion{executor_, false}; }
 
+// The c10d call's deadline is the group's timeout from the call, whatever the collective waits
+// for: the completion callbacks of earlier collectives (order_nested_collectives), the group's
+// algorithm tasks (OpLane::Issue fails it at the deadline while it queues there), or its
+// signature check and data (the communicator counts its deadline from the call's issue time,
+// comm/issue_time.h). Each of those fails it with an error naming what it waited for.
 std::shared_ptr<Work> ProcessGroupGossipcc::IssueCollective(const char* what, const at::Tensor& tensor,
                                                             std::function<std::shared_ptr<Work>()> issue) {
-  if (order_nested_ && !executor_->HoldsTurn() && !executor_->WaitForEarlierTasks(options_.timeout)) {
+  const auto called = std::chrono::steady_clock::now();
+  const bool ordered = order_nested_ && !executor_->HoldsTurn();
+  if (ordered && !executor_->WaitForEarlierTasks(options_.timeout)) {
     throw TimeoutError(std::string("gossipcc ") + what + " on rank " + std::to_string(rank_) +
                        ": the completion callbacks of earlier collectives did not return within the timeout (" +
                        std::to_string(options_.timeout.count()) +
@@ -208,9 +216,12 @@ std::shared_ptr<Work> ProcessGroupGossipcc::IssueCollective(const char* what, co
   // A CUDA collective follows the caller's current stream as it is now (comm/cuda_stream.h).
   // Issued later (queued behind the group's algorithm tasks) it follows that stream as it is
   // then: it may wait for more of the caller's work, never for less.
-  return lane_->Issue(std::string("gossipcc ") + what + " on rank " + std::to_string(rank_),
-                      [stream = CallerStream(tensor), issue = std::move(issue)] {
+  return lane_->Issue(std::string("gossipcc ") + what + " on rank " + std::to_string(rank_), called + options_.timeout,
+                      [stream = CallerStream(tensor), called, ordered, issue = std::move(issue)] {
                         ScopedCudaStream current(stream);
+                        ScopedIssueTime issued(called, ordered ? "the completion callbacks of earlier collectives, "
+                                                                 "then the process group's algorithm tasks"
+                                                               : "the process group's algorithm tasks");
                         return issue();
                       });
 }

@@ -431,7 +431,7 @@ TEST_P(ErrorsTest, TimedWaitOnAPendingCollectiveReturnsAtItsTimeout) {
 // lane) while a late peer holds A up for 2.8 s, gets only what is left of its 4 s timeout for
 // its data exchange and fails about 4 s after its issue (plus the peer check), not 4 s after it
 // started (6.8 s). No signature check (verify_collectives off, and 1 MiB is above the eager
-// limit): Gloo bounds the check's header wait by the connection's timeout from its start.
+// limit): the data exchange's own waits (issue_time_test covers the check's).
 TEST_P(ErrorsTest, QueuedCollectiveGetsWhatIsLeftOfItsTimeout) {
   CommunicatorOptions options = Quick(4000);
   options.collective_lanes = 1;

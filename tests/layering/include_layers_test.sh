@@ -14,7 +14,7 @@ set -u
 
 declare -A LAYER=(
   # 0: no comm/ include
-  [errors.h]=0 [types.h]=0 [cuda_stream.h]=0 [quantized_blocks.h]=0 [float32_packing.h]=0 [transfer_progress.h]=0 [ring_plan.h]=0
+  [errors.h]=0 [types.h]=0 [cuda_stream.h]=0 [issue_time.h]=0 [quantized_blocks.h]=0 [float32_packing.h]=0 [transfer_progress.h]=0 [ring_plan.h]=0
   # 1: values and interfaces
   [listen_address.h]=1 [reduce.h]=1 [work.h]=1 [store.h]=1 [options.h]=1 [op_spec.h]=1
   # 2: what the data paths are handed; a collective's fingerprint (encoding, comparison)

@@ -98,6 +98,82 @@ TEST(OpLaneTest, DefersPlainCollectivesBehindCollectiveTasks) {
   inner2->Complete(nullptr);
 }
 
+// A plain collective queued behind a collective task fails at its deadline while it still waits
+// there, naming the lane and the task ahead; it is still issued in its turn (the communicator,
+// given the same deadline, then fails it at once), and its outcome no longer changes the Work.
+TEST(OpLaneTest, QueuedCollectiveFailsAtItsDeadlineAndStillIssuesInItsTurn) {
+  OpLane lane("test lane");
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  auto task = lane.Submit("slow algorithm", [gate] { gate.wait(); }, /*uses_collectives=*/true);
+  std::atomic<bool> issued{false};
+  auto inner = std::make_shared<CompletionWork>("inner allreduce");
+  const auto start = std::chrono::steady_clock::now();
+  auto work = lane.Issue("allreduce", start + 300ms, [&] {
+    issued = true;
+    return inner;
+  });
+  std::string message;
+  try {
+    work->wait();
+    ADD_FAILURE() << "a collective queued past its deadline succeeded";
+  } catch (const TimeoutError& e) {
+    message = e.what();
+  }
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  EXPECT_NE(message.find("allreduce: timed out before it reached the communicator"), std::string::npos) << message;
+  EXPECT_NE(message.find("behind the tasks of 'test lane' (running: slow algorithm)"), std::string::npos) << message;
+  EXPECT_GE(took, 290ms) << "failed before its deadline";
+  // A safety net: the task ahead never returns until released below, so without the deadline
+  // the wait above would not return at all.
+  EXPECT_LT(took, 10s) << "QueuedCollectiveFailsAtItsDeadlineAndStillIssuesInItsTurn: failed " << took.count()
+                       << " ms after its issue (deadline 300 ms)";
+  EXPECT_FALSE(issued.load()) << "issued before the task ahead of it returned";
+  release.set_value();
+  task->wait();
+  lane.Submit("after", [] {}, false)->wait();  // the lane's queue has moved past the issue
+  EXPECT_TRUE(issued.load()) << "a collective that timed out while queued was never issued";
+  inner->Complete(nullptr);
+  EXPECT_THROW(work->wait(), TimeoutError);  // the first outcome stays
+}
+
+// A deadline that the queue does not reach changes nothing.
+TEST(OpLaneTest, QueuedCollectiveInTimeCompletesWithTheCollective) {
+  OpLane lane("test");
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  auto task = lane.Submit("algorithm", [gate] { gate.wait(); }, true);
+  auto inner = std::make_shared<CompletionWork>("inner allreduce");
+  auto work = lane.Issue("allreduce", std::chrono::steady_clock::now() + 60s, [&] { return inner; });
+  release.set_value();
+  task->wait();
+  lane.Submit("after", [] {}, false)->wait();
+  EXPECT_FALSE(work->is_completed());
+  inner->Complete(nullptr);
+  work->wait();
+}
+
+// Stop fails the caller's Work of a collective still queued (not only the lane's own task).
+TEST(OpLaneTest, StopFailsAQueuedCollectivesWork) {
+  OpLane lane("test");
+  std::promise<void> release, started;
+  std::shared_future<void> gate = release.get_future().share();
+  auto running = lane.Submit("running", [gate, &started] {
+    started.set_value();
+    gate.wait();
+  }, true);
+  auto work = lane.Issue("allreduce", std::chrono::steady_clock::now() + 60s, [] {
+    ADD_FAILURE() << "a queued collective was issued after Stop";
+    return std::shared_ptr<Work>(std::make_shared<CompletionWork>("never"));
+  });
+  started.get_future().wait();
+  std::thread stopper([&] { lane.Stop("the process group was shut down"); });
+  EXPECT_THROW(work->wait(), AbortedError);  // before the running task returns
+  release.set_value();
+  stopper.join();
+  running->wait();
+}
+
 TEST(OpLaneTest, StopFailsQueuedTasksAndRefusesNewOnes) {
   OpLane lane("test");
   std::promise<void> release, started;

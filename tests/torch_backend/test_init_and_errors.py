@@ -324,3 +324,72 @@ def test_heartbeat_interval_from_environment():
     results = run_ranks(timeout_worker, 2, env={"GOSSIPCC_HEARTBEAT_INTERVAL_MS": "700"})
     assert "peer check" in results[0], results[0]
     assert 5.0 <= float(results[0].split("s:")[0]) < 10, results[0]
+
+
+# With order_nested_collectives on (gossipcc/ddp.py sets it for PyTorch's PowerSGD hooks), a
+# collective first waits for the completion callbacks of earlier collectives. Its deadline is
+# still the group's timeout from the c10d call, whatever it waits for: the ordering wait, or,
+# once that took part of the timeout, its own signature check and data (the communicator counts
+# from the call: comm/issue_time.h). Rank 0's earlier all-reduce has a future callback that
+# sleeps; rank 1 never issues the later all-reduce, and stays up (a store key, not a sleep)
+# until rank 0 has failed. The peer check every 100 ms adds 0.3-0.4 s to a failure on the wire.
+ORDERING_TIMEOUT_S = 3.0
+
+
+def ordering_deadline_worker(rank, world_size, callback_s):
+    import time
+    import gossipcc
+    dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=ORDERING_TIMEOUT_S))
+    sync = dist.FileStore(os.environ["GOSSIPCC_TEST_INIT_FILE"] + ".sync", world_size)
+    earlier = dist.all_reduce(torch.ones(4), async_op=True)
+    if rank == 1:
+        earlier.wait()
+        sync.wait(["failed"], datetime.timedelta(seconds=60))  # never joins the later all-reduce
+        return "stayed"
+    # Not waited for: its completion (and so the callback) runs on the group's executor.
+    earlier.get_future().then(lambda fut: time.sleep(callback_s))
+    gossipcc.get_backend_object(dist.group.WORLD).order_nested_collectives = True
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4))
+        outcome = "no error"
+    except Exception as e:  # noqa: BLE001 - the message is checked
+        outcome = f"{type(e).__name__}: {e}"
+    took = time.monotonic() - start
+    sync.set("failed", "1")
+    return took, outcome
+
+
+def _check_within_one_timeout(case, took, outcome):
+    timeout = ORDERING_TIMEOUT_S
+    assert "no error" != outcome, f"{case}: the all-reduce without rank 1 succeeded"
+    assert took >= 0.9 * timeout, f"{case}: failed {took:.2f} s after the call, before the timeout ({timeout} s)"
+    # About one timeout (the old bound was the ordering wait plus a whole timeout): 1.6x.
+    assert took < 1.6 * timeout, (f"{case}: failed {took:.2f} s after the call, over 1.6x the {timeout} s timeout: "
+                                  f"{outcome}")
+
+
+def test_ordering_wait_past_the_timeout_fails_within_it():
+    # The callback outlasts the timeout: the ordering wait itself times out.
+    results = run_ranks(ordering_deadline_worker, 2, 2 * ORDERING_TIMEOUT_S,
+                        env={"GOSSIPCC_HEARTBEAT_INTERVAL_MS": "100"})
+    took, outcome = results[0]
+    assert "completion callbacks of earlier collectives" in outcome, outcome
+    assert "timeout" in outcome.lower(), outcome
+    _check_within_one_timeout("callback past the timeout", took, outcome)
+    print(f"\ncallback past the timeout: failed {took:.2f} s after the call (timeout {ORDERING_TIMEOUT_S} s): {outcome}")
+
+
+def test_ordering_wait_then_missing_peer_fails_within_one_timeout_of_the_call():
+    # The callback takes 0.8 of the timeout; the collective then waits for rank 1's signature,
+    # which never comes, and must fail at the call's deadline: about 3 s after the call, where
+    # it used to take the ordering wait plus a whole timeout (about 5.8 s).
+    results = run_ranks(ordering_deadline_worker, 2, 0.8 * ORDERING_TIMEOUT_S,
+                        env={"GOSSIPCC_HEARTBEAT_INTERVAL_MS": "100"})
+    took, outcome = results[0]
+    assert "timed out" in outcome.lower(), outcome
+    assert "exchanging signatures" in outcome and "no header from rank 1" in outcome, outcome
+    _check_within_one_timeout("ordering wait, then a missing peer", took, outcome)
+    print(f"\nordering wait, then a missing peer: failed {took:.2f} s after the call (timeout {ORDERING_TIMEOUT_S} s): "
+          f"{outcome}")
