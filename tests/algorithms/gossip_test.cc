@@ -257,11 +257,19 @@ TEST_P(GossipTest, PushSumNonRegularTimeVarying) {
 
 // Every built-in graph with uniform mixing, two buffers per call: conservation per round,
 // agreement with the reference, convergence of the de-biased value.
+// Under sanitizers each n skips one graph in three of the seven (index k skipped where
+// (k + n) % 3 == 0): PushSum::Step's code is the same for every graph, only its peer sets
+// differ, and each graph still runs at two thirds of the sweep's n, odd and even (the plain
+// build runs every graph at every n; peer_graph_test checks the graphs themselves).
 TEST_P(GossipTest, PushSumEveryGraph) {
   const int n = this->n();
-  std::vector<std::string> specs = {"exponential", "exponential:peers=2", "directed_exponential",
-                                    "ring",        "ring:directed=1",     "static_exponential",
-                                    "complete"};
+  std::vector<std::string> specs;
+  const std::vector<std::string> every_n = {"exponential", "exponential:peers=2", "directed_exponential",
+                                            "ring",        "ring:directed=1",     "static_exponential",
+                                            "complete"};
+  for (size_t k = 0; k < every_n.size(); ++k) {
+    if (!kSanitizerBuild || (static_cast<int>(k) + n) % 3 != 0) specs.push_back(every_n[k]);
+  }
   if ((n & (n - 1)) == 0) specs.push_back("hypercube");
   if (n % 2 == 0 || n == 1) specs.push_back("bipartite_exponential");
   Run([&](Communicator& comm) {
