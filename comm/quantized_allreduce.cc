@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <sstream>
@@ -335,15 +336,18 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
 
   // The CPU work (quantizing, summing, dequantizing) runs while a round is on the wire; a round
   // is issued as soon as the previous one is done and its data is ready.
+  // Rounds in flight: one at a time (each host's link carries one stream each way), unless the
+  // whole buffer quantized is at most kQuantizedEagerBytes: then the call is bound by latency,
+  // not by the link, and every round that is ready goes at once.
+  const size_t window = stats.quantized_bytes <= kQuantizedEagerBytes ? steps.size() : 1;
   size_t next = 0;
-  std::shared_ptr<Work> in_flight;
-  bool busy = false;  // a round issued and not yet waited for
+  std::deque<std::pair<std::shared_ptr<Work>, const Step*>> in_flight;  // issued, not waited for
   std::vector<const Step*> arrived;  // rounds waited for whose data is not yet used
   try {
     for (;;) {
-      if (!busy && next < steps.size() && ready(steps[next])) {
-        in_flight = issue(steps[next++]);
-        busy = true;
+      if (in_flight.size() < window && next < steps.size() && ready(steps[next])) {
+        const Step* st = &steps[next++];
+        in_flight.emplace_back(issue(*st), st);
         continue;
       }
       if (!arrived.empty()) {
@@ -362,19 +366,18 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
         if (o == me) one_less_before_sum(s);
         continue;
       }
-      if (!busy) break;  // every round done and its data used
-      if (in_flight) {
-        std::shared_ptr<Work> w = std::move(in_flight);
-        w->wait();
-      }
-      busy = false;
-      arrived.push_back(&steps[next - 1]);
+      if (in_flight.empty()) break;  // every round done and its data used
+      auto [w, st] = std::move(in_flight.front());
+      in_flight.pop_front();
+      if (w) w->wait();
+      arrived.push_back(st);
     }
   } catch (...) {
-    // A posted round is waited for before this frame's buffers go.
-    if (in_flight) {
+    // Every posted round is waited for before this frame's buffers go.
+    for (auto& [w, st] : in_flight) {
+      if (!w) continue;
       try {
-        in_flight->wait();
+        w->wait();
       } catch (...) {
       }
     }

@@ -22,7 +22,8 @@
 //     every owner's bytes to every rank, and every rank dequantizes the same bytes: the result is
 //     bitwise identical on every rank (and a pure function of every rank's input and state:
 //     neither the slicing nor the ownership changes a block's arithmetic).
-// The rounds run one at a time, in the same order on every rank (per slice the scatter rounds,
+// The rounds run one at a time (all at once for a buffer of at most kQuantizedEagerBytes quantized),
+// in the same order on every rank (per slice the scatter rounds,
 // then per slice the gather rounds): every round is a permutation, so each host's link carries
 // one stream each way. The CPU work runs while a round is on the wire: the input is quantized
 // owner by owner in the order the rounds send it (the first round waits for one owner's region
@@ -96,6 +97,9 @@ inline constexpr size_t kMaxQuantizedBlockSize = size_t{1} << 20;
 // The buffer goes through the algorithm in slices of this many elements (rounded down to whole
 // blocks, at least one; 16 MB of float32): the sum of one slice overlaps the rounds of the next.
 inline constexpr size_t kQuantizedSliceElements = size_t{1} << 22;
+// A buffer whose quantized size is at most this many bytes has all its ready rounds in flight at
+// once (latency-bound); a larger one, one round at a time.
+inline constexpr size_t kQuantizedEagerBytes = size_t{64} << 10;
 // The point-to-point tag of the rounds ("QAR"), in the range the torch backend reserves for
 // gossipcc's own messages (ProcessGroupGossipcc::kReservedTagBegin/End).
 inline constexpr uint32_t kQuantizedAllreduceTag = 0x51415200;
