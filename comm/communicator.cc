@@ -112,10 +112,10 @@ class Communicator::Impl {
             eager = std::move(eager)] {
       work->Complete(Run(
           spec, lane, issued,
-          [&](std::chrono::milliseconds left) {
+          [&](Clock::time_point deadline) {
             if (eager.finish) return eager.finish(*lane.handshake, lane.scratch);
-            StagedHandshake staged(*lane.handshake, spec, left);
-            cpu(GlooCall{lane.context, static_cast<uint32_t>(spec.seq), left, &lane.scratch, &meshes_.retired(),
+            StagedHandshake staged(*lane.handshake, spec, deadline);
+            cpu(GlooCall{lane.context, static_cast<uint32_t>(spec.seq), deadline, &lane.scratch, &meshes_.retired(),
                          deferred_check ? &staged : nullptr, options_.lossless_float32_allreduce});
           },
           eager, deferred_check));
@@ -128,7 +128,7 @@ class Communicator::Impl {
     std::shared_ptr<StreamPoint> point = StreamPoint::Record(spec.device.index, CurrentCudaStream(), description);
     return [this, &lane, spec, work, description, point, issued = Issue::Now(), cuda = std::move(cuda)] {
       std::shared_ptr<Work> launched;
-      std::exception_ptr error = Run(spec, lane, issued, [&](std::chrono::milliseconds) {
+      std::exception_ptr error = Run(spec, lane, issued, [&](Clock::time_point) {
         NcclTransport& nccl = NcclFor(spec.device.index);
         absl::MutexLock launch_lock(&nccl_mu_);
         nccl.FollowNext(point);
@@ -144,18 +144,19 @@ class Communicator::Impl {
 
   // Run: one queued collective, on the lane's thread or a waiting one; returns its error.
   // Transport failures poison the communicator; mismatches do not (no data moved). The deadline
-  // is counted from when the collective was `issued` (Issue): its signature check and data
-  // exchange get what is left of the timeout (`body`'s argument; the check's waits end at that
-  // deadline too), and one whose turn comes after the deadline fails without starting.
+  // is the timeout after the collective was `issued` (Issue), counted once: every wait of its
+  // signature check and data exchange ends by it (`body`'s argument: GlooCall::deadline, each
+  // Gloo wait given what is left then), one whose turn comes after it fails without starting,
+  // and one whose check ends after it fails without exchanging data.
   std::exception_ptr Run(const OpSpec& spec, LaneLink& lane, const Issue& issued,
-                         const std::function<void(std::chrono::milliseconds)>& body, const EagerPlan& eager = {},
+                         const std::function<void(Clock::time_point deadline)>& body, const EagerPlan& eager = {},
                          bool body_runs_check = false) {
     if (auto aborted = failure_.NotStarted(absl::StrCat(spec.Describe(), " on rank ", rank_))) return aborted;
     const std::string where = absl::StrCat(spec.Describe(), " on rank ", rank_, " of ", size_);
     try {
       const auto now = Clock::now();
-      const auto left = options_.timeout - std::chrono::duration_cast<std::chrono::milliseconds>(now - issued.at);
-      if (left.count() <= 0) {
+      const Clock::time_point deadline = issued.at + options_.timeout;
+      if (now >= deadline) {
         // Skipping it would desynchronise the ranks: a timeout like any other (poisons).
         const std::string held = issued.waited_for.empty() ? std::string()
             : absl::StrCat("was held ", Ms(issued.called - issued.at), " ms before it reached the communicator (",
@@ -166,9 +167,18 @@ class Communicator::Impl {
       }
       // An eager collective's data travels in the handshake, so it always runs.
       if ((options_.verify_collectives || eager.finish) && !body_runs_check) {
-        lane.handshake->Run(spec, eager.payload, left);
+        lane.handshake->Run(spec, eager.payload, deadline);
+        // The check took the rest of the timeout (a late peer's header): no data exchange may
+        // start (an eager collective's data is already in). Its peers fail theirs at their own
+        // deadlines, as with any timeout.
+        if (!eager.finish && Clock::now() >= deadline) {
+          throw TimeoutError(absl::StrCat(where, ": timed out (", options_.timeout.count(),
+                                          " ms from its issue) in its signature check: it ended ",
+                                          Ms(Clock::now() - issued.at),
+                                          " ms after the issue, with nothing left for the data exchange"));
+        }
       }
-      body(left);
+      body(deadline);
       return nullptr;
     } catch (const MismatchError&) {
       return std::current_exception();

@@ -6,6 +6,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -93,18 +94,18 @@ std::vector<std::shared_ptr<void>> CollectiveHandshake::TakeRetiredBuffers() {
 }
 
 // Sends `send_bytes` at send_offset(p) of `out` to every peer p and waits for those sends
-// and for n-1 receives on `in`, which the caller has posted.
+// and for n-1 receives on `in`, which the caller has posted; every wait ends by `deadline`.
 template <typename SendOffset>
 static void SendToAllAndWait(gloo::Context& context, gloo::transport::UnboundBuffer& in,
                              gloo::transport::UnboundBuffer& out, SendOffset send_offset, size_t send_bytes,
-                             uint64_t slot, std::chrono::milliseconds timeout) {
+                             uint64_t slot, std::chrono::steady_clock::time_point deadline) {
   const int n = context.size;
   for (int p = 0; p < n; ++p) {
     if (p != context.rank) out.send(p, slot, send_offset(p), send_bytes);
   }
   for (int p = 0; p < n - 1; ++p) {
-    in.waitRecv(timeout);
-    out.waitSend(timeout);
+    in.waitRecv(TimeLeft(deadline));
+    out.waitSend(TimeLeft(deadline));
   }
 }
 
@@ -112,17 +113,16 @@ static void SendToAllAndWait(gloo::Context& context, gloo::transport::UnboundBuf
 template <typename SendOffset>
 static void ExchangeWithAll(gloo::Context& context, gloo::transport::UnboundBuffer& in, size_t recv_bytes,
                             gloo::transport::UnboundBuffer& out, SendOffset send_offset, size_t send_bytes,
-                            uint64_t slot, std::chrono::milliseconds timeout) {
+                            uint64_t slot, std::chrono::steady_clock::time_point deadline) {
   for (int p = 0; p < context.size; ++p) {
     if (p != context.rank) in.recv(p, slot, static_cast<size_t>(p) * recv_bytes, recv_bytes);
   }
-  SendToAllAndWait(context, in, out, send_offset, send_bytes, slot, timeout);
+  SendToAllAndWait(context, in, out, send_offset, send_bytes, slot, deadline);
 }
 
 // alltoallv's second round: every rank's verdict (`bytes` <= kHeaderBytes) to every peer;
 // the table lands in verdicts_in_.
-void CollectiveHandshake::ExchangeVerdicts(const OpSpec& spec, const void* mine, size_t bytes,
-                                           std::chrono::milliseconds timeout) {
+void CollectiveHandshake::ExchangeVerdicts(const OpSpec& spec, const void* mine, size_t bytes) {
   std::fill(verdict_out_.begin(), verdict_out_.end(), 0);
   std::memcpy(verdict_out_.data(), mine, bytes);
   std::memcpy(verdicts_in_.data() + static_cast<size_t>(mesh_.rank) * kHeaderBytes, verdict_out_.data(),
@@ -131,21 +131,27 @@ void CollectiveHandshake::ExchangeVerdicts(const OpSpec& spec, const void* mine,
     if (!verdicts_in_ub_) verdicts_in_ub_ = mesh_.createUnboundBuffer(verdicts_in_.data(), verdicts_in_.size());
     if (!verdict_out_ub_) verdict_out_ub_ = mesh_.createUnboundBuffer(verdict_out_.data(), verdict_out_.size());
     ExchangeWithAll(mesh_, *verdicts_in_ub_, kHeaderBytes, *verdict_out_ub_, [](int) { return size_t{0}; },
-                    kHeaderBytes, MakeSlot(kVerdictSlotPrefix, static_cast<uint32_t>(spec.seq)), timeout);
+                    kHeaderBytes, MakeSlot(kVerdictSlotPrefix, static_cast<uint32_t>(spec.seq)), deadline_);
   } catch (const std::exception& e) {
     RethrowGlooError(absl::StrCat(spec.Describe(), " on rank ", mesh_.rank, " of ", size_, ": exchanging verdicts"),
                      e);
   }
 }
 
+namespace {
+std::atomic<void (*)(int)> after_check_hook{nullptr};
+}  // namespace
+
+void SetAfterSignatureCheckHookForTesting(void (*hook)(int rank)) { after_check_hook.store(hook); }
+
 void CollectiveHandshake::Run(const OpSpec& spec, absl::Span<const uint8_t> payload,
-                              std::chrono::milliseconds timeout) {
-  Begin(spec, payload, timeout);
+                              std::chrono::steady_clock::time_point deadline) {
+  Begin(spec, payload, deadline);
   Finish();
 }
 
 void CollectiveHandshake::Begin(const OpSpec& spec, absl::Span<const uint8_t> payload,
-                                std::chrono::milliseconds timeout, int first) {
+                                std::chrono::steady_clock::time_point deadline, int first) {
   const int n = size_;
   const int me = own_rank_;
   if (payload.size() > EagerCollectiveMaxBytes(n)) {
@@ -153,7 +159,7 @@ void CollectiveHandshake::Begin(const OpSpec& spec, absl::Span<const uint8_t> pa
                                             " bytes exceeds the limit of ", EagerCollectiveMaxBytes(n)));
   }
   spec_ = &spec;
-  deadline_ = std::chrono::steady_clock::now() + timeout;
+  deadline_ = deadline;
   // This rank's own header (and payload) stays in outgoing_, where Header(me) finds it.
   own_offset_ = spec.kind == OpKind::kAlltoallv ? static_cast<size_t>(me) * kHeaderBytes : 0;
   const size_t send_bytes = WriteFingerprints(spec, payload, n, outgoing_.data());
@@ -242,11 +248,10 @@ void CollectiveHandshake::Finish() {
   CompareFingerprints(spec, all, where);
   if (spec.kind == OpKind::kAlltoallv) {
     const PairVerdict mine = PairVerdict::Judge(spec, me, all);
-    // What is left until the deadline (at least 1 ms: Gloo reads 0 as its default timeout).
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - std::chrono::steady_clock::now());
-    ExchangeVerdicts(spec, &mine, sizeof(mine), std::max(left, std::chrono::milliseconds(1)));
+    ExchangeVerdicts(spec, &mine, sizeof(mine));  // its waits, too, end at deadline_
     ThrowOnBadPair(verdicts_in_.data(), n, where);
   }
+  if (auto* hook = after_check_hook.load(std::memory_order_relaxed)) hook(me);
 }
 
 }  // namespace gossipcc

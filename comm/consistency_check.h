@@ -5,8 +5,9 @@
 // peer and receives theirs: one message latency. Every rank then holds the whole table, so on
 // a disagreement all ranks raise the same MismatchError listing each rank's value
 // (CompareFingerprints), and none has touched the caller's data: the communicator stays
-// usable. This file moves the headers; fingerprint.h encodes and compares them. Raw Gloo instead aborts the process when a
-// message is longer than the posted receive and silently truncates when it is shorter.
+// usable. This file moves the headers; fingerprint.h encodes and compares them. Raw Gloo
+// instead aborts the process when a message is longer than the posted receive and silently
+// truncates when it is shorter.
 //
 // Eager collectives: a rank may append up to EagerCollectiveMaxBytes(size) bytes of payload
 // to its header. Every rank posts receives of header + that maximum from every peer, whatever
@@ -54,9 +55,9 @@ class CollectiveHandshake {
   // else: a bound send pins its socket's send buffer, docs/comm.md), created as soon as that
   // mesh is connected (its receive buffers must be registered before any peer's first header
   // arrives); used by one thread at a time (a lane runs one collective at a time). Every wait
-  // of a check ends at its deadline, `timeout` after Begin (or Run): the communicator passes
-  // what is left of the collective's timeout, which the mesh's own timeout (the same
-  // CommunicatorOptions::timeout, the only one Gloo's bound buffers take) never undercuts.
+  // of a check ends at the `deadline` given to Begin (or Run): the communicator passes the
+  // collective's own (its issue + CommunicatorOptions::timeout), so a check started late, or
+  // begun by a collective that ran part of its data path first, waits only what is left.
   // Every exchange runs on `mesh`, which must outlive this object.
   explicit CollectiveHandshake(gloo::Context& mesh);
   ~CollectiveHandshake();
@@ -65,7 +66,7 @@ class CollectiveHandshake {
   // EagerCollectiveMaxBytes(size) bytes; may be empty), to every peer and receives theirs.
   // Throws MismatchError (the same on every rank) when the headers disagree, or Gloo's
   // exception when the exchange itself fails.
-  void Run(const OpSpec& spec, absl::Span<const uint8_t> payload, std::chrono::milliseconds timeout);
+  void Run(const OpSpec& spec, absl::Span<const uint8_t> payload, std::chrono::steady_clock::time_point deadline);
 
   // Run in stages, for a collective that sends its first messages while the check is still
   // in flight (ring_allreduce.h). Begin sends this rank's header (spec must outlive Finish):
@@ -76,7 +77,7 @@ class CollectiveHandshake {
   // the same buffer layout); Finish waits for the rest and throws as Run does. Begin, then
   // any PeerAgrees and SendRemainingHeaders, then Finish, exactly once.
   static constexpr int kEveryPeer = -1;
-  void Begin(const OpSpec& spec, absl::Span<const uint8_t> payload, std::chrono::milliseconds timeout,
+  void Begin(const OpSpec& spec, absl::Span<const uint8_t> payload, std::chrono::steady_clock::time_point deadline,
              int first = kEveryPeer);
   void SendRemainingHeaders();
   bool PeerAgrees(int peer);
@@ -98,7 +99,7 @@ class CollectiveHandshake {
  private:
   void AwaitHeader(int peer);  // returns once peer's header of the current check is in
   void SendHeader(int peer);
-  void ExchangeVerdicts(const OpSpec& spec, const void* mine, size_t bytes, std::chrono::milliseconds timeout);
+  void ExchangeVerdicts(const OpSpec& spec, const void* mine, size_t bytes);
   const uint8_t* Header(int rank) const;  // rank's header, then its payload
 
   gloo::Context& mesh_;
@@ -112,7 +113,7 @@ class CollectiveHandshake {
   int current_ = 0;    // the last handshake's parity: the incoming_ that Header reads
   // The check in progress (Begin .. Finish).
   const OpSpec* spec_ = nullptr;
-  std::chrono::steady_clock::time_point deadline_;  // Begin + its timeout: every wait ends by it
+  std::chrono::steady_clock::time_point deadline_;  // Begin's: every wait ends by it
   std::vector<bool> arrived_;  // per rank: its header is in (this rank's own: always)
   size_t own_offset_ = 0;  // this rank's header in outgoing_
   size_t send_bytes_ = 0;  // header (+ payload) per peer
@@ -124,14 +125,22 @@ class CollectiveHandshake {
   std::shared_ptr<gloo::transport::UnboundBuffer> verdicts_in_ub_, verdict_out_ub_;
 };
 
+// Fault injection, for tests only: `hook` (null: none, the default) runs on the collective's
+// thread at the end of every signature check that passed, with the checking rank, before the
+// collective's data exchange; a test blocks in it to stall a rank whose header went out (the
+// deferred check of a ring may have sent its first message too). Set it before any check runs.
+void SetAfterSignatureCheckHookForTesting(void (*hook)(int rank));
+
 // A lane's handshake in stages, bound to one collective: what a collective that runs its own
 // signature check (GlooCall::check) is handed. `handshake` and `spec` must outlive it.
 class StagedHandshake final : public DeferredSignatureCheck {
  public:
-  StagedHandshake(CollectiveHandshake& handshake, const OpSpec& spec, std::chrono::milliseconds timeout)
-      : handshake_(handshake), spec_(spec), timeout_(timeout) {}
+  // `deadline`: the collective's (not counted from Begin, which may come after part of its
+  // data path).
+  StagedHandshake(CollectiveHandshake& handshake, const OpSpec& spec, std::chrono::steady_clock::time_point deadline)
+      : handshake_(handshake), spec_(spec), deadline_(deadline) {}
   static_assert(kEveryPeer == CollectiveHandshake::kEveryPeer, "Begin passes `first` through");
-  void Begin(int first) override { handshake_.Begin(spec_, {}, timeout_, first); }
+  void Begin(int first) override { handshake_.Begin(spec_, {}, deadline_, first); }
   void SendRemainingHeaders() override { handshake_.SendRemainingHeaders(); }
   bool PeerAgrees(int peer) override { return handshake_.PeerAgrees(peer); }
   void Finish() override { handshake_.Finish(); }
@@ -139,7 +148,7 @@ class StagedHandshake final : public DeferredSignatureCheck {
  private:
   CollectiveHandshake& handshake_;
   const OpSpec& spec_;
-  const std::chrono::milliseconds timeout_;
+  const std::chrono::steady_clock::time_point deadline_;
 };
 
 }  // namespace gossipcc

@@ -47,10 +47,11 @@ struct Pending {
 
 // Waits until at most `keep_sends`/`keep_recvs` operations remain un-waited on `ub`. Gloo
 // counts completions per buffer, not per operation, so this bounds how much is in flight;
-// only draining to zero proves that particular operations finished.
-void Drain(UnboundBuffer& ub, Pending& pending, int keep_sends, int keep_recvs, std::chrono::milliseconds timeout) {
-  for (; pending.recvs > keep_recvs; --pending.recvs) ub.waitRecv(timeout);
-  for (; pending.sends > keep_sends; --pending.sends) ub.waitSend(timeout);
+// only draining to zero proves that particular operations finished. Each wait gets what is
+// left of the call's deadline.
+void Drain(UnboundBuffer& ub, Pending& pending, int keep_sends, int keep_recvs, const GlooCall& call) {
+  for (; pending.recvs > keep_recvs; --pending.recvs) ub.waitRecv(call.left());
+  for (; pending.sends > keep_sends; --pending.sends) ub.waitSend(call.left());
 }
 
 // Phase 1 (reduce-scatter) of one slice. To each peer p: count_of(p) elements at byte
@@ -80,7 +81,7 @@ void ScatterReduce(const GlooCall& call, UnboundBuffer& send, Pending& send_pend
       ++send_pending.sends;
     }
   }
-  for (int i = 0; i < recvs; ++i) staging.ub().waitRecv(call.timeout);
+  for (int i = 0; i < recvs; ++i) staging.ub().waitRecv(call.left());
   if (out.count == 0) return;
   // ReduceInRankOrder may write over sources 0 and 1 only (any source for half dtypes): a
   // later rank's own block moves aside first when it is also the output.
@@ -141,9 +142,9 @@ void DirectAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
     }
     // This slice's all-gather stays in flight while the next slice's reduce-scatter runs (it
     // touches other memory); the previous slice's is waited for, bounding what is posted.
-    Drain(*data_ub, pending, pending.sends - pending_before, pending.recvs - recvs_before, call.timeout);
+    Drain(*data_ub, pending, pending.sends - pending_before, pending.recvs - recvs_before, call);
   }
-  Drain(*data_ub, pending, 0, 0, call.timeout);
+  Drain(*data_ub, pending, 0, 0, call);
 }
 
 void DirectReduceScatter(const GlooCall& call, Buffer input, Buffer output, ReduceOp op) {
@@ -174,9 +175,9 @@ void DirectReduceScatter(const GlooCall& call, Buffer input, Buffer output, Redu
         [&](int p) { return (static_cast<size_t>(p) * block + a) * element; }, [&](int) { return count; },
         in + (static_cast<size_t>(me) * block + a) * element,
         Buffer{out + a * element, count, output.dtype, output.device}, op, staging, sources);
-    Drain(*input_ub, pending, pending.sends - pending_before, 0, call.timeout);
+    Drain(*input_ub, pending, pending.sends - pending_before, 0, call);
   }
-  Drain(*input_ub, pending, 0, 0, call.timeout);
+  Drain(*input_ub, pending, 0, 0, call);
 }
 
 }  // namespace gossipcc

@@ -1,10 +1,11 @@
 // What every CPU collective of the data path is handed (GlooCall): the lane's mesh, tag,
-// time left, scratch memory, where failed buffers go, and the signature check when the
+// deadline, scratch memory, where failed buffers go, and the signature check when the
 // collective runs it itself. Below the algorithms (ring_allreduce.h, direct_allreduce.h, ...)
 // and gloo_collectives.h, which picks among them, so none of them includes another's header
 // for these types.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -51,10 +52,22 @@ class DeferredSignatureCheck {
   virtual void Finish() = 0;  // throws MismatchError (the same on every rank)
 };
 
+// What is left until `deadline`, for one Gloo wait: at least 1 ms (Gloo reads 0 as its
+// default timeout), so a wait that starts past the deadline fails at once.
+inline std::chrono::milliseconds TimeLeft(std::chrono::steady_clock::time_point deadline) {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  return std::max(left, std::chrono::milliseconds(1));
+}
+
 struct GlooCall {
   std::shared_ptr<gloo::Context> context;
   uint32_t tag;
-  std::chrono::milliseconds timeout;
+  // The collective's deadline (its issue + the timeout): every wait gets left(), what is left
+  // of it then, so the whole collective ends by it, not each wait a timeout after its start.
+  // Gloo's own algorithms (NewOptions) take one timeout per call: left() at their start.
+  std::chrono::steady_clock::time_point deadline;
+  std::chrono::milliseconds left() const { return TimeLeft(deadline); }
   CollectiveScratch* scratch;  // the communicator's; never null
   // Where a call that fails part-way leaves its Gloo buffers (PostedBuffers). A failure
   // poisons the communicator, so scratch->bytes, which such buffers may point into, is never

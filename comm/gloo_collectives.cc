@@ -22,13 +22,13 @@
 namespace gossipcc {
 namespace {
 
-// A Gloo options object for `call` (its context, tag and timeout), shared so that RunOrRetire
-// can keep it past the call.
+// A Gloo options object for `call` (its context, tag, and what is left of its deadline as the
+// timeout Gloo gives each of its waits), shared so that RunOrRetire can keep it past the call.
 template <typename Options>
 std::shared_ptr<Options> NewOptions(const GlooCall& call) {
   auto opts = std::make_shared<Options>(call.context);
   opts->setTag(call.tag);
-  opts->setTimeout(call.timeout);
+  opts->setTimeout(call.left());
   return opts;
 }
 

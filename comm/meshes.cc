@@ -2,6 +2,7 @@
 
 #include <gloo/context.h>
 
+#include <chrono>
 #include <map>
 #include <string>
 
@@ -75,7 +76,8 @@ void Meshes::AgreeOnSharedOptions(const CommunicatorOptions& options) {
   const std::string where = absl::StrCat("rank ", rank_, " of ", size_, ": ");
   CollectiveScratch scratch;
   try {
-    GlooAllgather(GlooCall{first_, kMeshLayoutTag, options.timeout, &scratch, &retired_},
+    const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+    GlooAllgather(GlooCall{first_, kMeshLayoutTag, deadline, &scratch, &retired_},
                   Buffer{const_cast<uint8_t*>(mine.data()), mine.size(), DType::kUInt8, Device::CPU()},
                   Buffer{all.data(), all.size(), DType::kUInt8, Device::CPU()});
   } catch (const std::exception& e) {

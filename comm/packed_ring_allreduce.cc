@@ -73,7 +73,7 @@ void RunPackedRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPla
   };
   auto wait_send_slot = [&](int i) {
     if (!send_pending[i]) return;
-    send_ub[i]->waitSend(call.timeout);
+    send_ub[i]->waitSend(call.left());
     send_pending[i] = false;
   };
   // Packs what message u carries from the buffer as it is now: a segment of this rank's own
@@ -112,7 +112,7 @@ void RunPackedRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPla
         for (int i = 0; i < kSendSlots; ++i) wait_send_slot(i);
         if (left_sent) {
           for (int u = 0; u < ahead; ++u) {
-            if (plan.Received(u).count) recv_ub[u % kRingWindow]->waitRecv(call.timeout);
+            if (plan.Received(u).count) recv_ub[u % kRingWindow]->waitRecv(call.left());
           }
         }
       });
@@ -124,7 +124,7 @@ void RunPackedRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPla
     for (; posted < U && posted < u + kRingWindow; ++posted) post_receive(posted);
     const RingSpan s = plan.Received(u);
     if (s.count) {
-      recv_ub[u % kRingWindow]->waitRecv(call.timeout);
+      recv_ub[u % kRingWindow]->waitRecv(call.left());
       uint32_t* target = values + s.first;
       if (u < P) {
         unpack(u, unpacked, s.count);

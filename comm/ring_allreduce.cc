@@ -68,10 +68,10 @@ void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& pla
         // None of the messages that left may still refer to the caller's buffer or arrive
         // after this returns. Receives the left neighbour will never match stay posted on
         // scratch memory, which is retired.
-        for (int i = 0; i < sends; ++i) data_ub.waitSend(call.timeout);
+        for (int i = 0; i < sends; ++i) data_ub.waitSend(call.left());
         if (left_sent) {
           for (int u = 0; u < ahead; ++u) {
-            if (plan.Received(u).count) scratch_ub.waitRecv(call.timeout);
+            if (plan.Received(u).count) scratch_ub.waitRecv(call.left());
           }
         }
       });
@@ -85,20 +85,20 @@ void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& pla
     uint8_t* target = bytes + s.first * element;
     if (s.count) {
       if (u < P) {
-        scratch_ub.waitRecv(call.timeout);
+        scratch_ub.waitRecv(call.left());
         reduce(target, target, scratch + static_cast<size_t>(u % kRingWindow) * slot_bytes, s.count);
         // The last reduce-scatter step completes this rank's chunk: averaged once, here, so
         // every rank receives the same bits.
         if (u >= P - S && op == ReduceOp::kAvg) ScaleInPlace(target, s.count, data.dtype, avg_scale);
       } else {
-        data_ub.waitRecv(call.timeout);
+        data_ub.waitRecv(call.left());
       }
     }
     // Message u + S forwards what just arrived: the partial sum one step on, the finished
     // chunk into the all-gather, or the gathered chunk one more hop.
     if (u + S < U) send(u + S);
   }
-  for (int i = 0; i < sends; ++i) data_ub.waitSend(call.timeout);
+  for (int i = 0; i < sends; ++i) data_ub.waitSend(call.left());
 }
 
 }  // namespace

@@ -51,14 +51,14 @@ void Ring(const GlooCall& call, const void* input, void* out, size_t chunk, DTyp
     } else {
       acc_ub[(step - 1) % 2]->send(right, slot);
     }
-    recv_ub->waitRecv(call.timeout);
+    recv_ub->waitRecv(call.left());
     const int chunk_index = mod(r - step - 2);
     void* dst = step == n - 2 ? out : acc[step % 2];
     reduce(dst, recv, in + static_cast<size_t>(chunk_index) * bytes, chunk);
     if (step == 0) {
-      input_ub->waitSend(call.timeout);
+      input_ub->waitSend(call.left());
     } else {
-      acc_ub[(step - 1) % 2]->waitSend(call.timeout);
+      acc_ub[(step - 1) % 2]->waitSend(call.left());
     }
   }
 }

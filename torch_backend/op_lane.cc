@@ -87,6 +87,16 @@ std::shared_ptr<Work> OpLane::Issue(std::string description, Clock::time_point d
   return proxy;
 }
 
+// Watch fails a caller's Work on its own thread, and Work::Complete runs that Work's done
+// callbacks there, inline (unlocked: `expired` is completed after the lock is dropped), as the
+// lane's thread does for the Works its tasks complete. That cannot hold up Stop, which joins
+// this thread: the only caller of Issue is the process group (collective_issue.cc), and the
+// callbacks on the Works it returns only hand the completion to the group's CallbackExecutor
+// (GossipccWork, gossipcc_work.h: Post / PostUnordered / PostNested queue it and return; the
+// future's own, possibly blocking, callbacks run on the executor's threads). The executor runs
+// a posted task inline only once it is stopped, which ProcessGroupGossipcc::shutdown does after
+// stopping the lanes (so after this thread is joined). A callback that stops the lane from
+// this thread is not joined (Stop detaches it); other callers (tests) must keep theirs as short.
 void OpLane::Watch(std::shared_ptr<State> s, std::string name) {
   std::unique_lock<std::mutex> lock(s->mu);
   while (!s->stopped) {

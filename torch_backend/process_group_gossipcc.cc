@@ -3,18 +3,16 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type.h>
 
-#include <cstdlib>
 #include <functional>
 #include <numeric>
 #include <string>
 #include <utility>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "comm/cuda_stream.h"
 #include "comm/errors.h"
-#include "comm/issue_time.h"
 #include "torch_backend/c10d_store.h"
+#include "torch_backend/collective_issue.h"
+#include "torch_backend/communicator_environment.h"
 #include "torch_backend/gossipcc_work.h"
 #include "torch_backend/tensor_buffer.h"
 
@@ -91,82 +89,12 @@ void Unflatten(const at::Tensor& flat, std::vector<at::Tensor>& tensors) {
   }
 }
 
-std::string TransportHostname() {
-  for (const char* name : {"GOSSIPCC_HOSTNAME"}) {
-    if (const char* v = std::getenv(name)) return v;
-  }
-  return "";
-}
-
-// GOSSIPCC_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME. Both take gloo's comma-separated list;
-// gossipcc listens on the first interface (ProcessGroupGloo makes a device per interface and
-// spreads its pairs over them; gossipcc's lanes and meshes share one listening device).
-std::string TransportInterface() {
-  for (const char* name : {"GOSSIPCC_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
-    const char* v = std::getenv(name);
-    if (!v || !*v) continue;
-    const std::string list(v);
-    const std::string first = list.substr(0, list.find(','));
-    if (first.empty()) throw InvalidArgumentError(absl::StrCat(name, "='", list, "' names no interface first"));
-    return first;
-  }
-  return "";
-}
-
-// Environment variable `name` as a decimal number (absl::SimpleAtoi) into `value`; unset or
-// empty leaves it. `what` names the expected value in the error.
-template <typename T>
-void ApplyNumberFromEnvironment(const char* name, const char* what, T& value) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return;
-  T parsed;
-  if (!absl::SimpleAtoi(v, &parsed)) throw InvalidArgumentError(absl::StrCat(name, " must be ", what, ", got '", v, "'"));
-  value = parsed;
-}
-
-// A 0/1 environment variable into `flag`; unset or empty leaves it.
-void ApplyFlagFromEnvironment(const char* name, bool& flag) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return;
-  const std::string text(v);
-  if (text != "0" && text != "1") {
-    throw InvalidArgumentError(absl::StrCat(name, " must be 0 or 1, got '", text, "'"));
-  }
-  flag = text == "1";
-}
-
-CommunicatorOptions MakeCommunicatorOptions(const ProcessGroupOptions& options) {
-  CommunicatorOptions c = options.communicator;
-  c.timeout = options.timeout;
-  // The Communicator checks the ranges (p2p_segment_bytes: 0 is off; heartbeat_interval:
-  // 0 is the default, negative turns the peer check off; collective_lanes). Every rank must
-  // agree on p2p_connection_per_direction and collective_lanes.
-  uint64_t segment_bytes = c.p2p_segment_bytes;
-  ApplyNumberFromEnvironment("GOSSIPCC_P2P_SEGMENT_BYTES", "a byte count", segment_bytes);
-  c.p2p_segment_bytes = static_cast<size_t>(segment_bytes);
-  int64_t heartbeat_ms = c.heartbeat_interval.count();
-  ApplyNumberFromEnvironment("GOSSIPCC_HEARTBEAT_INTERVAL_MS", "a whole number of milliseconds", heartbeat_ms);
-  c.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
-  ApplyFlagFromEnvironment("GOSSIPCC_P2P_CONNECTION_PER_DIRECTION", c.p2p_connection_per_direction);
-  ApplyFlagFromEnvironment("GOSSIPCC_VERIFY_COLLECTIVES", c.verify_collectives);
-  ApplyNumberFromEnvironment("GOSSIPCC_COLLECTIVE_LANES", "a lane count", c.collective_lanes);
-  ApplyFlagFromEnvironment("GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE", c.lossless_float32_allreduce);
-  // The CUDA device whose NCCL communicator is created at init (needed before any CUDA
-  // point-to-point; collectives create it lazily otherwise). Communicator::Create checks it.
-  ApplyNumberFromEnvironment("GOSSIPCC_CUDA_DEVICE", "a CUDA device ordinal", c.cuda_device);
-  const std::string iface = TransportInterface();
-  const std::string host = TransportHostname();
-  if (!iface.empty()) c.interface = iface;
-  if (!host.empty()) c.hostname = host;
-  return c;
-}
-
 }  // namespace
 
 ProcessGroupGossipcc::ProcessGroupGossipcc(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
                                            ProcessGroupOptions options)
     : C10dBackendBase(rank, size), options_(std::move(options)), fault_tolerant_store_(WrapC10dStore(store)) {
-  communicator_ = Communicator::Create(WrapC10dStore(store), rank, size, MakeCommunicatorOptions(options_));
+  communicator_ = Communicator::Create(WrapC10dStore(store), rank, size, CommunicatorOptionsFromEnvironment(options_.communicator, options_.timeout));
   executor_ = std::make_shared<CallbackExecutor>("gossipcc completions of rank " + std::to_string(rank));
   lane_ = std::make_unique<OpLane>("gossipcc algorithms");
   async_lane_ = std::make_unique<OpLane>("gossipcc asynchronous bilateral exchange");
@@ -198,32 +126,16 @@ void ProcessGroupGossipcc::shutdown() {
 Completion ProcessGroupGossipcc::Ordered() const { return Completion{executor_, true}; }
 Completion ProcessGroupGossipcc::Unordered() const { return Completion{executor_, false}; }
 
-// The c10d call's deadline is the group's timeout from the call, whatever the collective waits
-// for: the completion callbacks of earlier collectives (order_nested_collectives), the group's
-// algorithm tasks (OpLane::Issue fails it at the deadline while it queues there), or its
-// signature check and data (the communicator counts its deadline from the call's issue time,
-// comm/issue_time.h). Each of those fails it with an error naming what it waited for.
+// In program order, within one timeout of the call: collective_issue.h.
 std::shared_ptr<Work> ProcessGroupGossipcc::IssueCollective(const char* what, const at::Tensor& tensor,
                                                             std::function<std::shared_ptr<Work>()> issue) {
-  const auto called = std::chrono::steady_clock::now();
-  const bool ordered = order_nested_ && !executor_->HoldsTurn();
-  if (ordered && !executor_->WaitForEarlierTasks(options_.timeout)) {
-    throw TimeoutError(std::string("gossipcc ") + what + " on rank " + std::to_string(rank_) +
-                       ": the completion callbacks of earlier collectives did not return within the timeout (" +
-                       std::to_string(options_.timeout.count()) +
-                       " ms); with nested collectives ordered, a collective starts only after them");
-  }
-  // A CUDA collective follows the caller's current stream as it is now (comm/cuda_stream.h).
-  // Issued later (queued behind the group's algorithm tasks) it follows that stream as it is
-  // then: it may wait for more of the caller's work, never for less.
-  return lane_->Issue(std::string("gossipcc ") + what + " on rank " + std::to_string(rank_), called + options_.timeout,
-                      [stream = CallerStream(tensor), called, ordered, issue = std::move(issue)] {
-                        ScopedCudaStream current(stream);
-                        ScopedIssueTime issued(called, ordered ? "the completion callbacks of earlier collectives, "
-                                                                 "then the process group's algorithm tasks"
-                                                               : "the process group's algorithm tasks");
-                        return issue();
-                      });
+  CollectiveIssue call;
+  call.called = std::chrono::steady_clock::now();
+  call.description = std::string("gossipcc ") + what + " on rank " + std::to_string(rank_);
+  call.timeout = options_.timeout;
+  call.stream = CallerStream(tensor);
+  if (order_nested_ && !executor_->HoldsTurn()) call.ordering = executor_.get();
+  return torch_backend::IssueCollective(call, *lane_, std::move(issue));
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::broadcast(std::vector<at::Tensor>& tensors,

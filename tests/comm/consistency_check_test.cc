@@ -40,12 +40,12 @@ TEST(CollectiveHandshakeTest, FinishSendsTheHeadersBeginHeldBack) {
     CollectiveHandshake handshake(*mesh);
     const int left = (rank + 2) % 3, right = (rank + 1) % 3;
     const OpSpec spec = AllreduceSpec(1000);
-    handshake.Begin(spec, {}, kTimeout, left);
+    handshake.Begin(spec, {}, std::chrono::steady_clock::now() + kTimeout, left);
     EXPECT_TRUE(handshake.PeerAgrees(right));
     EXPECT_NO_THROW(handshake.Finish());
 
     const OpSpec next = AllreduceSpec(7);
-    handshake.Begin(next, {}, kTimeout, left);
+    handshake.Begin(next, {}, std::chrono::steady_clock::now() + kTimeout, left);
     handshake.SendRemainingHeaders();
     EXPECT_TRUE(handshake.PeerAgrees(left));
     EXPECT_NO_THROW(handshake.Finish());
@@ -63,7 +63,7 @@ TEST(CollectiveHandshakeTest, BeginRejectsAFirstPeerThatIsNotAnotherRank) {
     const OpSpec spec = AllreduceSpec(4);
     for (int bad : {rank, 2, -2}) {
       try {
-        handshake.Begin(spec, {}, kTimeout, bad);
+        handshake.Begin(spec, {}, std::chrono::steady_clock::now() + kTimeout, bad);
         ADD_FAILURE() << "Begin accepted " << bad << " as the first peer on rank " << rank;
       } catch (const InvalidArgumentError& e) {
         EXPECT_THAT(e.what(), HasSubstr("must be another rank, got " + std::to_string(bad)));

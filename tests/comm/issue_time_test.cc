@@ -5,7 +5,9 @@
 // Rank 1 never joins: it stays up (a store key, not a sleep, which a loaded machine can
 // outlast) until rank 0 has failed, so rank 0's wait ends at its deadline, not at a closed
 // connection.
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/consistency_check.h"
 #include "comm/errors.h"
 #include "comm/issue_time.h"
 #include "comm/store.h"
@@ -26,6 +29,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
@@ -134,6 +138,101 @@ TEST_P(IssueTimeTest, NothingLeftFailsAtOnceNamingTheCallersHold) {
     EXPECT_LT(took - spent.count(), 2000) << CurrentTestName() << ": a collective issued past its deadline failed "
                                           << took - spent.count() << " ms after the call, not at once";
   });
+}
+
+// One deadline for the whole collective: a peer whose header comes late (at 0.8 of the timeout)
+// and which then stalls before its data (held in the signature-check hook of
+// consistency_check.h, as a stopped or hung process would be) fails the collective at its
+// deadline. Before, the data exchange got the time left when the collective started, anew for
+// each wait, so it failed about 0.8 timeout later (~7.2 s here).
+std::atomic<bool> release_rank_1{false};
+void StallRank1(int rank) {
+  if (rank != 1) return;
+  while (!release_rank_1.load()) std::this_thread::sleep_for(milliseconds(5));
+}
+
+// Rank 0 issues `issue` at once; rank 1 issues it 0.8 timeout later and stalls after its check.
+// Returns rank 0's error message and the ms from its call to the error.
+void LateHeaderThenStalledData(LaunchMode mode, const std::function<std::shared_ptr<Work>(Communicator&)>& issue,
+                               const std::function<void(const std::string&, long long)>& check) {
+  release_rank_1 = false;
+  SetAfterSignatureCheckHookForTesting(&StallRank1);
+  RunRanksWithStore(2, mode, [&](int rank, std::shared_ptr<Store> store) {
+    auto comm = Communicator::Create(std::make_shared<PrefixStore>("comm", store), rank, 2, Options(true));
+    if (rank == 1) {
+      store->wait({"issued"}, std::chrono::seconds(60));
+      std::this_thread::sleep_for(kTimeout * 4 / 5);
+      std::shared_ptr<Work> work = issue(*comm);  // its header goes out now; then it stalls
+      store->wait({"failed"}, std::chrono::seconds(60));
+      release_rank_1 = true;
+      try {
+        work->wait();
+      } catch (const std::exception&) {
+        // Rank 0 failed and went away: rank 1 fails too, whatever the error.
+      }
+      return;
+    }
+    const Clock::time_point issued = Clock::now();
+    store->set("issued", {'1'});
+    std::shared_ptr<Work> work = issue(*comm);
+    std::string message;
+    try {
+      work->wait();
+      ADD_FAILURE() << CurrentTestName() << ": the collective with a stalled rank 1 succeeded";
+    } catch (const TimeoutError& e) {
+      message = e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << CurrentTestName() << ": wrong error type: " << e.what();
+    }
+    const long long took = Since(issued);
+    store->set("failed", {'1'});
+    check(message, took);
+  });
+  SetAfterSignatureCheckHookForTesting(nullptr);
+}
+
+// At the deadline (+ the peer check), not a timeout after the late header (~7.2 s): the upper
+// bound is 1.5 s over the deadline and 1.7 s under the old time.
+void ExpectAtTheDeadlineDespiteTheLateHeader(const std::string& what, const std::string& msg, long long took) {
+  std::cout << CurrentTestName() << ": " << what << " failed " << took << " ms after its call (timeout "
+            << kTimeout.count() << " ms, rank 1's header at " << kTimeout.count() * 4 / 5 << " ms): " << msg
+            << std::endl;
+  EXPECT_THAT(msg, AllOf(HasSubstr("rank 0 of 2"), HasSubstr("timed out"), Not(HasSubstr("exchanging signatures"))))
+      << CurrentTestName() << ": " << what;
+  EXPECT_GE(took, kTimeout.count() - 100)
+      << CurrentTestName() << ": " << what << " failed " << took << " ms after its call, before its deadline";
+  EXPECT_LT(took, kTimeout.count() + 1500)
+      << CurrentTestName() << ": " << what << " failed " << took << " ms after its call: its data exchange waited "
+      << "a whole timeout after rank 1's late header (" << kTimeout.count() * 4 / 5
+      << " ms), not what was left of its deadline";
+}
+
+// 1 MiB all-reduce: the ring, which runs its check itself (StagedHandshake), then waits for
+// rank 1's messages, each wait bounded by the deadline (GlooCall::deadline).
+TEST_P(IssueTimeTest, RingDataAfterALateHeaderWaitsOnlyWhatIsLeft) {
+  std::vector<std::vector<float>> data(2, std::vector<float>(1 << 18, 1.0f));
+  LateHeaderThenStalledData(
+      GetParam(), [&](Communicator& c) { return c.allreduce(CpuBuffer(data[c.rank()].data(), 1 << 18)); },
+      [](const std::string& msg, long long took) {
+        EXPECT_THAT(msg, HasSubstr("allreduce #0")) << CurrentTestName();
+        ExpectAtTheDeadlineDespiteTheLateHeader("the ring all-reduce", msg, took);
+      });
+}
+
+// 1 MiB all-gather: the check runs first (Communicator's Run), then Gloo's own algorithm, given
+// what is left after the check.
+TEST_P(IssueTimeTest, GlooAllgatherAfterALateHeaderWaitsOnlyWhatIsLeft) {
+  constexpr size_t kCount = 1 << 17;
+  std::vector<std::vector<float>> in(2, std::vector<float>(kCount, 1.0f)), out(2, std::vector<float>(2 * kCount));
+  LateHeaderThenStalledData(
+      GetParam(),
+      [&](Communicator& c) {
+        return c.allgather(CpuBuffer(in[c.rank()].data(), kCount), CpuBuffer(out[c.rank()].data(), 2 * kCount));
+      },
+      [](const std::string& msg, long long took) {
+        EXPECT_THAT(msg, HasSubstr("allgather #0")) << CurrentTestName();
+        ExpectAtTheDeadlineDespiteTheLateHeader("the all-gather", msg, took);
+      });
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, IssueTimeTest, ::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),

@@ -115,7 +115,7 @@ TEST(OpLaneTest, QueuedCollectiveFailsAtItsDeadlineAndStillIssuesInItsTurn) {
   });
   std::string message;
   try {
-    work->wait();
+    work->wait(10s);  // a safety net (see below): a Watch that never fired fails, naming no queue
     ADD_FAILURE() << "a collective queued past its deadline succeeded";
   } catch (const TimeoutError& e) {
     message = e.what();
@@ -168,7 +168,19 @@ TEST(OpLaneTest, StopFailsAQueuedCollectivesWork) {
   });
   started.get_future().wait();
   std::thread stopper([&] { lane.Stop("the process group was shut down"); });
-  EXPECT_THROW(work->wait(), AbortedError);  // before the running task returns
+  // Before the running task returns. Bounded (a safety net far above the expected
+  // microseconds): a Stop that left the Work pending would otherwise hang here, as the
+  // running task returns only once released below.
+  try {
+    work->wait(10s);
+    ADD_FAILURE() << "StopFailsAQueuedCollectivesWork: the queued collective's Work succeeded";
+  } catch (const AbortedError& e) {
+    EXPECT_NE(std::string(e.what()).find("not issued, the process group was shut down"), std::string::npos)
+        << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "StopFailsAQueuedCollectivesWork: Stop did not fail the queued collective's Work within 10 s "
+                  << "(while the task ahead still runs): " << e.what();
+  }
   release.set_value();
   stopper.join();
   running->wait();

@@ -336,7 +336,7 @@ def test_heartbeat_interval_from_environment():
 ORDERING_TIMEOUT_S = 3.0
 
 
-def ordering_deadline_worker(rank, world_size, callback_s):
+def ordering_deadline_worker(rank, world_size, callback_s, peer_joins=False):
     import time
     import gossipcc
     dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size,
@@ -345,11 +345,19 @@ def ordering_deadline_worker(rank, world_size, callback_s):
     earlier = dist.all_reduce(torch.ones(4), async_op=True)
     if rank == 1:
         earlier.wait()
-        sync.wait(["failed"], datetime.timedelta(seconds=60))  # never joins the later all-reduce
+        # With peer_joins, rank 1 issues the later all-reduce (of 10s) as well; else never.
+        later = dist.all_reduce(torch.full((4,), 10.0), async_op=True) if peer_joins else None
+        sync.wait(["failed"], datetime.timedelta(seconds=60))
+        if later is not None:
+            try:
+                later.wait()
+            except Exception:  # noqa: BLE001 - rank 0 never sends its signature: a timeout
+                pass
         return "stayed"
     # Not waited for: its completion (and so the callback) runs on the group's executor.
     earlier.get_future().then(lambda fut: time.sleep(callback_s))
-    gossipcc.get_backend_object(dist.group.WORLD).order_nested_collectives = True
+    backend = gossipcc.get_backend_object(dist.group.WORLD)
+    backend.order_nested_collectives = True
     start = time.monotonic()
     try:
         dist.all_reduce(torch.ones(4))
@@ -357,8 +365,20 @@ def ordering_deadline_worker(rank, world_size, callback_s):
     except Exception as e:  # noqa: BLE001 - the message is checked
         outcome = f"{type(e).__name__}: {e}"
     took = time.monotonic() - start
+    after = None
+    if peer_joins:
+        # This rank's next collective (no ordering wait: the callback still sleeps). Had the
+        # timed-out one been skipped here, it would pair with rank 1's later all-reduce and
+        # return 1 + 10; it must fail instead (the timeout left the communicator unusable).
+        backend.order_nested_collectives = False
+        nxt = torch.ones(4)
+        try:
+            dist.all_reduce(nxt)
+            after = f"no error: {nxt.tolist()}"
+        except Exception as e:  # noqa: BLE001 - the message is checked
+            after = f"{type(e).__name__}: {e}"
     sync.set("failed", "1")
-    return took, outcome
+    return (took, outcome, after) if peer_joins else (took, outcome)
 
 
 def _check_within_one_timeout(case, took, outcome):
@@ -371,14 +391,21 @@ def _check_within_one_timeout(case, took, outcome):
 
 
 def test_ordering_wait_past_the_timeout_fails_within_it():
-    # The callback outlasts the timeout: the ordering wait itself times out.
-    results = run_ranks(ordering_deadline_worker, 2, 2 * ORDERING_TIMEOUT_S,
+    # The callback outlasts the timeout: the ordering wait itself times out. Rank 1 issues the
+    # same all-reduce: rank 0's must still reach its communicator, which fails it at once and
+    # is then unusable, so rank 0's next all-reduce fails rather than pairs with rank 1's.
+    results = run_ranks(ordering_deadline_worker, 2, 2 * ORDERING_TIMEOUT_S, True,
                         env={"GOSSIPCC_HEARTBEAT_INTERVAL_MS": "100"})
-    took, outcome = results[0]
+    took, outcome, after = results[0]
     assert "completion callbacks of earlier collectives" in outcome, outcome
     assert "timeout" in outcome.lower(), outcome
     _check_within_one_timeout("callback past the timeout", took, outcome)
-    print(f"\ncallback past the timeout: failed {took:.2f} s after the call (timeout {ORDERING_TIMEOUT_S} s): {outcome}")
+    assert not after.startswith("no error"), (
+        f"callback past the timeout: the next all-reduce on rank 0 succeeded ({after}): the timed-out one was "
+        f"skipped on rank 0 only, so the next paired with rank 1's copy of it")
+    assert "earlier failure" in after, f"callback past the timeout: the next all-reduce on rank 0: {after}"
+    print(f"\ncallback past the timeout: failed {took:.2f} s after the call (timeout {ORDERING_TIMEOUT_S} s): {outcome}"
+          f"\nthe next all-reduce: {after}")
 
 
 def test_ordering_wait_then_missing_peer_fails_within_one_timeout_of_the_call():
