@@ -342,6 +342,10 @@ def ordering_deadline_worker(rank, world_size, callback_s, peer_joins=False):
     dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=ORDERING_TIMEOUT_S))
     sync = dist.FileStore(os.environ["GOSSIPCC_TEST_INIT_FILE"] + ".sync", world_size)
+    if rank == 1:
+        # Only once rank 0 has attached its callback: were `earlier` complete before, `then`
+        # would run the callback at once on rank 0's main thread, not on the group's executor.
+        sync.wait(["attached"], datetime.timedelta(seconds=60))
     earlier = dist.all_reduce(torch.ones(4), async_op=True)
     if rank == 1:
         earlier.wait()
@@ -356,6 +360,7 @@ def ordering_deadline_worker(rank, world_size, callback_s, peer_joins=False):
         return "stayed"
     # Not waited for: its completion (and so the callback) runs on the group's executor.
     earlier.get_future().then(lambda fut: time.sleep(callback_s))
+    sync.set("attached", "1")
     backend = gossipcc.get_backend_object(dist.group.WORLD)
     backend.order_nested_collectives = True
     start = time.monotonic()
