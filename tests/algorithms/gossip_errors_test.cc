@@ -26,20 +26,6 @@ using ::testing::AllOf;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
-template <typename E, typename Fn>
-std::string ExpectThrow(Fn fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong error type: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
-
 CommunicatorOptions Quick(int timeout_ms = 3000) {
   CommunicatorOptions o;
   o.timeout = std::chrono::milliseconds(timeout_ms);

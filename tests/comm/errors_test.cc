@@ -54,7 +54,7 @@ std::string ExpectFailure(const std::shared_ptr<Work>& work) {
 }
 
 template <typename E, typename Fn>
-std::string ExpectThrow(Fn fn) {
+std::string ExpectPromptThrow(Fn fn) {
   const auto start = Clock::now();
   try {
     fn();
@@ -275,31 +275,31 @@ TEST_P(ErrorsTest, InvalidArgumentsRaiseSynchronously) {
   RunRanks(2, GetParam(), [](Communicator& comm) {
     std::vector<float> f(4);
     std::vector<int32_t> ints(4);
-    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] { comm.send(CpuBuffer(f.data(), 4), 2); }),
+    EXPECT_THAT(ExpectPromptThrow<InvalidArgumentError>([&] { comm.send(CpuBuffer(f.data(), 4), 2); }),
                 AllOf(HasSubstr("peer 2 is out of range [0, 2)"), HasSubstr("rank")));
-    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] { comm.recv(CpuBuffer(f.data(), 4), -1); }),
+    EXPECT_THAT(ExpectPromptThrow<InvalidArgumentError>([&] { comm.recv(CpuBuffer(f.data(), 4), -1); }),
                 HasSubstr("peer -1 is out of range"));
-    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] { comm.send(CpuBuffer(f.data(), 4), comm.rank()); }),
+    EXPECT_THAT(ExpectPromptThrow<InvalidArgumentError>([&] { comm.send(CpuBuffer(f.data(), 4), comm.rank()); }),
                 HasSubstr("this rank itself"));
-    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] { comm.broadcast(CpuBuffer(f.data(), 4), 7); }),
+    EXPECT_THAT(ExpectPromptThrow<InvalidArgumentError>([&] { comm.broadcast(CpuBuffer(f.data(), 4), 7); }),
                 HasSubstr("root 7 is out of range"));
-    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] { comm.allreduce(CpuBuffer(ints.data(), 4), ReduceOp::kAvg); }),
+    EXPECT_THAT(ExpectPromptThrow<InvalidArgumentError>([&] { comm.allreduce(CpuBuffer(ints.data(), 4), ReduceOp::kAvg); }),
                 HasSubstr("avg is not supported for integer dtype int32"));
-    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] {
+    EXPECT_THAT(ExpectPromptThrow<InvalidArgumentError>([&] {
                   comm.allreduce(Buffer{nullptr, 4, DType::kFloat32, Device::CPU()});
                 }),
                 HasSubstr("null but has 4 elements"));
-    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] { comm.allgather(CpuBuffer(f.data(), 4), CpuBuffer(f.data(), 4)); }),
+    EXPECT_THAT(ExpectPromptThrow<InvalidArgumentError>([&] { comm.allgather(CpuBuffer(f.data(), 4), CpuBuffer(f.data(), 4)); }),
                 HasSubstr("output has 4 elements but size() * input.count = 2 * 4 = 8"));
-    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] {
+    EXPECT_THAT(ExpectPromptThrow<InvalidArgumentError>([&] {
                   comm.reduce_scatter(CpuBuffer(f.data(), 4), CpuBuffer(ints.data(), 2));
                 }),
                 HasSubstr("input is float32 but output is int32"));
-    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] {
+    EXPECT_THAT(ExpectPromptThrow<InvalidArgumentError>([&] {
                   comm.allgatherv(CpuBuffer(f.data(), 1), CpuBuffer(f.data(), 2), {1});
                 }),
                 HasSubstr("one per rank (2)"));
-    EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] {
+    EXPECT_THAT(ExpectPromptThrow<InvalidArgumentError>([&] {
                   comm.allreduce(Buffer{f.data(), 4, DType::kFloat32, Device::CUDA(0)});
                 }),
                 HasSubstr("cuda:0"));
@@ -321,7 +321,7 @@ TEST_P(ErrorsTest, MissingPeerTimesOutPromptlyThenCommIsAborted) {
       store->set("failed", {'1'});
       EXPECT_LT(took.count(), 10000) << CurrentTestName() << ": took " << took.count() << " ms (timeout 1000 ms)";
       EXPECT_THAT(msg, AllOf(HasSubstr("allreduce #0"), HasSubstr("rank 0 of 2")));
-      EXPECT_THAT(ExpectThrow<AbortedError>([&] { comm->allreduce(CpuBuffer(f.data(), 4)); }),
+      EXPECT_THAT(ExpectPromptThrow<AbortedError>([&] { comm->allreduce(CpuBuffer(f.data(), 4)); }),
                   HasSubstr("earlier failure"));
     } else {
       store->wait({"failed"}, std::chrono::seconds(60));  // never joins the collective
@@ -342,7 +342,7 @@ TEST_P(ErrorsTest, ReceiveFromSilentPeerTimesOutAndAbortsTheCommunicator) {
       store->set("failed", {'1'});
       EXPECT_LT(took.count(), 8000) << CurrentTestName() << ": took " << took.count() << " ms (timeout 800 ms)";
       // The p2p stream is out of step after a timeout: later calls fail fast.
-      EXPECT_THAT(ExpectThrow<AbortedError>([&] { comm->send(CpuBuffer(f.data(), 4), 1, 0); }),
+      EXPECT_THAT(ExpectPromptThrow<AbortedError>([&] { comm->send(CpuBuffer(f.data(), 4), 1, 0); }),
                   HasSubstr("earlier failure"));
     } else {
       store->wait({"failed"}, std::chrono::seconds(60));  // never sends
@@ -378,7 +378,7 @@ TEST_P(ErrorsTest, WaitWithShortTimeoutAndCallsAfterShutdown) {
     if (comm.rank() == 0) {
       auto w = comm.recv(CpuBuffer(f.data(), 4), 1, 0);
       EXPECT_FALSE(w->is_completed());
-      EXPECT_THAT(ExpectThrow<TimeoutError>([&] { w->wait(std::chrono::milliseconds(50)); }),
+      EXPECT_THAT(ExpectPromptThrow<TimeoutError>([&] { w->wait(std::chrono::milliseconds(50)); }),
                   HasSubstr("wait timed out after 50 ms"));
       comm.barrier()->wait();  // now rank 1 sends
       w->wait();
@@ -390,8 +390,8 @@ TEST_P(ErrorsTest, WaitWithShortTimeoutAndCallsAfterShutdown) {
     comm.barrier()->wait();
     comm.shutdown();
     comm.shutdown();  // idempotent
-    EXPECT_THAT(ExpectThrow<AbortedError>([&] { comm.allreduce(CpuBuffer(f.data(), 4)); }), HasSubstr("shut down"));
-    EXPECT_THAT(ExpectThrow<AbortedError>([&] { comm.send(CpuBuffer(f.data(), 4), 1 - comm.rank()); }),
+    EXPECT_THAT(ExpectPromptThrow<AbortedError>([&] { comm.allreduce(CpuBuffer(f.data(), 4)); }), HasSubstr("shut down"));
+    EXPECT_THAT(ExpectPromptThrow<AbortedError>([&] { comm.send(CpuBuffer(f.data(), 4), 1 - comm.rank()); }),
                 HasSubstr("shut down"));
   }, Quick());
 }
@@ -409,7 +409,7 @@ TEST_P(ErrorsTest, TimedWaitOnAPendingCollectiveReturnsAtItsTimeout) {
     if (rank == 0) {
       auto w = comm->allreduce(CpuBuffer(f.data(), 4));
       const auto start = Clock::now();
-      EXPECT_THAT(ExpectThrow<TimeoutError>([&] { w->wait(std::chrono::milliseconds(50)); }),
+      EXPECT_THAT(ExpectPromptThrow<TimeoutError>([&] { w->wait(std::chrono::milliseconds(50)); }),
                   HasSubstr("wait timed out after 50 ms"));
       // The timed wait did not run the collective inline (that would wait for rank 1, which
       // joins only after this, until the collective's 20 s timeout): it returned at its own
@@ -466,22 +466,22 @@ INSTANTIATE_TEST_SUITE_P(Modes, ErrorsTest, ::testing::Values(LaunchMode::kThrea
                          [](const ::testing::TestParamInfo<LaunchMode>& info) { return LaunchModeName(info.param); });
 
 TEST(CreateTest, RejectsBadArgumentsAndTimesOutWhenRanksAreMissing) {
-  EXPECT_THAT(ExpectThrow<InvalidArgumentError>([] { Communicator::Create(MakeHashStore(), 3, 2); }),
+  EXPECT_THAT(ExpectPromptThrow<InvalidArgumentError>([] { Communicator::Create(MakeHashStore(), 3, 2); }),
               HasSubstr("rank 3 is out of range [0, 2)"));
-  EXPECT_THAT(ExpectThrow<InvalidArgumentError>([] { Communicator::Create(MakeHashStore(), 0, 0); }),
+  EXPECT_THAT(ExpectPromptThrow<InvalidArgumentError>([] { Communicator::Create(MakeHashStore(), 0, 0); }),
               HasSubstr("size must be >= 1"));
   CommunicatorOptions negative_rendezvous;
   negative_rendezvous.rendezvous_timeout = std::chrono::milliseconds(-1);
-  EXPECT_THAT(ExpectThrow<InvalidArgumentError>(
+  EXPECT_THAT(ExpectPromptThrow<InvalidArgumentError>(
                   [&] { Communicator::Create(MakeHashStore(), 0, 1, negative_rendezvous); }),
               HasSubstr("rendezvous_timeout must be >= 0"));
-  EXPECT_THAT(ExpectThrow<InvalidArgumentError>([] { Communicator::Create(nullptr, 0, 1); }), HasSubstr("store"));
+  EXPECT_THAT(ExpectPromptThrow<InvalidArgumentError>([] { Communicator::Create(nullptr, 0, 1); }), HasSubstr("store"));
   CommunicatorOptions bad_device;
   bad_device.cuda_device = -2;
-  EXPECT_THAT(ExpectThrow<InvalidArgumentError>([&] { Communicator::Create(MakeHashStore(), 0, 1, bad_device); }),
+  EXPECT_THAT(ExpectPromptThrow<InvalidArgumentError>([&] { Communicator::Create(MakeHashStore(), 0, 1, bad_device); }),
               HasSubstr("cuda_device must be a CUDA device ordinal, or -1"));
   const auto start = Clock::now();
-  EXPECT_THAT(ExpectThrow<TimeoutError>([] { Communicator::Create(MakeHashStore(), 0, 2, Quick(500)); }),
+  EXPECT_THAT(ExpectPromptThrow<TimeoutError>([] { Communicator::Create(MakeHashStore(), 0, 2, Quick(500)); }),
               AllOf(HasSubstr("rank 0 of 2"), HasSubstr("rendezvous")));
   const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
   EXPECT_LT(took.count(), 5000) << CurrentTestName() << ": a rendezvous with a 500 ms timeout took " << took.count()

@@ -35,6 +35,22 @@ inline constexpr bool kSanitizerBuild = false;
 // one), or "(no test)" outside one: for messages of safety nets, which must say which case fired.
 std::string CurrentTestName();
 
+// Runs `fn`, which must throw E: returns its message; anything else (no exception, another
+// type) is a test failure naming the test, and returns "".
+template <typename E, typename Fn>
+std::string ExpectThrow(Fn fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << CurrentTestName() << ": wrong error type: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << CurrentTestName() << ": expected an exception";
+  return "";
+}
+
 enum class LaunchMode { kThreads, kProcesses };
 std::string LaunchModeName(LaunchMode mode);
 // Test names for suites parameterised by (launch mode, rank count): "threads_n4".

@@ -22,6 +22,26 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// A task that holds the lane until Release(); constructed once it has started, so what is
+// submitted afterwards queues behind it (a slow start, e.g. under ASan, cannot reorder them).
+class RunningTask {
+ public:
+  explicit RunningTask(OpLane& lane) {
+    std::shared_future<void> gate = release_.get_future().share();
+    work_ = lane.Submit("running", [gate, this] {
+      started_.set_value();
+      gate.wait();
+    }, true);
+    started_.get_future().wait();
+  }
+  void Release() { release_.set_value(); }
+  Work& work() { return *work_; }
+
+ private:
+  std::promise<void> release_, started_;
+  std::shared_ptr<Work> work_;
+};
+
 TEST(OpLaneTest, TasksRunInOrderAndReportErrors) {
   OpLane lane("test");
   std::vector<int> order;
@@ -156,17 +176,11 @@ TEST(OpLaneTest, QueuedCollectiveInTimeCompletesWithTheCollective) {
 // Stop fails the caller's Work of a collective still queued (not only the lane's own task).
 TEST(OpLaneTest, StopFailsAQueuedCollectivesWork) {
   OpLane lane("test");
-  std::promise<void> release, started;
-  std::shared_future<void> gate = release.get_future().share();
-  auto running = lane.Submit("running", [gate, &started] {
-    started.set_value();
-    gate.wait();
-  }, true);
+  RunningTask running(lane);
   auto work = lane.Issue("allreduce", std::chrono::steady_clock::now() + 60s, [] {
     ADD_FAILURE() << "a queued collective was issued after Stop";
     return std::shared_ptr<Work>(std::make_shared<CompletionWork>("never"));
   });
-  started.get_future().wait();
   std::thread stopper([&] { lane.Stop("the process group was shut down"); });
   // Before the running task returns. Bounded (a safety net far above the expected
   // microseconds): a Stop that left the Work pending would otherwise hang here, as the
@@ -181,28 +195,20 @@ TEST(OpLaneTest, StopFailsAQueuedCollectivesWork) {
     ADD_FAILURE() << "StopFailsAQueuedCollectivesWork: Stop did not fail the queued collective's Work within 10 s "
                   << "(while the task ahead still runs): " << e.what();
   }
-  release.set_value();
+  running.Release();
   stopper.join();
-  running->wait();
+  running.work().wait();
 }
 
 TEST(OpLaneTest, StopFailsQueuedTasksAndRefusesNewOnes) {
   OpLane lane("test");
-  std::promise<void> release, started;
-  std::shared_future<void> gate = release.get_future().share();
-  auto running = lane.Submit("running", [gate, &started] {
-    started.set_value();
-    gate.wait();
-  }, true);
+  RunningTask running(lane);
   auto queued = lane.Submit("queued", [] { FAIL() << "a queued task ran after Stop"; }, true);
-  // Stop only once "running" has started (a slow start, e.g. under ASan, must not turn it
-  // into a queued task that Stop drops).
-  started.get_future().wait();
   std::thread stopper([&] { lane.Stop("the process group was shut down"); });
   std::this_thread::sleep_for(20ms);
-  release.set_value();
+  running.Release();
   stopper.join();
-  running->wait();
+  running.work().wait();
   EXPECT_THROW(queued->wait(), AbortedError);
   EXPECT_THROW(lane.Submit("late", [] {}, false), AbortedError);
 }
