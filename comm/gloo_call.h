@@ -5,13 +5,13 @@
 // for these types.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "comm/issue_time.h"  // TimeLeft
 #include "comm/reduce.h"
 
 namespace gloo {
@@ -51,14 +51,6 @@ class DeferredSignatureCheck {
   virtual bool PeerAgrees(int peer) = 0;
   virtual void Finish() = 0;  // throws MismatchError (the same on every rank)
 };
-
-// What is left until `deadline`, for one Gloo wait: at least 1 ms (Gloo reads 0 as its
-// default timeout), so a wait that starts past the deadline fails at once.
-inline std::chrono::milliseconds TimeLeft(std::chrono::steady_clock::time_point deadline) {
-  const auto left =
-      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-  return std::max(left, std::chrono::milliseconds(1));
-}
 
 struct GlooCall {
   std::shared_ptr<gloo::Context> context;

@@ -39,4 +39,12 @@ class ScopedIssueTime {
 // The calling thread's issue time; nullptr where no guard is set (a collective issued now).
 const IssueTime* CurrentIssueTime();
 
+// What is left of `deadline`, for one Gloo wait: at least 1 ms (Gloo reads 0 as its default
+// timeout), so a wait that starts past the deadline fails at once.
+inline std::chrono::milliseconds TimeLeft(std::chrono::steady_clock::time_point deadline) {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  return left > std::chrono::milliseconds(1) ? left : std::chrono::milliseconds(1);
+}
+
 }  // namespace gossipcc

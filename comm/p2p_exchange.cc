@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/errors.h"
 #include "comm/gloo_util.h"
+#include "comm/issue_time.h"  // TimeLeft
 #include "comm/p2p_wire.h"
 
 namespace gossipcc {
@@ -128,7 +129,7 @@ P2PExchange::ReceiveOutcome P2PExchange::ReceiveOne(Message& m, Clock::time_poin
   ReceiveTurn turn(turns_, m.has_ticket, m.op.peer, m.op.tag, m.ticket);
   try {
     int sender = m.op.peer;
-    m.header_ub->waitRecv(&sender, Remaining(deadline));
+    m.header_ub->waitRecv(&sender, TimeLeft(deadline));
     m.op.peer = sender;  // resolves kAnySource: the payload comes from the header's sender
     turn.Draw(sender, m.op.tag);
     if (m.op.source) *m.op.source = sender;
@@ -186,7 +187,7 @@ bool P2PExchange::Complete(Batch& batch) {
     payloads.push_back(&m.sent);
   }
   try {
-    for (Message* m : sends) m->header_ub->waitSend(Remaining(batch.deadline));
+    for (Message* m : sends) m->header_ub->waitSend(TimeLeft(batch.deadline));
     SentPayload::WaitAll(payloads, batch.deadline);
     for (Message* m : sends) sent += m->op.buffer.bytes();
   } catch (const std::exception& e) {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/errors.h"
+#include "comm/issue_time.h"  // TimeLeft
 
 namespace gossipcc {
 
@@ -27,11 +28,6 @@ std::exception_ptr HeaderMismatch(const P2PHeader& h, const P2POp& receive, cons
       description, ": recv from rank ", receive.peer, " (tag ", receive.tag, ") expected ", b.count, " x ",
       DTypeName(b.dtype), " but rank ", receive.peer, " sent ", h.count, " x ", DTypeName(sender_dtype),
       "; the buffer was left untouched")));
-}
-
-std::chrono::milliseconds Remaining(std::chrono::steady_clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-  return std::max(left, std::chrono::milliseconds(1));
 }
 
 SentPayload::SentPayload() = default;
@@ -107,7 +103,7 @@ void SentPayload::WaitAll(absl::Span<SentPayload* const> sends, std::chrono::ste
   for (size_t i = 0; i < most_segments; ++i) {
     for (SentPayload* s : sends) {
       if (i >= s->segment_buffers_.size()) continue;
-      s->segment_buffers_[i]->waitSend(Remaining(deadline));
+      s->segment_buffers_[i]->waitSend(TimeLeft(deadline));
       if (s->progress) s->progress->Advance(s->segments_.end(i));
     }
   }
@@ -121,7 +117,7 @@ void ReceiveSegments(gloo::transport::UnboundBuffer& buffer, int peer, uint64_t 
     buffer.recv(peer, slot, segments.offset(posted), segments.length(posted));
   }
   for (size_t done = 0; done < count; ++done) {
-    buffer.waitRecv(Remaining(deadline));  // segments complete in order
+    buffer.waitRecv(TimeLeft(deadline));  // segments complete in order
     if (progress) progress->Advance(segments.end(done));
     if (posted < count) {
       buffer.recv(peer, slot, segments.offset(posted), segments.length(posted));

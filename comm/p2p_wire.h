@@ -76,9 +76,6 @@ struct Segments {
 // (docs/benchmarks_history.md, "Figures the code's comments used to carry").
 constexpr size_t kReceiveWindow = 4;
 
-// What is left of a deadline, at least 1 ms (Gloo takes 0 as "no timeout").
-std::chrono::milliseconds Remaining(std::chrono::steady_clock::time_point deadline);
-
 // A send's payload once posted: the Gloo buffers its segments went out on. Its memory must
 // stay alive while Gloo may still use them (p2p_exchange.h retires a failed batch whole).
 class SentPayload {
