@@ -41,11 +41,11 @@ using Clock = std::chrono::steady_clock;
 // (issue_time.h) where it set one, else the Communicator call (`called`).
 struct Issue {
   Clock::time_point at, called;
-  std::string waited_for;  // what the caller held it back for (empty: nothing)
+  const char* waited_for;  // what the caller held it back for (null: nothing; static storage)
   static Issue Now() {
     const Clock::time_point now = Clock::now();
     const IssueTime* caller = CurrentIssueTime();
-    return caller ? Issue{std::min(caller->issued, now), now, caller->waited_for} : Issue{now, now, {}};
+    return caller ? Issue{std::min(caller->issued, now), now, caller->waited_for} : Issue{now, now, nullptr};
   }
 };
 
@@ -158,7 +158,7 @@ class Communicator::Impl {
       const Clock::time_point deadline = issued.at + options_.timeout;
       if (now >= deadline) {
         // Skipping it would desynchronise the ranks: a timeout like any other (poisons).
-        const std::string held = issued.waited_for.empty() ? std::string()
+        const std::string held = issued.waited_for == nullptr ? std::string()
             : absl::StrCat("was held ", Ms(issued.called - issued.at), " ms before it reached the communicator (",
                            issued.waited_for, "), then ");
         throw TimeoutError(absl::StrCat(where, ": not started within the timeout (", options_.timeout.count(),

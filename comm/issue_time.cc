@@ -1,14 +1,12 @@
 #include "comm/issue_time.h"
 
-#include <utility>
-
 namespace gossipcc {
 namespace {
 thread_local const IssueTime* current_issue_time = nullptr;
 }  // namespace
 
-ScopedIssueTime::ScopedIssueTime(std::chrono::steady_clock::time_point issued, std::string waited_for)
-    : time_{issued, std::move(waited_for)}, previous_(current_issue_time) {
+ScopedIssueTime::ScopedIssueTime(std::chrono::steady_clock::time_point issued, const char* waited_for)
+    : time_{issued, waited_for}, previous_(current_issue_time) {
   current_issue_time = &time_;
 }
 ScopedIssueTime::~ScopedIssueTime() { current_issue_time = previous_; }

@@ -13,20 +13,21 @@
 #pragma once
 
 #include <chrono>
-#include <string>
 
 namespace gossipcc {
 
 struct IssueTime {
   std::chrono::steady_clock::time_point issued;
-  std::string waited_for;  // what the caller held the call back for, e.g. "earlier callbacks"
+  // What the caller held the call back for, e.g. "earlier callbacks": a string with static
+  // storage (read only when the collective fails; nothing is copied per call).
+  const char* waited_for;
 };
 
 // Sets the calling thread's issue time for the guard's lifetime. `issued` must not be in the
 // future. Guards nest (the innermost applies).
 class ScopedIssueTime {
  public:
-  ScopedIssueTime(std::chrono::steady_clock::time_point issued, std::string waited_for);
+  ScopedIssueTime(std::chrono::steady_clock::time_point issued, const char* waited_for);
   ~ScopedIssueTime();
   ScopedIssueTime(const ScopedIssueTime&) = delete;
   ScopedIssueTime& operator=(const ScopedIssueTime&) = delete;

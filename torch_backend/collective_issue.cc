@@ -14,7 +14,7 @@ std::shared_ptr<Work> IssueCollective(const CollectiveIssue& call, OpLane& lane,
   using Clock = std::chrono::steady_clock;
   const Clock::time_point deadline = call.called + call.timeout;
   Clock::time_point issued = call.called;
-  std::string waited_for = "the process group's algorithm tasks";
+  const char* waited_for = "the process group's algorithm tasks";
   if (call.ordering != nullptr) {
     // Until the deadline at most (`called` was a moment ago); rounded up, so that a wait that
     // times out ends at or past it.
@@ -26,16 +26,15 @@ std::shared_ptr<Work> IssueCollective(const CollectiveIssue& call, OpLane& lane,
       // is left: the issue time is a whole timeout ago at least) and so poison itself, naming
       // the callbacks. Skipped, it would leave this rank one collective behind its peers.
       issued = std::min(issued, Clock::now() - call.timeout);
-      waited_for = "the completion callbacks of earlier collectives, which did not return within the timeout (" +
-                   std::to_string(call.timeout.count()) +
-                   " ms); with nested collectives ordered, a collective starts only after them";
+      waited_for = "the completion callbacks of earlier collectives, which did not return within the timeout; "
+                   "with nested collectives ordered, a collective starts only after them";
     }
   }
   // A CUDA collective follows the caller's current stream as it is now (comm/cuda_stream.h).
   // Issued later (queued behind the group's algorithm tasks) it follows that stream as it is
   // then: it may wait for more of the caller's work, never for less.
   return lane.Issue(call.description, deadline,
-                    [stream = call.stream, issued, waited_for = std::move(waited_for), issue = std::move(issue)] {
+                    [stream = call.stream, issued, waited_for, issue = std::move(issue)] {
                       ScopedCudaStream current(stream);
                       ScopedIssueTime issue_time(issued, waited_for);
                       return issue();
