@@ -40,6 +40,13 @@ wait_trixie_root() {
   cat "$trixie_log"
 }
 
+# Tests at twice the cores (compiles stay at one per core: Bazel reserves a core for each). Much of
+# the suite waits rather than computes (timeouts, dead peers, emulated 100 Mbit/s links): with one
+# test per core the two cores were 52% busy through the ASan tests (265 s); with two per core,
+# 79% (163 s). Every test passes on a machine twice as slow, which is what this load amounts to.
+TEST_JOBS=$((2 * $(nproc)))
+PARALLEL_TESTS=(--jobs="$TEST_JOBS" --local_test_jobs="$TEST_JOBS")
+
 stage "setup (apt packages)" tools/setup.sh
 # The torch 2.x root (debootstrap, then trixie's packages: mostly download and unpack, minutes on
 # a fresh machine, nothing once made) is made in the background while the stages below compile
@@ -47,7 +54,7 @@ stage "setup (apt packages)" tools/setup.sh
 tools/trixie_root.sh >"$trixie_log" 2>&1 &
 trixie_pid=$!
 stage "build //..." bazel build //...
-stage "test //... (torch 1.13)" bazel test --test_tag_filters=-gpu //... "$@"
+stage "test //... (torch 1.13)" bazel test "${PARALLEL_TESTS[@]}" --test_tag_filters=-gpu //... "$@"
 # The pip path (pyproject.toml): the wheel built by pip, installed into a fresh venv and tested
 # from outside the source tree (tools/wheel_test.sh); again against torch 2.x at the end.
 stage "pip wheel + venv (torch 1.13)" tools/wheel_test.sh
@@ -60,13 +67,13 @@ stage "GPU bundle (build + run.sh)" bash -c 'tools/gpu_bundle.sh && gpu_bundle/r
 # tests and what they need are built (--build_tests_only): the benchmarks and examples that no
 # test runs were compiled by the plain build already; the gpu tests, which no sanitizer stage
 # runs, are not built either.
-stage "test //... (asan+ubsan)" bazel test --config=asan --build_tests_only --build_tag_filters=-python,-gpu \
+stage "test //... (asan+ubsan)" bazel test --config=asan "${PARALLEL_TESTS[@]}" --build_tests_only --build_tag_filters=-python,-gpu \
   --test_tag_filters=-python,-gpu //... "$@"
 # The C++ suite under ThreadSanitizer (.bazelrc: tsan; tools/tsan explains the Abseil shim).
 # Tests tagged no_tsan (single-threaded ones, and one that races by design) and gpu are not
 # built here. Under both sanitizers the rank-sweep suites run fewer (launch mode, ranks) pairs,
 # every rank count still in one mode (RankSweep in tests/comm/harness.h).
-stage "test C++ (tsan)" bazel test --config=tsan --build_tests_only --build_tag_filters=-python,-no_tsan,-gpu \
+stage "test C++ (tsan)" bazel test --config=tsan "${PARALLEL_TESTS[@]}" --build_tests_only --build_tag_filters=-python,-no_tsan,-gpu \
   --test_tag_filters=-python,-no_tsan,-gpu \
   //tests/comm/... //tests/compression/... //tests/algorithms/... //tests/reliability/... \
   //tests/torch_backend:op_lane_test //tests/torch_backend:callback_executor_test "$@"
@@ -76,6 +83,6 @@ stage "fuzz parsers (20 s each)" tools/fuzz.sh 20
 # The c10d backend against torch 2.x: the same build and tests in a Debian trixie root.
 stage "trixie root (torch 2.x), waited" wait_trixie_root
 # Tests tagged "one_torch" (the 90-run exit test, PyTorch's suite on 4 ranks) ran above already.
-stage "test backend (torch 2.x)" tools/in_trixie.sh bazel test --test_tag_filters=-one_torch \
+stage "test backend (torch 2.x)" tools/in_trixie.sh bazel test "${PARALLEL_TESTS[@]}" --test_tag_filters=-one_torch \
   //torch_backend/... //tests/torch_backend/... "$@"
 stage "pip wheel + venv (torch 2.x)" tools/in_trixie.sh tools/wheel_test.sh
