@@ -297,11 +297,14 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
       in += 4 + CodeBytes(len, bits);
     }
   };
+  // Slices whose sum is quantized but not yet dequantized into this rank's own region: that
+  // waits until the first gather round, which needs only the quantized sum, is on the wire.
+  std::vector<size_t> own_region_pending;
   auto one_less_before_sum = [&](size_t s) {
     if (--before_sum[s] > 0) return;
     reduce(slices[s]);
     summed[s] = 1;
-    finish(slices[s], me);
+    own_region_pending.push_back(s);
   };
   auto ready = [&](const Step& st) {
     return st.gather ? summed[st.slice] != 0 : region_ready[st.slice][(me + st.round) % n] != 0;
@@ -348,6 +351,11 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
       if (in_flight.size() < window && next < steps.size() && ready(steps[next])) {
         const Step* st = &steps[next++];
         in_flight.emplace_back(issue(*st), st);
+        continue;
+      }
+      if (!own_region_pending.empty()) {
+        finish(slices[own_region_pending.back()], me);
+        own_region_pending.pop_back();
         continue;
       }
       if (!arrived.empty()) {
