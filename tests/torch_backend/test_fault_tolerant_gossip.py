@@ -20,7 +20,6 @@ import multiprocessing
 import os
 import queue as queue_module
 import signal
-import socket
 import tempfile
 import time
 import traceback
@@ -30,6 +29,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+# Rank 0's store port: not bind(0)'s pick, which comes from the ephemeral range where another
+# test's connection or listener may take it before rank 0 binds (seen with tests running side by
+# side: a rank's store client reached some other process and got "Connection reset by peer").
+from emulated_cluster import free_port
 
 WORLD = 4
 TIMEOUT_S = 3.0          # the group's timeout: a stalled rank is declared dead after it
@@ -97,12 +101,6 @@ def worker(rank, init_method, deaths, barrier, out_dir, results):
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, None, traceback.format_exc()))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_case(deaths, store):
