@@ -35,6 +35,13 @@ def main():
     except Exception as e:  # noqa: BLE001 - recorded for the test
         record.update(init_error=f"{type(e).__name__}: {e}", init_seconds=time.monotonic() - start)
         write(out_dir, rank, record)
+        if mode == "init" and rank == 0:
+            # Rank 0 hosts env://'s store, which torch's TCPStore keeps serving after a failed
+            # init for as long as this process lives. Were it to exit now, a rank still in its
+            # store calls (a loaded machine: seen at two tests per core, "The client socket has
+            # timed out ... trying to connect to (host0, 29500)") would fail on the store instead
+            # of meeting its own problem, which is what these cases check.
+            wait_for_records(out_dir, int(os.environ.get("MULTIHOST_LAUNCHED", "1")), timeout_s + 60)
         return 0 if mode == "init" else 1
     record["init_seconds"] = time.monotonic() - start
     if mode == "init":
@@ -78,6 +85,19 @@ def main():
     dist.destroy_process_group()
     write(out_dir, rank, record)
     return 0
+
+
+def wait_for_records(out_dir, launched, limit_s):
+    """Until rank<r>.json exists for every r < launched; a safety net far above a run's time."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        missing = [r for r in range(launched) if not os.path.exists(os.path.join(out_dir, f"rank{r}.json"))]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            print(f"rank 0: ranks {missing} recorded nothing within {limit_s:.0f} s; leaving", file=sys.stderr)
+            return
+        time.sleep(0.05)
 
 
 def write(out_dir, rank, record):

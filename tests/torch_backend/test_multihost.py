@@ -37,6 +37,9 @@ def run_hosts(cluster, mode, backend, timeout_s=30, env=None, run_timeout=240):
     logs = [open(os.path.join(out, f"log{r}"), "w+") for r in range(cluster.n)]
     error = None
     try:
+        # How many ranks were launched: in "init" mode rank 0 keeps its store up until each has recorded.
+        launched = {"MULTIHOST_LAUNCHED": str(cluster.n)}
+        env = [dict(e, **launched) for e in env] if isinstance(env, list) else dict(env or {}, **launched)
         cluster.run([[PY, WORKER, mode, backend, out, str(timeout_s)]] * cluster.n, env=env, timeout=run_timeout,
                     stdout=logs, stderr=logs)
     except ec.ClusterError as e:
