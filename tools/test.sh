@@ -40,11 +40,16 @@ wait_trixie_root() {
   cat "$trixie_log"
 }
 
-# Tests at twice the cores (compiles stay at one per core: Bazel reserves a core for each). Much of
-# the suite waits rather than computes (timeouts, dead peers, emulated 100 Mbit/s links): with one
-# test per core the two cores were 52% busy through the ASan tests (265 s); with two per core,
-# 79% (163 s). Every test passes on a machine twice as slow, which is what this load amounts to.
-TEST_JOBS=$((2 * $(nproc)))
+# Tests at the same time: GOSSIPCC_TEST_JOBS (default: one per core, as Bazel's own default;
+# compiles stay at one per core whatever it is, since Bazel reserves a core for each). Much of the
+# suite waits rather than computes (timeouts, dead peers, emulated links): with one test per core
+# the two cores were 52% busy through the ASan tests (265 s); with two per core 79% (163 s), and a
+# cold run took 33m06s instead of 40-44 min. Two per core is not the default yet: of four cold
+# runs at that load three failed, each on one Python multi-rank test; two were test races, fixed
+# (fault_tolerant_gossip_test's port, multihost_test's store host exiting early); the third,
+# multihost_test "a rank never arrives" (rank 2's init took 15.8 s against a bound of 13.2 s), is
+# not yet understood.
+TEST_JOBS=${GOSSIPCC_TEST_JOBS:-$(nproc)}
 PARALLEL_TESTS=(--jobs="$TEST_JOBS" --local_test_jobs="$TEST_JOBS")
 
 stage "setup (apt packages)" tools/setup.sh
