@@ -241,26 +241,55 @@ void ConnectWithDeadline(const std::shared_ptr<gloo::rendezvous::Context>& conte
   const auto slack = std::min(timeout / 10, std::chrono::milliseconds(2000));
   if (!outcome->cv.wait_for(lock, timeout + slack, [&] { return outcome->done; })) {
     lock.unlock();
-    std::string store_error;
-    try {
-      raw_store->set(absl::StrCat("deadline_probe_", rank), {1});
-    } catch (const std::exception& e) {
-      store_error = e.what();
+    // Why, from the store: is it still there, and which peers never published their address
+    // (Gloo's key for rank r is "rank_<r>")? Asked from a thread of its own and awaited for the
+    // slack only: the store's client may serialise its calls (torch's TCPStore does), and Gloo's
+    // thread above may still be blocked in one, so these probes could wait behind it well past
+    // the deadline. Without an answer in time, the error says so instead of naming ranks.
+    struct Diagnosis {
+      std::mutex mu;
+      std::condition_variable cv;
+      bool done = false;
+      std::string store_error;
+      std::vector<std::string> missing;
+    };
+    auto diagnosis = std::make_shared<Diagnosis>();
+    std::thread([raw_store, rank, size, diagnosis]() {
+      std::string store_error;
+      std::vector<std::string> missing;
+      try {
+        raw_store->set(absl::StrCat("deadline_probe_", rank), {1});
+      } catch (const std::exception& e) {
+        store_error = e.what();
+      }
+      for (int r = 0; r < size && store_error.empty(); ++r) {
+        if (r == rank) continue;
+        try {
+          raw_store->wait({absl::StrCat("rank_", r)}, std::chrono::milliseconds(1));
+        } catch (const std::exception&) {
+          missing.push_back(std::to_string(r));
+        }
+      }
+      std::lock_guard<std::mutex> lock(diagnosis->mu);
+      diagnosis->done = true;
+      diagnosis->store_error = std::move(store_error);
+      diagnosis->missing = std::move(missing);
+      diagnosis->cv.notify_all();
+    }).detach();
+    std::unique_lock<std::mutex> diagnosis_lock(diagnosis->mu);
+    if (!diagnosis->cv.wait_for(diagnosis_lock, slack, [&] { return diagnosis->done; })) {
+      throw TimeoutError(absl::StrCat("rank ", rank, " of ", size, ": rendezvous did not complete within ",
+                                      timeout.count(), " ms (did every rank start? the rendezvous store did not ",
+                                      "answer a probe within ", slack.count(), " ms more, so which ranks are missing ",
+                                      "is not known)"));
     }
+    const std::string store_error = diagnosis->store_error;
+    const std::vector<std::string> missing = diagnosis->missing;
+    diagnosis_lock.unlock();
     if (!store_error.empty()) {
       throw TimeoutError(absl::StrCat("rank ", rank, " of ", size, ": rendezvous did not complete within ",
                                       timeout.count(), " ms, and the rendezvous store is now unreachable (its host, ",
                                       "rank 0 for env://, may have failed and exited): ", store_error));
-    }
-    // Which peers never published their address (Gloo's key for rank r is "rank_<r>")?
-    std::vector<std::string> missing;
-    for (int r = 0; r < size; ++r) {
-      if (r == rank) continue;
-      try {
-        raw_store->wait({absl::StrCat("rank_", r)}, std::chrono::milliseconds(1));
-      } catch (const std::exception&) {
-        missing.push_back(std::to_string(r));
-      }
     }
     throw TimeoutError(absl::StrCat(
         "rank ", rank, " of ", size, ": rendezvous did not complete within ", timeout.count(), " ms: ",
