@@ -16,8 +16,10 @@
 #include <algorithm>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -207,98 +209,116 @@ std::shared_ptr<gloo::transport::Device> CreateDevice(int rank, const ListenAddr
   }
 }
 
+// Runs `work` (which must not throw) on a detached thread and waits at most `bound` for its
+// result: nullopt if it has not returned by then. The thread keeps what `work` captured and ends
+// on its own whenever `work` returns; its result is then dropped.
+template <typename T>
+std::optional<T> RunDetachedFor(std::function<T()> work, std::chrono::milliseconds bound) {
+  struct Slot {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<T> result;
+  };
+  auto slot = std::make_shared<Slot>();
+  std::thread([work = std::move(work), slot] {
+    T result = work();
+    std::lock_guard<std::mutex> lock(slot->mu);
+    slot->result = std::move(result);
+    slot->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(slot->mu);
+  slot->cv.wait_for(lock, bound, [&] { return slot->result.has_value(); });
+  return slot->result;
+}
+
+// What the store says about a rendezvous that missed its deadline.
+struct RendezvousDiagnosis {
+  std::string store_error;           // the store's error if it is unreachable, else empty
+  std::vector<std::string> missing;  // the ranks that never published an address
+};
+
+// Asks the store whether it is still there and which peers never published their address.
+// Gloo's key for rank r is "<r>" in Debian's Gloo (tcp::Context::createAndConnectAllPairs) and
+// "rank_<r>" in the newer Gloo inside torch's libtorch_cpu, whose symbols the Python extension
+// may bind to instead: either counts.
+RendezvousDiagnosis DiagnoseRendezvous(Store& store, int rank, int size) {
+  RendezvousDiagnosis d;
+  try {
+    store.set(absl::StrCat("deadline_probe_", rank), {1});
+  } catch (const std::exception& e) {
+    d.store_error = e.what();
+    return d;
+  }
+  auto is_set = [&](const std::string& key) {
+    try {
+      store.wait({key}, std::chrono::milliseconds(1));
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  };
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    if (!is_set(std::to_string(r)) && !is_set(absl::StrCat("rank_", r))) d.missing.push_back(std::to_string(r));
+  }
+  return d;
+}
+
+// The least time the probes above are given after a missed deadline, whatever the timeout: a
+// store on another host answers within a few round trips.
+constexpr std::chrono::milliseconds kMinProbeTime{250};
+
 // Gloo's connect waits 5 x the timeout for a pair to connect (its "longer timeout when waiting
 // for initial connect"), so a peer at an unreachable address, or one that died after publishing
 // its address, would hold every rank for 5 timeouts. The connect runs on a thread of its own
-// and this rank gives up at the deadline; the thread (holding what it uses) ends on its own
+// and this rank gives up at the deadline (timeout + slack), then spends at most
+// max(slack, kMinProbeTime) finding out why; the thread (holding what it uses) ends on its own
 // when Gloo gives up.
 void ConnectWithDeadline(const std::shared_ptr<gloo::rendezvous::Context>& context,
                          std::shared_ptr<StoreToGloo> store, const std::shared_ptr<Store>& raw_store,
                          std::shared_ptr<gloo::transport::Device> device, std::chrono::milliseconds timeout, int rank,
                          int size) {
-  struct Outcome {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    std::exception_ptr error;
-  };
-  auto outcome = std::make_shared<Outcome>();
-  std::thread([context, store, device, outcome]() mutable {
-    std::exception_ptr error;
-    try {
-      context->connectFullMesh(*store, device);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    std::lock_guard<std::mutex> lock(outcome->mu);
-    outcome->done = true;
-    outcome->error = error;
-    outcome->cv.notify_all();
-  }).detach();
-  std::unique_lock<std::mutex> lock(outcome->mu);
   // The store waits inside are bounded by `timeout` already; a little slack lets their own
   // (more specific) error arrive first.
   const auto slack = std::min(timeout / 10, std::chrono::milliseconds(2000));
-  if (!outcome->cv.wait_for(lock, timeout + slack, [&] { return outcome->done; })) {
-    lock.unlock();
-    // Why, from the store: is it still there, and which peers never published their address
-    // (Gloo's key for rank r is "rank_<r>")? Asked from a thread of its own and awaited for the
-    // slack only: the store's client may serialise its calls (torch's TCPStore does), and Gloo's
-    // thread above may still be blocked in one, so these probes could wait behind it well past
-    // the deadline. Without an answer in time, the error says so instead of naming ranks.
-    struct Diagnosis {
-      std::mutex mu;
-      std::condition_variable cv;
-      bool done = false;
-      std::string store_error;
-      std::vector<std::string> missing;
-    };
-    auto diagnosis = std::make_shared<Diagnosis>();
-    std::thread([raw_store, rank, size, diagnosis]() {
-      std::string store_error;
-      std::vector<std::string> missing;
-      try {
-        raw_store->set(absl::StrCat("deadline_probe_", rank), {1});
-      } catch (const std::exception& e) {
-        store_error = e.what();
-      }
-      for (int r = 0; r < size && store_error.empty(); ++r) {
-        if (r == rank) continue;
+  const std::optional<std::exception_ptr> outcome = RunDetachedFor<std::exception_ptr>(
+      [context, store, device]() mutable -> std::exception_ptr {  // (Gloo takes the device by reference)
         try {
-          raw_store->wait({absl::StrCat("rank_", r)}, std::chrono::milliseconds(1));
-        } catch (const std::exception&) {
-          missing.push_back(std::to_string(r));
+          context->connectFullMesh(*store, device);
+          return nullptr;
+        } catch (...) {
+          return std::current_exception();
         }
-      }
-      std::lock_guard<std::mutex> lock(diagnosis->mu);
-      diagnosis->done = true;
-      diagnosis->store_error = std::move(store_error);
-      diagnosis->missing = std::move(missing);
-      diagnosis->cv.notify_all();
-    }).detach();
-    std::unique_lock<std::mutex> diagnosis_lock(diagnosis->mu);
-    if (!diagnosis->cv.wait_for(diagnosis_lock, slack, [&] { return diagnosis->done; })) {
-      throw TimeoutError(absl::StrCat("rank ", rank, " of ", size, ": rendezvous did not complete within ",
-                                      timeout.count(), " ms (did every rank start? the rendezvous store did not ",
-                                      "answer a probe within ", slack.count(), " ms more, so which ranks are missing ",
-                                      "is not known)"));
-    }
-    const std::string store_error = diagnosis->store_error;
-    const std::vector<std::string> missing = diagnosis->missing;
-    diagnosis_lock.unlock();
-    if (!store_error.empty()) {
-      throw TimeoutError(absl::StrCat("rank ", rank, " of ", size, ": rendezvous did not complete within ",
-                                      timeout.count(), " ms, and the rendezvous store is now unreachable (its host, ",
-                                      "rank 0 for env://, may have failed and exited): ", store_error));
-    }
-    throw TimeoutError(absl::StrCat(
-        "rank ", rank, " of ", size, ": rendezvous did not complete within ", timeout.count(), " ms: ",
-        missing.empty() ? "every rank published its address, but a connection to or from a peer was not "
-                          "established (a peer unreachable at the address it published, behind a firewall, or gone)"
-                        : absl::StrCat("rank(s) ", absl::StrJoin(missing, ", "),
-                                       " never published an address (did every rank start?)")));
+      },
+      timeout + slack);
+  if (outcome.has_value()) {
+    if (*outcome) std::rethrow_exception(*outcome);
+    return;
   }
-  if (outcome->error) std::rethrow_exception(outcome->error);
+  // Why, from the store. The probes run on a thread of their own: the store's client may
+  // serialise its calls (torch's TCPStore does), and Gloo's thread above may still be blocked in
+  // one, so they could wait behind it well past the deadline. Without an answer in time, the
+  // error says so instead of naming ranks.
+  const auto probe_time = std::max(slack, kMinProbeTime);
+  const std::optional<RendezvousDiagnosis> diagnosis = RunDetachedFor<RendezvousDiagnosis>(
+      [raw_store, rank, size] { return DiagnoseRendezvous(*raw_store, rank, size); }, probe_time);
+  const std::string what =
+      absl::StrCat("rank ", rank, " of ", size, ": rendezvous did not complete within ", timeout.count(), " ms");
+  if (!diagnosis.has_value()) {
+    throw TimeoutError(absl::StrCat(what, " (did every rank start? the rendezvous store did not answer a probe within ",
+                                    probe_time.count(), " ms more, so which ranks are missing is not known)"));
+  }
+  if (!diagnosis->store_error.empty()) {
+    throw TimeoutError(absl::StrCat(what, ", and the rendezvous store is now unreachable (its host, rank 0 for env://, ",
+                                    "may have failed and exited): ", diagnosis->store_error));
+  }
+  throw TimeoutError(absl::StrCat(
+      what, ": ",
+      diagnosis->missing.empty()
+          ? "every rank published its address, but a connection to or from a peer was not established (a peer "
+            "unreachable at the address it published, behind a firewall, or gone)"
+          : absl::StrCat("rank(s) ", absl::StrJoin(diagnosis->missing, ", "),
+                         " never published an address (did every rank start?)")));
 }
 
 std::string HostName() {

@@ -7,12 +7,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <iostream>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "comm/errors.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"
 
@@ -140,6 +145,128 @@ TEST(TakePairsOffTheDeviceThreadTest, GivesUpFlushingToAPeerThatStoppedReading) 
     out.reset();
     DestroyPairs(*mesh);
   });
+}
+
+// The rendezvous deadline (ConnectGlooMesh): a rank that never arrives fails the others at the
+// mesh's timeout (here Gloo's own store wait, bounded by it, fails first and names the key).
+TEST(ConnectGlooMeshTest, ARankThatNeverArrivesIsNamedAtTheDeadline) {
+  constexpr std::chrono::milliseconds kTimeout{1000};
+  const GlooMeshOptions options{"127.0.0.1", "", kTimeout};
+  const auto start = Clock::now();
+  try {
+    ConnectGlooMesh(MakeHashStore(), 0, 3, options);  // ranks 1 and 2 never come
+    ADD_FAILURE() << "a mesh of 3 connected with one rank";
+  } catch (const TimeoutError& e) {
+    EXPECT_TRUE(absl::StrContains(e.what(), "rank 0 of 3: rendezvous did not complete within 1000 ms")) << e.what();
+  }
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  std::cout << "a rank never arrives: failed after " << took.count() << " ms (timeout " << kTimeout.count() << " ms)"
+            << std::endl;
+  // A safety net only (expected: the timeout + 100 ms of slack).
+  EXPECT_LT(took, 20 * kTimeout) << "the rendezvous outlived its timeout";
+}
+
+// A store whose long waits for a missing key (Gloo's, bounded by the mesh's timeout) block past
+// that timeout, until Release(): Gloo's rendezvous thread is then still in the store at the
+// deadline. With `serialise`, the client also serialises its calls (as torch's TCPStore does), so
+// while Gloo's call blocks no probe of the same store can be answered; without it, short waits
+// (the diagnosis's 1 ms probes) are answered at once.
+class BlockingStore : public Store {
+ public:
+  explicit BlockingStore(bool serialise) : serialise_(serialise) {}
+  void set(const std::string& key, const std::vector<char>& value) override {
+    auto client = Client();
+    inner_->set(key, value);
+  }
+  std::vector<char> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    auto client = Client();
+    BlockIfMissing({key}, timeout);
+    return inner_->get(key, timeout);
+  }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    auto client = Client();
+    BlockIfMissing(keys, timeout);
+    inner_->wait(keys, timeout);
+  }
+  // Lets the blocked calls go on (they then fail as the inner store's would) and waits until no
+  // call of Gloo's thread or the probe's holds the client.
+  void Release() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      released_ = true;
+      cv_.notify_all();
+    }
+    std::lock_guard<std::mutex> client(client_);
+  }
+
+ private:
+  std::unique_lock<std::mutex> Client() {
+    return serialise_ ? std::unique_lock<std::mutex>(client_) : std::unique_lock<std::mutex>();
+  }
+  void BlockIfMissing(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+    if (timeout < std::chrono::milliseconds(100)) return;
+    try {
+      inner_->wait(keys, std::chrono::milliseconds(0));
+    } catch (const TimeoutError&) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::seconds(120), [&] { return released_; });
+    }
+  }
+  const bool serialise_;
+  std::shared_ptr<Store> inner_ = MakeHashStore();
+  std::mutex client_;  // held through each call when serialising, as TCPStore's client lock
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool released_ = false;
+};
+
+// Gloo's thread is still blocked in the store at the deadline, and the store answers probes:
+// the error comes at the deadline (timeout + 100 ms of slack) and names the ranks whose address
+// is not in the store, in either key form (Debian's Gloo's "<r>", torch's Gloo's "rank_<r>").
+TEST(ConnectGlooMeshTest, TheRanksThatNeverPublishedAreNamed) {
+  constexpr std::chrono::milliseconds kTimeout{1000};
+  const GlooMeshOptions options{"127.0.0.1", "", kTimeout};
+  auto store = std::make_shared<BlockingStore>(/*serialise=*/false);
+  store->set("2", {'x'});       // rank 2 published with Debian's Gloo's key,
+  store->set("rank_3", {'x'});  // rank 3 with torch's Gloo's; rank 1 did not (Gloo waits for it first)
+  const auto start = Clock::now();
+  try {
+    ConnectGlooMesh(store, 0, 4, options);
+    ADD_FAILURE() << "a mesh of 4 connected without rank 1";
+  } catch (const TimeoutError& e) {
+    EXPECT_TRUE(absl::StrContains(e.what(), "rank 0 of 4: rendezvous did not complete within 1000 ms")) << e.what();
+    EXPECT_TRUE(absl::StrContains(e.what(), "rank(s) 1 never published an address")) << e.what();
+  }
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  store->Release();
+  std::cout << "ranks never published: failed after " << took.count() << " ms (timeout " << kTimeout.count()
+            << " ms)" << std::endl;
+  EXPECT_LT(took, 20 * kTimeout) << "the rendezvous outlived its timeout";  // a safety net only
+}
+
+// The diagnosis after a missed deadline asks the store why; when the store does not answer (its
+// client is held by Gloo's blocked call), the error must still come at the deadline plus the
+// probe's bound (timeout + max(timeout / 10, 250 ms)), saying that the store did not answer,
+// not when the store lets go (here: only at Release, after the check).
+TEST(ConnectGlooMeshTest, AStoreThatDoesNotAnswerTheProbeDoesNotHoldTheError) {
+  constexpr std::chrono::milliseconds kTimeout{1000};
+  const GlooMeshOptions options{"127.0.0.1", "", kTimeout};
+  auto store = std::make_shared<BlockingStore>(/*serialise=*/true);
+  const auto start = Clock::now();
+  try {
+    ConnectGlooMesh(store, 0, 2, options);
+    ADD_FAILURE() << "a mesh of 2 connected with one rank";
+  } catch (const TimeoutError& e) {
+    EXPECT_TRUE(absl::StrContains(e.what(), "rank 0 of 2: rendezvous did not complete within 1000 ms")) << e.what();
+    EXPECT_TRUE(absl::StrContains(e.what(), "the rendezvous store did not answer a probe within 250 ms more"))
+        << e.what();
+  }
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  store->Release();  // Gloo's thread and the probe's end now
+  std::cout << "a store that does not answer the probe: failed after " << took.count() << " ms (timeout "
+            << kTimeout.count() << " ms)" << std::endl;
+  // A safety net only (expected: about 1350 ms; the store holds its client for 120 s).
+  EXPECT_LT(took, 20 * kTimeout) << "the diagnosis waited for the store past the deadline";
 }
 
 }  // namespace
