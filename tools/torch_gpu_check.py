@@ -6,7 +6,9 @@ Prints one line per check and exits 1 if one failed. Checks:
     stream (torch.cuda.stream(s)) when the all-gather is issued; the result must be the copy's;
   - DDP on a CUDA model: 5 steps equal to the same steps without DDP (one rank: DDP's average is
     the gradient itself);
-  - PyTorch's powerSGD_hook on the CUDA model runs 5 steps to finite parameters.
+  - PyTorch's powerSGD_hook on the CUDA model runs 5 steps to finite parameters;
+  - gossipcc.DiLoCo on the CUDA model with each outer transport (exact, gossip, quantized,
+    powersgd): at one rank exact and gossip are plain training, quantized within its bound.
 Environment: TORCH_GPU_CHECK_EXPECT_STREAM_FAILURE=1 inverts the stream check (for a build that
 ignores the current stream, to show that the check can fail).
 """
@@ -115,6 +117,44 @@ def main():
                                                 start_powerSGD_iter=2), ps.powerSGD_hook)
         got = train(ddp)
         assert torch.isfinite(got).all()
+
+    @check("DiLoCo on a CUDA model: exact and gossip equal plain training (H=2, outer SGD lr 1), "
+           "quantized:bits=8 within its bound, powersgd:rank=2 finite (1 rank, 6 steps)")
+    def _():
+        from gossipcc import DiLoCo
+
+        def run(outer_sync):
+            model = make_model()
+            inner = torch.optim.SGD(model.parameters(), lr=0.1)
+            outer = torch.optim.SGD(model.parameters(), lr=1.0)
+            diloco = DiLoCo(model, inner, outer, sync_every=2, outer_sync=outer_sync)
+            start = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+            for step in range(6):
+                g = torch.Generator(device="cpu").manual_seed(step)
+                x = torch.randn(32, 64, generator=g).to(dev)
+                y = torch.randint(0, 10, (32,), generator=g).to(dev)
+                inner.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                inner.step()
+                diloco.step()
+            got = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            assert got.is_cuda and torch.isfinite(got).all(), f"{outer_sync}: non-finite or off the GPU"
+            return start, got
+
+        # One rank: the average of the outer gradient is itself, and an outer SGD step of lr 1
+        # from the synchronised parameters lands on the local ones, so training is plain SGD.
+        start, ref = run("exact")
+        plain = train(make_model(), steps=6)
+        assert torch.allclose(ref, plain, rtol=1e-5, atol=1e-6), f"exact: max |diff| {(ref - plain).abs().max().item()}"
+        _, got = run("gossip")
+        assert torch.allclose(got, plain, rtol=1e-5, atol=1e-6), f"gossip: max |diff| {(got - plain).abs().max().item()}"
+        # 8 bits: each outer step is off by at most about half a step (max |delta| / 127 / 2 per
+        # block) and error feedback carries it to the next, so the sum stays within a step or two.
+        _, got = run("quantized:bits=8")
+        step = (plain - start).abs().max().item() / 127
+        diff = (got - plain).abs().max().item()
+        assert diff <= 4 * step, f"quantized:bits=8: max |diff| {diff} against a step of {step}"
+        run("powersgd:rank=2")
 
     dist.destroy_process_group()
     for status, name, why in results:

@@ -40,7 +40,8 @@ outer_sync (how delta travels):
                       the ranks' mean block maximum |delta + residual| of the exact one (the
                       header states the bound), and bitwise the same on every rank, so every
                       rank keeps the same theta_global. A checkpoint holds the residuals.
-                      float32 parameters (else ValueError); gossipcc backend only
+                      float32 parameters (else ValueError); gossipcc backend only; CUDA
+                      parameters' delta is copied to the CPU and back around the collective
 
 H = 1, fragments = 1, outer SGD with lr 1 and no momentum, exact: every step equals DDP's step
 (theta - lr_inner * mean gradient), to rounding.
@@ -280,8 +281,11 @@ class DiLoCo:
             finish = lambda: delta  # noqa: E731
         elif self.kind == _QUANTIZED:
             residual, owned = self._residuals[f]
-            work = self.backend.quantized_allreduce([delta], self._bits, True, residual, owned)
-            finish = lambda: delta  # noqa: E731
+            # The collective takes CPU buffers: a CUDA delta goes through host memory (one copy
+            # each way per outer step, small beside the wire); the residuals stay on the CPU.
+            host = delta if delta.device.type == "cpu" else delta.to("cpu")
+            work = self.backend.quantized_allreduce([host], self._bits, True, residual, owned)
+            finish = (lambda: host) if host is delta else (lambda: host.to(delta.device))  # noqa: E731
         else:
             weight = torch.ones(1, dtype=torch.float64)
             # One round per outer step; the round index (the same on every rank) picks the peer.
