@@ -40,17 +40,15 @@ wait_trixie_root() {
   cat "$trixie_log"
 }
 
-# Tests at the same time: GOSSIPCC_TEST_JOBS (default: one per core, as Bazel's own default;
-# compiles stay at one per core whatever it is, since Bazel reserves a core for each). Much of the
-# suite waits rather than computes (timeouts, dead peers, emulated links): with one test per core
-# the two cores were 52% busy through the ASan tests (265 s); with two per core 79% (163 s), and a
-# cold run took 33m06s instead of 40-44 min. Two per core is not the default yet: of four cold
-# runs at that load three failed, each on one Python multi-rank test: two test races
-# (fault_tolerant_gossip_test's port, multihost_test's store host exiting early) and a rendezvous
-# that outlived its deadline (multihost_test "a rank never arrives": 15.8 s against a bound of
-# 13.2 s; its diagnosis waited behind Gloo's blocked store call), all three fixed since, but no
-# full run at two per core has passed on the fixed tree yet.
-TEST_JOBS=${GOSSIPCC_TEST_JOBS:-$(nproc)}
+# Tests at the same time: GOSSIPCC_TEST_JOBS (default: two per core; compiles stay at one per
+# core whatever it is, since Bazel reserves a core for each). Much of the suite waits rather than
+# computes (timeouts, dead peers, emulated links): with one test per core (Bazel's default) the
+# two cores were 52% busy through the ASan tests (265 s); with two per core 79% (163 s), and cold
+# runs take 33-34 min instead of 40-44. Two per core first exposed three races, each failing one
+# Python multi-rank test in a cold run (fault_tolerant_gossip_test's port, multihost_test's store
+# host exiting early, a rendezvous diagnosis that outlived its deadline), all fixed since; a cold
+# run of c5b08ef passed at two per core in 33m58s (README.md has the stages).
+TEST_JOBS=${GOSSIPCC_TEST_JOBS:-$(( $(nproc) * 2 ))}
 PARALLEL_TESTS=(--jobs="$TEST_JOBS" --local_test_jobs="$TEST_JOBS")
 
 stage "setup (apt packages)" tools/setup.sh

@@ -18,6 +18,8 @@ if [ "$MODE" = pack ]; then
   [ -d gpu_bundle/lib ] || tools/gpu_bundle.sh
   rm -rf "$DIR" && mkdir -p "$DIR/include" "$DIR/lib"
   cp -r /usr/include/absl /usr/include/gloo "$DIR/include/"
+  # The one header Debian's Gloo package lacks (third_party/BUILD.bazel, gloo_missing_headers).
+  cp third_party/gloo_missing_headers/gloo/common/memory.h "$DIR/include/gloo/common/"
   cp -r /usr/include/eigen3 "$DIR/include/"
   cp gpu_bundle/lib/* "$DIR/lib/"
   cp "$(bazel info bazel-bin 2>/dev/null)/compression/power_sgd_kernels.pic.o" "$DIR/"
