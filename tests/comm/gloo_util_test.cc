@@ -1,4 +1,5 @@
-// comm/gloo_util.h's shutdown helpers against Gloo's behaviour they work around.
+// comm/gloo_util.h against the Gloo behaviour it works around: the shutdown helpers, and the
+// rendezvous deadline of ConnectGlooMesh.
 #include "comm/gloo_util.h"
 
 #include <gloo/context.h>
@@ -149,7 +150,7 @@ TEST(TakePairsOffTheDeviceThreadTest, GivesUpFlushingToAPeerThatStoppedReading) 
 
 // The rendezvous deadline (ConnectGlooMesh): a rank that never arrives fails the others at the
 // mesh's timeout (here Gloo's own store wait, bounded by it, fails first and names the key).
-TEST(ConnectGlooMeshTest, ARankThatNeverArrivesIsNamedAtTheDeadline) {
+TEST(ConnectGlooMeshTest, ARankThatNeverArrivesFailsTheOthersAtTheDeadline) {
   constexpr std::chrono::milliseconds kTimeout{1000};
   const GlooMeshOptions options{"127.0.0.1", "", kTimeout};
   const auto start = Clock::now();
