@@ -148,35 +148,18 @@ TEST(TakePairsOffTheDeviceThreadTest, GivesUpFlushingToAPeerThatStoppedReading) 
   });
 }
 
-// The rendezvous deadline (ConnectGlooMesh): a rank that never arrives fails the others at the
-// mesh's timeout (here Gloo's own store wait, bounded by it, fails first and names the key).
-TEST(ConnectGlooMeshTest, ARankThatNeverArrivesFailsTheOthersAtTheDeadline) {
-  constexpr std::chrono::milliseconds kTimeout{1000};
-  const GlooMeshOptions options{"127.0.0.1", "", kTimeout};
-  const auto start = Clock::now();
-  try {
-    ConnectGlooMesh(MakeHashStore(), 0, 3, options);  // ranks 1 and 2 never come
-    ADD_FAILURE() << "a mesh of 3 connected with one rank";
-  } catch (const TimeoutError& e) {
-    EXPECT_TRUE(absl::StrContains(e.what(), "rank 0 of 3: rendezvous did not complete within 1000 ms")) << e.what();
-  }
-  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-  std::cout << "a rank never arrives: failed after " << took.count() << " ms (timeout " << kTimeout.count() << " ms)"
-            << std::endl;
-  // A safety net only (expected: the timeout + 100 ms of slack).
-  EXPECT_LT(took, 20 * kTimeout) << "the rendezvous outlived its timeout";
-}
-
 // A store whose long waits for a missing key (Gloo's, bounded by the mesh's timeout) block past
 // that timeout, until Release(): Gloo's rendezvous thread is then still in the store at the
 // deadline. With `serialise`, the client also serialises its calls (as torch's TCPStore does), so
 // while Gloo's call blocks no probe of the same store can be answered; without it, short waits
-// (the diagnosis's 1 ms probes) are answered at once.
+// (the diagnosis's 1 ms probes) are answered at once. With `fail_probe`, the diagnosis's first
+// call (a set of "deadline_probe_<rank>") fails, as on a store whose host has gone.
 class BlockingStore : public Store {
  public:
-  explicit BlockingStore(bool serialise) : serialise_(serialise) {}
+  BlockingStore(bool serialise, bool fail_probe = false) : serialise_(serialise), fail_probe_(fail_probe) {}
   void set(const std::string& key, const std::vector<char>& value) override {
     auto client = Client();
+    if (fail_probe_ && absl::StartsWith(key, "deadline_probe_")) throw PeerError("store: connection reset by peer");
     inner_->set(key, value);
   }
   std::vector<char> get(const std::string& key, std::chrono::milliseconds timeout) override {
@@ -213,7 +196,7 @@ class BlockingStore : public Store {
       cv_.wait_for(lock, std::chrono::seconds(120), [&] { return released_; });
     }
   }
-  const bool serialise_;
+  const bool serialise_, fail_probe_;
   std::shared_ptr<Store> inner_ = MakeHashStore();
   std::mutex client_;  // held through each call when serialising, as TCPStore's client lock
   std::mutex mu_;
@@ -221,28 +204,43 @@ class BlockingStore : public Store {
   bool released_ = false;
 };
 
+// Rank 0 of `size` connects through `store` with a 1000 ms timeout while the other ranks never
+// connect: the rendezvous must fail with a TimeoutError whose message holds every one of
+// `needles`, well within its timeout (a safety net only: 20x). Prints how long it took.
+void ExpectRendezvousTimeout(const std::string& name, std::shared_ptr<Store> store, int size,
+                             const std::vector<std::string>& needles) {
+  constexpr std::chrono::milliseconds kTimeout{1000};
+  const GlooMeshOptions options{"127.0.0.1", "", kTimeout};
+  const auto start = Clock::now();
+  try {
+    ConnectGlooMesh(std::move(store), 0, size, options);
+    ADD_FAILURE() << name << ": a mesh of " << size << " connected with rank 0 alone";
+  } catch (const TimeoutError& e) {
+    for (const std::string& needle : needles) EXPECT_TRUE(absl::StrContains(e.what(), needle)) << e.what();
+  }
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  std::cout << name << ": failed after " << took.count() << " ms (timeout " << kTimeout.count() << " ms)" << std::endl;
+  EXPECT_LT(took, 20 * kTimeout) << name << ": the rendezvous outlived its timeout";
+}
+
+// The rendezvous deadline (ConnectGlooMesh): a rank that never arrives fails the others at the
+// mesh's timeout (here Gloo's own store wait, bounded by it, fails first and names the key).
+TEST(ConnectGlooMeshTest, ARankThatNeverArrivesFailsTheOthersAtTheDeadline) {
+  ExpectRendezvousTimeout("a rank never arrives", MakeHashStore(), 3,
+                          {"rank 0 of 3: rendezvous did not complete within 1000 ms"});
+}
+
 // Gloo's thread is still blocked in the store at the deadline, and the store answers probes:
 // the error comes at the deadline (timeout + 100 ms of slack) and names the ranks whose address
 // is not in the store, in either key form (Debian's Gloo's "<r>", torch's Gloo's "rank_<r>").
 TEST(ConnectGlooMeshTest, TheRanksThatNeverPublishedAreNamed) {
-  constexpr std::chrono::milliseconds kTimeout{1000};
-  const GlooMeshOptions options{"127.0.0.1", "", kTimeout};
   auto store = std::make_shared<BlockingStore>(/*serialise=*/false);
   store->set("2", {'x'});       // rank 2 published with Debian's Gloo's key,
   store->set("rank_3", {'x'});  // rank 3 with torch's Gloo's; rank 1 did not (Gloo waits for it first)
-  const auto start = Clock::now();
-  try {
-    ConnectGlooMesh(store, 0, 4, options);
-    ADD_FAILURE() << "a mesh of 4 connected without rank 1";
-  } catch (const TimeoutError& e) {
-    EXPECT_TRUE(absl::StrContains(e.what(), "rank 0 of 4: rendezvous did not complete within 1000 ms")) << e.what();
-    EXPECT_TRUE(absl::StrContains(e.what(), "rank(s) 1 never published an address")) << e.what();
-  }
-  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  ExpectRendezvousTimeout("ranks never published", store, 4,
+                          {"rank 0 of 4: rendezvous did not complete within 1000 ms",
+                           "rank(s) 1 never published an address"});
   store->Release();
-  std::cout << "ranks never published: failed after " << took.count() << " ms (timeout " << kTimeout.count()
-            << " ms)" << std::endl;
-  EXPECT_LT(took, 20 * kTimeout) << "the rendezvous outlived its timeout";  // a safety net only
 }
 
 // The diagnosis after a missed deadline asks the store why; when the store does not answer (its
@@ -250,24 +248,22 @@ TEST(ConnectGlooMeshTest, TheRanksThatNeverPublishedAreNamed) {
 // probe's bound (timeout + max(timeout / 10, 250 ms)), saying that the store did not answer,
 // not when the store lets go (here: only at Release, after the check).
 TEST(ConnectGlooMeshTest, AStoreThatDoesNotAnswerTheProbeDoesNotHoldTheError) {
-  constexpr std::chrono::milliseconds kTimeout{1000};
-  const GlooMeshOptions options{"127.0.0.1", "", kTimeout};
   auto store = std::make_shared<BlockingStore>(/*serialise=*/true);
-  const auto start = Clock::now();
-  try {
-    ConnectGlooMesh(store, 0, 2, options);
-    ADD_FAILURE() << "a mesh of 2 connected with one rank";
-  } catch (const TimeoutError& e) {
-    EXPECT_TRUE(absl::StrContains(e.what(), "rank 0 of 2: rendezvous did not complete within 1000 ms")) << e.what();
-    EXPECT_TRUE(absl::StrContains(e.what(), "the rendezvous store did not answer a probe within 250 ms more"))
-        << e.what();
-  }
-  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  ExpectRendezvousTimeout("a store that does not answer the probe", store, 2,
+                          {"rank 0 of 2: rendezvous did not complete within 1000 ms",
+                           "the rendezvous store did not answer a probe within 250 ms more"});
   store->Release();  // Gloo's thread and the probe's end now
-  std::cout << "a store that does not answer the probe: failed after " << took.count() << " ms (timeout "
-            << kTimeout.count() << " ms)" << std::endl;
-  // A safety net only (expected: about 1350 ms; the store holds its client for 120 s).
-  EXPECT_LT(took, 20 * kTimeout) << "the diagnosis waited for the store past the deadline";
+}
+
+// A store that fails the probe (its host gone, as when env://'s rank 0 has exited): the error
+// says the store is unreachable, with the store's own error.
+TEST(ConnectGlooMeshTest, AnUnreachableStoreIsNamed) {
+  auto store = std::make_shared<BlockingStore>(/*serialise=*/false, /*fail_probe=*/true);
+  ExpectRendezvousTimeout("an unreachable store", store, 2,
+                          {"rank 0 of 2: rendezvous did not complete within 1000 ms, and the rendezvous store is "
+                           "now unreachable",
+                           "connection reset by peer"});
+  store->Release();
 }
 
 }  // namespace
