@@ -91,8 +91,8 @@ def main():
         return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
                                    torch.nn.ReLU(), torch.nn.Linear(256, 10)).to(dev)
 
-    def train(model, steps=5):
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    def train(model, steps=5, opt=None, after_step=None):
+        opt = opt or torch.optim.SGD(model.parameters(), lr=0.1)
         for step in range(steps):
             g = torch.Generator(device="cpu").manual_seed(step)
             x = torch.randn(32, 64, generator=g).to(dev)
@@ -100,6 +100,8 @@ def main():
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
+            if after_step:
+                after_step()
         return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
     @check("DDP on a CUDA model equals training without DDP (1 rank, 5 steps)")
@@ -129,15 +131,7 @@ def main():
             outer = torch.optim.SGD(model.parameters(), lr=1.0)
             diloco = DiLoCo(model, inner, outer, sync_every=2, outer_sync=outer_sync)
             start = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
-            for step in range(6):
-                g = torch.Generator(device="cpu").manual_seed(step)
-                x = torch.randn(32, 64, generator=g).to(dev)
-                y = torch.randint(0, 10, (32,), generator=g).to(dev)
-                inner.zero_grad()
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-                inner.step()
-                diloco.step()
-            got = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            got = train(model, steps=6, opt=inner, after_step=diloco.step)
             assert got.is_cuda and torch.isfinite(got).all(), f"{outer_sync}: non-finite or off the GPU"
             return start, got
 
