@@ -113,6 +113,112 @@ std::vector<Slice> PlanSlices(size_t count, size_t block, int bits, int n) {
   return slices;
 }
 
+// A part of owner o's region of a slice that the ring all-gather moves as one message: whole
+// blocks, bytes [byte0, byte1) of the encoding, elements [elem0, elem1).
+struct Piece {
+  size_t byte0, byte1, elem0, elem1;
+};
+
+// Owner o's region of slice `sl` in pieces of about kQuantizedGatherPieceBytes. Every rank cuts
+// a region alike, so a piece received is forwarded as the same piece.
+std::vector<Piece> PiecesOf(const Slice& sl, int o, size_t count, int bits, size_t block) {
+  std::vector<Piece> out;
+  const size_t e0 = sl.elem[o], e1 = sl.elem[o + 1];
+  if (e1 == e0) return out;
+  const size_t b0 = e0 / block, b1 = (e1 + block - 1) / block, blocks = b1 - b0;
+  const size_t k = std::clamp<size_t>(
+      (sl.range_bytes[o] + kQuantizedGatherPieceBytes - 1) / kQuantizedGatherPieceBytes, 1, blocks);
+  for (size_t j = 0; j < k; ++j) {
+    const size_t p0 = b0 + blocks * j / k, p1 = b0 + blocks * (j + 1) / k;
+    out.push_back({BlockOffset(p0, count, bits, block), BlockOffset(p1, count, bits, block), p0 * block,
+                   std::min(count, p1 * block)});
+  }
+  return out;
+}
+
+// Phase 4 for a buffer of more than kQuantizedEagerBytes quantized: a ring all-gather of the
+// owners' quantized sums (in `quantized`), each piece dequantized into x once it is here. At
+// step g = 1..n-1 of a slice a rank receives owner (me - g)'s pieces from its left neighbour and
+// sends owner (me - g + 1)'s to its right one: its own at step 1, then each piece it received at
+// step g - 1 as soon as that piece is here. Both ends number the messages alike (slice, step,
+// piece) and post them in that order, as the point-to-point layer matches them in order.
+// Precondition: every scatter round is done and this rank's own sums are quantized.
+void RingGather(Communicator& comm, const std::vector<Slice>& slices, int me, int n, int bits, size_t block,
+                size_t count, uint8_t* quantized, float* x, QuantizedAllreduceStats& stats) {
+  const int right = (me + 1) % n, left = (me + n - 1) % n;
+  std::vector<Piece> receives, sends;
+  std::vector<size_t> forwards;  // per send: the receive whose piece it forwards, or kOwn
+  constexpr size_t kOwn = std::numeric_limits<size_t>::max();
+  for (size_t s = 0; s < slices.size(); ++s) {
+    size_t previous_step = kOwn;  // the index of step g - 1's first receive
+    for (int g = 1; g < n; ++g) {
+      const std::vector<Piece> out = PiecesOf(slices[s], (me - g + 1 + n) % n, count, bits, block);
+      for (size_t j = 0; j < out.size(); ++j) {
+        sends.push_back(out[j]);
+        forwards.push_back(g == 1 ? kOwn : previous_step + j);
+      }
+      previous_step = receives.size();
+      for (const Piece& p : PiecesOf(slices[s], (me - g + n) % n, count, bits, block)) receives.push_back(p);
+    }
+  }
+
+  // Every message comes from the left neighbour (one stream on this host's downlink), so
+  // receives are posted a few ahead; sends are posted in order, each once its piece is here.
+  std::deque<std::shared_ptr<Work>> posted_receives, posted_sends;
+  size_t arrived = 0, next_receive = 0, next_send = 0;
+  auto post_ready_sends = [&] {
+    for (; next_send < sends.size() && (forwards[next_send] == kOwn || forwards[next_send] < arrived); ++next_send) {
+      const Piece& p = sends[next_send];
+      stats.bytes_sent += p.byte1 - p.byte0;
+      posted_sends.push_back(
+          comm.p2p({P2POp::Send(CpuBuffer(quantized + p.byte0, p.byte1 - p.byte0), right, kTag)}));
+    }
+  };
+  auto decode = [&](const Piece& p) {
+    const uint8_t* in = quantized + p.byte0;
+    for (size_t start = p.elem0; start < p.elem1; start += block) {
+      const size_t len = std::min(block, p.elem1 - start);
+      quantized_internal::DequantizeBlock(in, len, bits, x + start);
+      in += 4 + CodeBytes(len, bits);
+    }
+  };
+  try {
+    post_ready_sends();
+    // This rank's own sums, while its first pieces are on the wire.
+    for (const Slice& sl : slices) {
+      for (const Piece& p : PiecesOf(sl, me, count, bits, block)) decode(p);
+    }
+    while (arrived < receives.size()) {
+      for (; next_receive < receives.size() && next_receive < arrived + kQuantizedGatherReceivesAhead; ++next_receive) {
+        const Piece& p = receives[next_receive];
+        posted_receives.push_back(
+            comm.p2p({P2POp::Recv(CpuBuffer(quantized + p.byte0, p.byte1 - p.byte0), left, kTag)}));
+      }
+      posted_receives.front()->wait();
+      posted_receives.pop_front();
+      ++arrived;
+      post_ready_sends();
+      decode(receives[arrived - 1]);
+      while (!posted_sends.empty() && posted_sends.front()->is_completed()) {
+        posted_sends.front()->wait();  // (rethrows a failed send)
+        posted_sends.pop_front();
+      }
+    }
+    for (; !posted_sends.empty(); posted_sends.pop_front()) posted_sends.front()->wait();
+  } catch (...) {
+    // Every posted message is waited for before the caller's buffers go.
+    for (auto* queue : {&posted_receives, &posted_sends}) {
+      for (auto& w : *queue) {
+        try {
+          w->wait();
+        } catch (...) {
+        }
+      }
+    }
+    throw;
+  }
+}
+
 }  // namespace
 
 size_t QuantizedBytes(size_t count, int bits, size_t block_size) {
@@ -222,16 +328,18 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
   std::vector<float> sum;
   for (Slice& sl : slices) sl.received.resize(sl.range_bytes[me] * n);
 
-  // The rounds, in this order on every rank: per slice the n - 1 scatter rounds, then per slice
-  // the n - 1 gather rounds. In round r a rank sends to rank + r and receives from rank - r, one
-  // round at a time: each host's link carries one stream each way.
+  // The rounds, in this order on every rank: per slice the n - 1 scatter rounds, then (for a
+  // buffer of at most kQuantizedEagerBytes quantized) per slice the n - 1 gather rounds; a
+  // larger buffer gathers in a ring after them (RingGather). In round r a rank sends to rank + r
+  // and receives from rank - r.
   struct Step {
     bool gather;
     size_t slice;
     int round;
   };
+  const bool eager = stats.quantized_bytes <= kQuantizedEagerBytes;
   std::vector<Step> steps;
-  for (int phase = 0; phase < 2; ++phase) {
+  for (int phase = 0; phase < (eager ? 2 : 1); ++phase) {
     for (size_t s = 0; s < num_slices; ++s) {
       for (int r = 1; r < n; ++r) steps.push_back({phase == 1, s, r});
     }
@@ -304,7 +412,7 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
     if (--before_sum[s] > 0) return;
     reduce(slices[s]);
     summed[s] = 1;
-    own_region_pending.push_back(s);
+    if (eager) own_region_pending.push_back(s);  // (else RingGather dequantizes it)
   };
   auto ready = [&](const Step& st) {
     return st.gather ? summed[st.slice] != 0 : region_ready[st.slice][(me + st.round) % n] != 0;
@@ -342,7 +450,7 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
   // Rounds in flight: one at a time (each host's link carries one stream each way), unless the
   // whole buffer quantized is at most kQuantizedEagerBytes: then the call is bound by latency,
   // not by the link, and every round that is ready goes at once.
-  const size_t window = stats.quantized_bytes <= kQuantizedEagerBytes ? steps.size() : 1;
+  const size_t window = eager ? steps.size() : 1;
   size_t next = 0;
   std::deque<std::pair<std::shared_ptr<Work>, const Step*>> in_flight;  // issued, not waited for
   std::vector<const Step*> arrived;  // rounds waited for whose data is not yet used
@@ -391,6 +499,7 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
     }
     throw;
   }
+  if (!eager) RingGather(comm, slices, me, n, bits, block, count, quantized.data(), x, stats);
   if (feedback) {
     if (count) std::memcpy(sent_residual, new_sent.data(), count * sizeof(float));
     for (const Slice& sl : slices) {

@@ -17,23 +17,32 @@
 //     rank (me + r)'s blocks to that rank and receives rank (me - r)'s copy of its own blocks (a
 //     point-to-point batch). The owner dequantizes every rank's copy (s * q, float32) and adds them
 //     in rank order in float32 (average: then divides by n).
-//  4. The owner quantizes that sum again (same format); an all-gather in n - 1 rounds per slice
-//     (round r: this rank's quantized sum to rank me + r, rank me - r's into its place) brings
-//     every owner's bytes to every rank, and every rank dequantizes the same bytes: the result is
-//     bitwise identical on every rank (and a pure function of every rank's input and state:
-//     neither the slicing nor the ownership changes a block's arithmetic).
-// The rounds run one at a time (all at once for a buffer of at most kQuantizedEagerBytes quantized),
-// in the same order on every rank (per slice the scatter rounds,
-// then per slice the gather rounds): every round is a permutation, so each host's link carries
-// one stream each way. The CPU work runs while a round is on the wire: the input is quantized
-// owner by owner in the order the rounds send it (the first round waits for one owner's region
-// only), a slice's sum as soon as its scatter rounds are in, each owner's region dequantized as
-// soon as its sum arrives. The rounds use point-to-point tag kQuantizedAllreduceTag.
+//  4. The owner quantizes that sum again (same format) and every rank gets every owner's bytes:
+//     for a buffer of more than kQuantizedEagerBytes quantized, in a ring all-gather (step
+//     g = 1..n-1 of a slice: owner (me - g)'s quantized sum from the left neighbour, owner
+//     (me - g + 1)'s to the right one, in pieces of about kQuantizedGatherPieceBytes, each
+//     forwarded as soon as it is here); for a smaller one, in n - 1 rounds per slice (round r:
+//     this rank's quantized sum to rank me + r, rank me - r's into its place). Every rank
+//     dequantizes the same bytes: the result is bitwise identical on every rank (and a pure
+//     function of every rank's input and state: neither the slicing, the ownership nor the
+//     pieces change a block's arithmetic).
+// The scatter rounds run one at a time, in the same order on every rank (per slice), then the
+// gather: every round is a permutation and the ring sends to one neighbour only, so each host's
+// link carries one stream each way. (A buffer of at most kQuantizedEagerBytes quantized, bound
+// by latency, has every ready round in flight at once.) The CPU work runs while messages are on
+// the wire: the input is quantized owner by owner in the order the rounds send it (the first
+// round waits for one owner's region only), a slice's sum as soon as its scatter rounds are in,
+// each piece dequantized as soon as it arrives. Messages use point-to-point tag
+// kQuantizedAllreduceTag.
+// Why a ring for the gather: in rounds, each round's peer is a new connection (idle since the
+// previous call, so TCP restarts it from its initial window) and a round starts only once the
+// previous one has landed on both sides; the ring keeps one connection busy and forwards piece
+// by piece. On the emulated 100 Mbit/s hosts (4 ranks, 16 MB, 8 bits) the call took 586-612 ms
+// against 614-640 ms in rounds (docs/benchmarks.md (f)).
 // An earlier version ran one all-to-all-v and one all-gather-v per slice on the communicator's two
 // lanes, so each host sent up to 2 (n - 1) streams at once; on the emulated 100 Mbit/s hosts (tbf,
 // 4 ranks, 16 MB) that cost 6-31 retransmitted TCP segments per rank per call (the rounds: 0.1-2.5)
-// and its all-to-all-v phase ran at 7-10 MB/s of a ~12 MB/s link. The rounds took 4-8% less time
-// in 5 of 6 interleaved comparisons on a loaded machine (docs/benchmarks.md (f)).
+// and its all-to-all-v phase ran at 7-10 MB/s of a ~12 MB/s link.
 // Per rank on the wire: 2 (n-1)/n of the quantized size, (bits/8 + 4/block_size) bytes per
 // element: 1.016 (8 bits) or 0.516 (4 bits) bytes with the default block of 256, against 4
 // bytes for the exact all-reduce's 2 (n-1)/n.
@@ -74,7 +83,7 @@
 //    failure part-way the residuals are unchanged (written at the end) and data may hold the
 //    result in some regions, its input in others.
 // Synchronous: call it from one thread per communicator at a time (it issues an all-gather, then
-// the point-to-point rounds, and waits for all of them), in the same order with respect to other
+// the point-to-point messages, and waits for all of them), in the same order with respect to other
 // collectives on every rank, and with no point-to-point traffic of the caller's own on
 // kQuantizedAllreduceTag meanwhile.
 #pragma once
@@ -98,8 +107,14 @@ inline constexpr size_t kMaxQuantizedBlockSize = size_t{1} << 20;
 // blocks, at least one; 16 MB of float32): the sum of one slice overlaps the rounds of the next.
 inline constexpr size_t kQuantizedSliceElements = size_t{1} << 22;
 // A buffer whose quantized size is at most this many bytes has all its ready rounds in flight at
-// once (latency-bound); a larger one, one round at a time.
+// once, its gather in rounds too (latency-bound); a larger one, one round at a time, and its
+// gather in a ring.
 inline constexpr size_t kQuantizedEagerBytes = size_t{64} << 10;
+// The ring gather's messages: an owner's region in pieces of about this many bytes (whole
+// blocks), so that a rank forwards a piece while the next one still arrives; and how many
+// receives it keeps posted ahead.
+inline constexpr size_t kQuantizedGatherPieceBytes = size_t{256} << 10;
+inline constexpr size_t kQuantizedGatherReceivesAhead = 8;
 // The point-to-point tag of the rounds ("QAR"), in the range the torch backend reserves for
 // gossipcc's own messages (ProcessGroupGossipcc::kReservedTagBegin/End).
 inline constexpr uint32_t kQuantizedAllreduceTag = 0x51415200;
