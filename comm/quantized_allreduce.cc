@@ -85,7 +85,7 @@ std::string FieldValue(Field f, int64_t v) {
 // elements [elem[r], elem[r+1]) and quantized bytes [byte[r], byte[r+1]).
 struct Slice {
   std::vector<size_t> elem, byte, range_bytes;
-  std::vector<uint8_t> received;
+  uint8_t* received = nullptr;  // n copies of this rank's region (scratch.received)
   std::vector<float> new_owned;
 };
 
@@ -241,7 +241,7 @@ double QuantizedAllreduceErrorBound(int bits, int ranks, double sum_of_block_max
 }
 
 QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, const QuantizedAllreduceOptions& options,
-                                           QuantizedResidual residual) {
+                                           QuantizedResidual residual, QuantizedAllreduceScratch* kept_scratch) {
   const int n = comm.size();
   const int me = comm.rank();
 
@@ -320,13 +320,25 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
 
   std::vector<Slice> slices = PlanSlices(count, block, bits, n);
   const size_t num_slices = slices.size();
+  QuantizedAllreduceScratch call_scratch;  // used when the caller keeps none
+  QuantizedAllreduceScratch& scratch = kept_scratch ? *kept_scratch : call_scratch;
+  auto at_least = [](auto& v, size_t k) {
+    if (v.size() < k) v.resize(k);
+  };
   // One buffer for both phases: this rank's quantized input, then, region by region as the
   // owners' sums arrive, the result (owner o's region of a slice is sent to o in the scatter
-  // before o's sum overwrites it in the gather).
-  std::vector<uint8_t> quantized(stats.quantized_bytes);
+  // before o's sum overwrites it in the gather). Every byte of it that is read was written by
+  // this call (the codec writes whole blocks, padding included), so a kept buffer's old
+  // contents never matter.
+  at_least(scratch.quantized, stats.quantized_bytes);
+  uint8_t* const quantized = scratch.quantized.data();
   std::vector<float> new_sent(feedback ? count : 0);
-  std::vector<float> sum;
-  for (Slice& sl : slices) sl.received.resize(sl.range_bytes[me] * n);
+  if (scratch.received.size() < num_slices) scratch.received.resize(num_slices);
+  for (size_t s = 0; s < num_slices; ++s) {
+    at_least(scratch.received[s], slices[s].range_bytes[me] * n);
+    slices[s].received = scratch.received[s].data();
+  }
+  std::vector<float>& sum = scratch.sum;
 
   // The rounds, in this order on every rank: per slice the n - 1 scatter rounds, then (for a
   // buffer of at most kQuantizedEagerBytes quantized) per slice the n - 1 gather rounds; a
@@ -360,11 +372,11 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
     Slice& sl = slices[s];
     const size_t e0 = sl.elem[o], e1 = sl.elem[o + 1];
     QuantizeRange(x + e0, sent_residual ? sent_residual + e0 : nullptr, feedback ? new_sent.data() + e0 : nullptr,
-                  e1 - e0, bits, block, quantized.data() + sl.byte[o]);
+                  e1 - e0, bits, block, quantized + sl.byte[o]);
     if (o == me) {
       const size_t my_bytes = sl.range_bytes[me];
       if (my_bytes) {  // (an empty region: no pointer to copy from)
-        std::memcpy(sl.received.data() + static_cast<size_t>(me) * my_bytes, quantized.data() + sl.byte[me], my_bytes);
+        std::memcpy(sl.received + static_cast<size_t>(me) * my_bytes, quantized + sl.byte[me], my_bytes);
       }
     }
     region_ready[s][o] = 1;
@@ -374,9 +386,9 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
   auto reduce = [&](Slice& sl) {
     const size_t my_bytes = sl.range_bytes[me];
     const size_t my_begin = sl.elem[me], my_count = sl.elem[me + 1] - my_begin;
-    sum.resize(my_count);
+    at_least(sum, my_count);
     for (int r = 0; r < n; ++r) {
-      const uint8_t* in = sl.received.data() + static_cast<size_t>(r) * my_bytes;
+      const uint8_t* in = sl.received + static_cast<size_t>(r) * my_bytes;
       for (size_t start = 0; start < my_count; start += block) {
         const size_t len = std::min(block, my_count - start);
         if (r == 0) {
@@ -387,18 +399,17 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
         in += 4 + CodeBytes(len, bits);
       }
     }
-    sl.received = {};
     if (options.op == ReduceOp::kAvg) {
       const float ranks = static_cast<float>(n);
-      for (float& v : sum) v /= ranks;
+      for (size_t i = 0; i < my_count; ++i) sum[i] /= ranks;
     }
     sl.new_owned.resize(feedback ? my_count : 0);
     QuantizeRange(sum.data(), feedback ? owned_residual + my_begin : nullptr, feedback ? sl.new_owned.data() : nullptr,
-                  my_count, bits, block, quantized.data() + sl.byte[me]);
+                  my_count, bits, block, quantized + sl.byte[me]);
   };
   // Every rank dequantizes the same bytes: owner o's region of a slice once o's sum is here.
   auto finish = [&](const Slice& sl, int o) {
-    const uint8_t* in = quantized.data() + sl.byte[o];
+    const uint8_t* in = quantized + sl.byte[o];
     for (size_t start = sl.elem[o]; start < sl.elem[o + 1]; start += block) {
       const size_t len = std::min(block, sl.elem[o + 1] - start);
       quantized_internal::DequantizeBlock(in, len, bits, x + start);
@@ -427,17 +438,17 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
     if (!st.gather) {
       // This rank's quantized copy of `to`'s blocks; `from`'s copy of this rank's blocks.
       if (sl.range_bytes[to]) {
-        ops.push_back(P2POp::Send(CpuBuffer(quantized.data() + sl.byte[to], sl.range_bytes[to]), to, kTag));
+        ops.push_back(P2POp::Send(CpuBuffer(quantized + sl.byte[to], sl.range_bytes[to]), to, kTag));
       }
       if (my_bytes) {
-        ops.push_back(P2POp::Recv(CpuBuffer(sl.received.data() + static_cast<size_t>(from) * my_bytes, my_bytes),
+        ops.push_back(P2POp::Recv(CpuBuffer(sl.received + static_cast<size_t>(from) * my_bytes, my_bytes),
                                   from, kTag));
       }
     } else {
       // This rank's quantized sum; `from`'s sum, into its region.
-      if (my_bytes) ops.push_back(P2POp::Send(CpuBuffer(quantized.data() + sl.byte[me], my_bytes), to, kTag));
+      if (my_bytes) ops.push_back(P2POp::Send(CpuBuffer(quantized + sl.byte[me], my_bytes), to, kTag));
       if (sl.range_bytes[from]) {
-        ops.push_back(P2POp::Recv(CpuBuffer(quantized.data() + sl.byte[from], sl.range_bytes[from]), from, kTag));
+        ops.push_back(P2POp::Recv(CpuBuffer(quantized + sl.byte[from], sl.range_bytes[from]), from, kTag));
       }
     }
     if (ops.empty()) return nullptr;
@@ -497,9 +508,17 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
       } catch (...) {
       }
     }
+    scratch.SetAside();
     throw;
   }
-  if (!eager) RingGather(comm, slices, me, n, bits, block, count, quantized.data(), x, stats);
+  if (!eager) {
+    try {
+      RingGather(comm, slices, me, n, bits, block, count, quantized, x, stats);
+    } catch (...) {
+      scratch.SetAside();
+      throw;
+    }
+  }
   if (feedback) {
     if (count) std::memcpy(sent_residual, new_sent.data(), count * sizeof(float));
     for (const Slice& sl : slices) {
@@ -508,6 +527,21 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
     }
   }
   return stats;
+}
+
+void QuantizedAllreduceScratch::SetAside() {
+  set_aside.push_back(std::move(quantized));
+  for (auto& r : received) set_aside.push_back(std::move(r));
+  set_aside_floats.push_back(std::move(sum));
+  quantized = {};
+  received = {};
+  sum = {};
+}
+
+size_t QuantizedAllreduceScratch::bytes() const {
+  size_t total = quantized.size() + sum.size() * sizeof(float);
+  for (const auto& r : received) total += r.size();
+  return total;
 }
 
 QuantizedErrorFeedback::QuantizedErrorFeedback(QuantizedAllreduceOptions options) : options_(options) {}
@@ -525,7 +559,7 @@ QuantizedAllreduceStats QuantizedErrorFeedback::AllReduce(Communicator& comm, co
   QuantizedResidual residual;
   residual.sent = CpuBuffer(s.sent.data(), s.sent.size());
   residual.owned = CpuBuffer(s.owned.data(), s.owned.size());
-  QuantizedAllreduceStats stats = QuantizedAllreduce(comm, data, options_, residual);
+  QuantizedAllreduceStats stats = QuantizedAllreduce(comm, data, options_, residual, &scratch_);
   if (fresh) states_[key] = std::move(started);
   return stats;
 }

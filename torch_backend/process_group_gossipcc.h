@@ -39,6 +39,7 @@ class SymmetricGossip;
 class BilateralExchange;
 class AsyncBilateralExchange;
 class FaultTolerantPushSum;
+struct QuantizedAllreduceScratch;
 namespace compression {
 class PowerSGD;
 }
@@ -269,6 +270,9 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   // how many states this group has created (each gets the key prefix "gossipcc_ftps/<n>/").
   std::shared_ptr<Store> fault_tolerant_store_;
   int fault_tolerant_states_ = 0;
+  // The quantized all-reduce's working memory, kept between calls (they run one at a time, on
+  // lane_); created by the first call.
+  std::shared_ptr<QuantizedAllreduceScratch> quantized_scratch_;
 
   // Runs every Work's completion (its future's callbacks) off the communicator's threads.
   // Declared before the lanes: destroyed after them.

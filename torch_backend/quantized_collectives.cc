@@ -2,6 +2,8 @@
 // comm/quantized_allreduce.h on the group's algorithm lane.
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <utility>
 
@@ -43,15 +45,22 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::quantized_allreduce(std::
   for (const Buffer& b : buffers) total += b.count;
   SyncCallerStreams(tensors);
   Communicator* comm = communicator_.get();
+  std::shared_ptr<QuantizedAllreduceScratch> scratch;
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (!quantized_scratch_) quantized_scratch_ = std::make_shared<QuantizedAllreduceScratch>();
+    scratch = quantized_scratch_;
+  }
   auto inner = lane_->Submit(
       "gossipcc quantized_allreduce on rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " (" +
           std::to_string(total) + " elements, " + std::to_string(bits) + " bits, " + (average ? "avg" : "sum") + ")",
-      [comm, buffers, options, feedback, total, keep = tensors, keep_residuals = std::make_pair(residual, owned_residual)]() {
+      [comm, scratch, buffers, options, feedback, total, keep = tensors, keep_residuals = std::make_pair(residual, owned_residual)]() {
         const Buffer& first = buffers[0];
         if (buffers.size() == 1 || first.dtype != DType::kFloat32 || first.device.is_cuda()) {
           // One tensor: in place. Several of a dtype or device the collective refuses: it fails on
           // every rank before touching the (then nominal) buffer.
-          QuantizedAllreduce(*comm, Buffer{first.data, total, first.dtype, first.device}, options, feedback);
+          QuantizedAllreduce(*comm, Buffer{first.data, total, first.dtype, first.device}, options, feedback,
+                             scratch.get());
           return;
         }
         std::vector<float> staged(total);
@@ -60,7 +69,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::quantized_allreduce(std::
           if (b.count) std::memcpy(staged.data() + offset, b.data, b.bytes());
           offset += b.count;
         }
-        QuantizedAllreduce(*comm, CpuBuffer(staged.data(), total), options, feedback);
+        QuantizedAllreduce(*comm, CpuBuffer(staged.data(), total), options, feedback, scratch.get());
         offset = 0;
         for (const Buffer& b : buffers) {
           if (b.count) std::memcpy(b.data, staged.data() + offset, b.bytes());

@@ -237,15 +237,23 @@ TEST_P(QuantizedAllreduceTest, EveryRankGetsTheReferenceBitsWithinTheBound) {
     }
     prepared.push_back(std::move(p));
   }
+  // Every other case runs on a scratch kept across the cases (QuantizedAllreduceScratch), so its
+  // buffers are reused at other sizes, larger and smaller, with the last call's bytes in them;
+  // the others allocate their own. Both must give the reference bits.
   RunRanks(n, LaunchMode::kThreads, [&](Communicator& comm) {
-    for (const Prepared& p : prepared) {
-      const std::string what = p.what + ", rank " + std::to_string(comm.rank());
+    QuantizedAllreduceScratch scratch;
+    for (size_t i = 0; i < prepared.size(); ++i) {
+      const Prepared& p = prepared[i];
+      const bool kept = i % 2 == 0;  // (the 16 MB case of two slices among them)
+      const std::string what =
+          p.what + ", rank " + std::to_string(comm.rank()) + (kept ? ", kept scratch" : ", own scratch");
       std::vector<float> x = p.inputs[comm.rank()];
       QuantizedAllreduceOptions o;
       o.bits = p.c.bits;
       o.op = p.c.op;
       o.block_size = p.c.block;
-      const QuantizedAllreduceStats stats = QuantizedAllreduce(comm, CpuBuffer(x.data(), x.size()), o);
+      const QuantizedAllreduceStats stats =
+          QuantizedAllreduce(comm, CpuBuffer(x.data(), x.size()), o, {}, kept ? &scratch : nullptr);
       EXPECT_EQ(stats.quantized_bytes, QuantizedBytes(p.c.count, p.c.bits, p.c.block)) << what;
       // A mismatch fails the case and goes on to the next (the lambda confines ExpectSameBits'
       // fatal assertion), so the ranks stay in step for the collectives that follow.
