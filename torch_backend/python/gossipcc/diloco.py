@@ -32,7 +32,7 @@ outer_sync (how delta travels):
   "quantized:bits=b"  gossipcc's quantized all-reduce (comm/quantized_allreduce.h), b = 8 or 4:
                       delta travels as b-bit integers with a float32 scale per block of 256
                       (1.02 or 0.52 bytes per element instead of 4; at 100 Mbit/s on 4 hosts
-                      16 MB took 3.0-3.6x and 5.8-7.0x less time than the exact all-reduce,
+                      16 MB took 3.5-3.8x and 6.4-7.3x less time than the exact all-reduce,
                       docs/benchmarks.md (f)), with error feedback kept per fragment: what
                       quantization dropped from this rank's delta (and from the average of the
                       blocks this rank owns) is added to the next outer step's, so nothing is
