@@ -255,6 +255,9 @@ class Communicator::Impl {
     meshes_.Close();
   }
 
+  // With the buffers of failed operations (Meshes::Close frees them after the pairs).
+  void KeepUntilClosed(std::shared_ptr<void> memory) { meshes_.retired().Add(std::move(memory)); }
+
   TrafficCounters traffic() const {
     TrafficCounters t;
     t.collective_payload_bytes = collective_payload_bytes_.load(std::memory_order_relaxed);
@@ -311,6 +314,7 @@ int Communicator::rank() const { return impl_->rank_; }
 int Communicator::size() const { return impl_->size_; }
 const CommunicatorOptions& Communicator::options() const { return impl_->options_; }
 void Communicator::shutdown() { impl_->Shutdown("shutdown() called"); }
+void Communicator::KeepUntilClosed(std::shared_ptr<void> memory) { impl_->KeepUntilClosed(std::move(memory)); }
 TrafficCounters Communicator::traffic() const { return impl_->traffic(); }
 std::vector<int> Communicator::UnresponsivePeers() { return impl_->UnresponsivePeers(); }
 

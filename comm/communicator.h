@@ -99,6 +99,11 @@ class Communicator {
   // destructor calls it.
   void shutdown();
 
+  // Keeps `memory` alive until this communicator's connections are gone. For an algorithm
+  // built on these calls whose operation failed part-way: a receive may still be posted on
+  // its buffers, which must then outlive the connections, not the call.
+  void KeepUntilClosed(std::shared_ptr<void> memory);
+
   TrafficCounters traffic() const;
 
   // Checks every peer's heartbeat now (takes 3-4 heartbeat intervals, see heartbeat_interval)

@@ -163,11 +163,15 @@ void RingGather(Communicator& comm, const std::vector<Slice>& slices, int me, in
   }
 
   // Every message comes from the left neighbour (one stream on this host's downlink), so
-  // receives are posted a few ahead; sends are posted in order, each once its piece is here.
+  // receives are posted a few ahead; sends are posted in order, each once its piece is here,
+  // a few at a time. No deadlock: a send waits only for an earlier message from the left
+  // neighbour, and the right one keeps its receives posted in the same order.
   std::deque<std::shared_ptr<Work>> posted_receives, posted_sends;
   size_t arrived = 0, next_receive = 0, next_send = 0;
   auto post_ready_sends = [&] {
-    for (; next_send < sends.size() && (forwards[next_send] == kOwn || forwards[next_send] < arrived); ++next_send) {
+    for (; next_send < sends.size() && posted_sends.size() < kQuantizedGatherInFlight &&
+           (forwards[next_send] == kOwn || forwards[next_send] < arrived);
+         ++next_send) {
       const Piece& p = sends[next_send];
       stats.bytes_sent += p.byte1 - p.byte0;
       posted_sends.push_back(
@@ -189,7 +193,7 @@ void RingGather(Communicator& comm, const std::vector<Slice>& slices, int me, in
       for (const Piece& p : PiecesOf(sl, me, count, bits, block)) decode(p);
     }
     while (arrived < receives.size()) {
-      for (; next_receive < receives.size() && next_receive < arrived + kQuantizedGatherReceivesAhead; ++next_receive) {
+      for (; next_receive < receives.size() && next_receive < arrived + kQuantizedGatherInFlight; ++next_receive) {
         const Piece& p = receives[next_receive];
         posted_receives.push_back(
             comm.p2p({P2POp::Recv(CpuBuffer(quantized + p.byte0, p.byte1 - p.byte0), left, kTag)}));
@@ -203,8 +207,14 @@ void RingGather(Communicator& comm, const std::vector<Slice>& slices, int me, in
         posted_sends.front()->wait();  // (rethrows a failed send)
         posted_sends.pop_front();
       }
+      post_ready_sends();
     }
-    for (; !posted_sends.empty(); posted_sends.pop_front()) posted_sends.front()->wait();
+    // The sends left (all of them are ready now that every piece is here).
+    while (!posted_sends.empty()) {
+      posted_sends.front()->wait();
+      posted_sends.pop_front();
+      post_ready_sends();
+    }
   } catch (...) {
     // Every posted message is waited for before the caller's buffers go.
     for (auto* queue : {&posted_receives, &posted_sends}) {
@@ -217,6 +227,17 @@ void RingGather(Communicator& comm, const std::vector<Slice>& slices, int me, in
     }
     throw;
   }
+}
+
+// After a failure part-way: the buffers messages were posted on (a receive may still be
+// posted on them) go to the communicator, which frees them once its connections are gone;
+// the scratch starts again empty.
+void KeepPostedBuffers(Communicator& comm, QuantizedAllreduceScratch& scratch) {
+  auto kept = std::make_shared<std::pair<std::vector<uint8_t>, std::vector<std::vector<uint8_t>>>>(
+      std::move(scratch.quantized), std::move(scratch.received));
+  comm.KeepUntilClosed(std::move(kept));
+  scratch.quantized = {};
+  scratch.received = {};
 }
 
 }  // namespace
@@ -416,8 +437,9 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
       in += 4 + CodeBytes(len, bits);
     }
   };
-  // Slices whose sum is quantized but not yet dequantized into this rank's own region: that
-  // waits until the first gather round, which needs only the quantized sum, is on the wire.
+  // Slices whose sum is quantized but not yet dequantized into this rank's own region (a
+  // buffer that gathers in rounds; RingGather does its own): that waits until the first gather
+  // round, which needs only the quantized sum, is on the wire.
   std::vector<size_t> own_region_pending;
   auto one_less_before_sum = [&](size_t s) {
     if (--before_sum[s] > 0) return;
@@ -508,14 +530,14 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
       } catch (...) {
       }
     }
-    scratch.SetAside();
+    KeepPostedBuffers(comm, scratch);
     throw;
   }
   if (!eager) {
     try {
       RingGather(comm, slices, me, n, bits, block, count, quantized, x, stats);
     } catch (...) {
-      scratch.SetAside();
+      KeepPostedBuffers(comm, scratch);
       throw;
     }
   }
@@ -527,15 +549,6 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
     }
   }
   return stats;
-}
-
-void QuantizedAllreduceScratch::SetAside() {
-  set_aside.push_back(std::move(quantized));
-  for (auto& r : received) set_aside.push_back(std::move(r));
-  set_aside_floats.push_back(std::move(sum));
-  quantized = {};
-  received = {};
-  sum = {};
 }
 
 size_t QuantizedAllreduceScratch::bytes() const {

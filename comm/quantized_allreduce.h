@@ -37,7 +37,7 @@
 // Why a ring for the gather: in rounds, each round's peer is a new connection (idle since the
 // previous call, so TCP restarts it from its initial window) and a round starts only once the
 // previous one has landed on both sides; the ring keeps one connection busy and forwards piece
-// by piece. On the emulated 100 Mbit/s hosts (4 ranks, 16 MB, 8 bits) the call took 586-612 ms
+// by piece. On the emulated 100 Mbit/s hosts (4 ranks, 16 MB, 8 bits) the call took 588-612 ms
 // against 614-640 ms in rounds (docs/benchmarks.md (f)).
 // An earlier version ran one all-to-all-v and one all-gather-v per slice on the communicator's two
 // lanes, so each host sent up to 2 (n - 1) streams at once; on the emulated 100 Mbit/s hosts (tbf,
@@ -112,9 +112,10 @@ inline constexpr size_t kQuantizedSliceElements = size_t{1} << 22;
 inline constexpr size_t kQuantizedEagerBytes = size_t{64} << 10;
 // The ring gather's messages: an owner's region in pieces of about this many bytes (whole
 // blocks), so that a rank forwards a piece while the next one still arrives; and how many
-// receives it keeps posted ahead.
+// of its receives, and of its sends, it keeps posted at once (a bound on the threads and on
+// the time a posted message waits: each has the communicator's timeout from its posting).
 inline constexpr size_t kQuantizedGatherPieceBytes = size_t{256} << 10;
-inline constexpr size_t kQuantizedGatherReceivesAhead = 8;
+inline constexpr size_t kQuantizedGatherInFlight = 8;
 // The point-to-point tag of the rounds ("QAR"), in the range the torch backend reserves for
 // gossipcc's own messages (ProcessGroupGossipcc::kReservedTagBegin/End).
 inline constexpr uint32_t kQuantizedAllreduceTag = 0x51415200;
@@ -147,16 +148,15 @@ struct QuantizedAllreduceStats {
 // round, unevenly across ranks, and a round waits for its slowest sender. It grows to the
 // largest call's needs (about twice the quantized size, plus 4 bytes per element this rank
 // owns in a slice) and never shrinks. One call at a time per scratch. A call that fails
-// part-way sets its buffers aside (kept, never reused: a receive may still be posted on them).
+// part-way hands the buffers messages were posted on to the communicator
+// (Communicator::KeepUntilClosed: a receive may still be posted on them) and the next call
+// allocates anew.
 struct QuantizedAllreduceScratch {
-  size_t bytes() const;  // held for reuse (not counting buffers set aside)
+  size_t bytes() const;  // held for reuse
   // Internal to QuantizedAllreduce.
   std::vector<uint8_t> quantized;              // this rank's quantized input, then the result
   std::vector<std::vector<uint8_t>> received;  // per slice: every rank's copy of this rank's region
   std::vector<float> sum;                      // the owner's float32 sum of a slice's region
-  void SetAside();
-  std::vector<std::vector<uint8_t>> set_aside;
-  std::vector<std::vector<float>> set_aside_floats;
 };
 
 // In place: data <- (approximately) the sum or average of every rank's data; see above.

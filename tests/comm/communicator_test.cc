@@ -5,11 +5,14 @@
 #include "comm/errors.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -667,6 +670,22 @@ TEST_P(LargeTest, HalfPrecisionAllreduceAndReduceScatterAccumulateWideInSlices) 
         }
       }
     }
+  });
+}
+
+// KeepUntilClosed: memory a failed operation's receives may still be posted on lives until the
+// communicator's connections are gone, not until the caller lets go of it.
+TEST(KeepUntilClosedTest, MemoryIsFreedOnlyOnceTheConnectionsAreClosed) {
+  RunRanks(2, LaunchMode::kThreads, [](Communicator& comm) {
+    auto freed = std::make_shared<std::atomic<bool>>(false);
+    comm.KeepUntilClosed(std::shared_ptr<void>(new std::vector<uint8_t>(1 << 20), [freed](void* p) {
+      delete static_cast<std::vector<uint8_t>*>(p);
+      freed->store(true);
+    }));
+    comm.barrier()->wait();
+    EXPECT_FALSE(freed->load()) << "freed while the communicator is open";
+    comm.shutdown();
+    EXPECT_TRUE(freed->load()) << "still held after shutdown() closed the connections";
   });
 }
 

@@ -202,6 +202,7 @@ TEST_P(QuantizedAllreduceTest, EveryRankGetsTheReferenceBitsWithinTheBound) {
     }
   }
   cases.push_back({1001, 4, ReduceOp::kAvg, 7});     // odd block: 4-bit blocks end in half a byte
+  cases.push_back({200003, 4, ReduceOp::kAvg, 7});   // the same, large enough to gather in a ring
   cases.push_back({5000, 8, ReduceOp::kSum, 1024});
   // Several MB: 6 MB on up to 4 ranks, 2 MB above (and under sanitizers).
   const size_t large = (n <= 4 && !kSanitizerBuild ? size_t{6} : size_t{2}) << 18;  // elements
@@ -244,7 +245,7 @@ TEST_P(QuantizedAllreduceTest, EveryRankGetsTheReferenceBitsWithinTheBound) {
     QuantizedAllreduceScratch scratch;
     for (size_t i = 0; i < prepared.size(); ++i) {
       const Prepared& p = prepared[i];
-      const bool kept = i % 2 == 0;  // (the 16 MB case of two slices among them)
+      const bool kept = i % 2 == 0 || p.c.count > kQuantizedSliceElements;  // (and the case of two slices)
       const std::string what =
           p.what + ", rank " + std::to_string(comm.rank()) + (kept ? ", kept scratch" : ", own scratch");
       std::vector<float> x = p.inputs[comm.rank()];
