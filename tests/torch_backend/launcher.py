@@ -1,6 +1,7 @@
 """Runs a function on N local ranks, each its own process, and reports every rank's failure."""
 import multiprocessing
 import os
+import pickle
 import tempfile
 import traceback
 
@@ -17,7 +18,10 @@ def _entry(fn, rank, world_size, init_file, parent_env, env, args, queue):
         os.environ.update(env or {})
         os.environ["GOSSIPCC_TEST_INIT_FILE"] = init_file
         result = fn(rank, world_size, *args)
-        queue.put((rank, None, result))
+        # By value (plain pickle): through the queue a tensor would travel as a shared-memory
+        # handle that the parent can open only while this process lives, and it may exit first
+        # ("Connection reset by peer" in the parent).
+        queue.put((rank, None, pickle.dumps(result)))
     except BaseException:  # noqa: BLE001 - report everything to the parent
         queue.put((rank, traceback.format_exc(), None))
 
@@ -63,7 +67,7 @@ def run_ranks(fn, world_size, *args, env=None, timeout=120):
                 rank, err, result = queue.get(timeout=timeout)
                 if err:
                     errors.append(f"rank {rank}:\n{err}")
-                results[rank] = result
+                results[rank] = pickle.loads(result)
         except queue_module.Empty:
             errors.append(f"ranks {sorted(set(range(world_size)) - set(results))} did not finish in {timeout}s")
         if errors and any(p.is_alive() for p in procs):

@@ -18,6 +18,7 @@ GOSSIPCC_FT_TEST_FAULT_TOLERANT=0 runs the same cases with fault_tolerant=False,
 import datetime
 import multiprocessing
 import os
+import pickle
 import queue as queue_module
 import signal
 import tempfile
@@ -94,9 +95,13 @@ def worker(rank, init_method, deaths, barrier, out_dir, results):
         model.average_parameters()
         averaged = flat64(net)
         peer_lost = [str(w.message) for w in caught if issubclass(w.category, gossipcc.PeerLostWarning)]
-        results.put((rank, {"init": init, "updates": updates, "final": final, "averaged": averaged,
-                            "losses": losses, "completed": completed, "warnings": peer_lost,
-                            "alive": model.alive_ranks, "dead": model.dead_ranks, "step": model.step}, None))
+        out = {"init": init, "updates": updates, "final": final, "averaged": averaged,
+               "losses": losses, "completed": completed, "warnings": peer_lost,
+               "alive": model.alive_ranks, "dead": model.dead_ranks, "step": model.step}
+        # By value (plain pickle): through the queue a tensor would travel as a shared-memory
+        # handle that the parent can open only while this process lives, and it may exit first
+        # (seen once: "Connection reset by peer" in the parent's results.get).
+        results.put((rank, pickle.dumps(out), None))
         del model
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - reported to the parent
@@ -126,7 +131,7 @@ def run_case(deaths, store):
                 if err:
                     errors.append(f"rank {rank}:\n{err}")
                 else:
-                    got[rank] = out
+                    got[rank] = pickle.loads(out)
         except queue_module.Empty:
             errors.append(f"ranks {sorted(set(survivors) - set(got))} did not finish within {SAFETY_S} s")
         for r in survivors:
