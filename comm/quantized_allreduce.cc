@@ -17,10 +17,10 @@ namespace {
 
 // The block format (comm/quantized_blocks.h).
 using quantized_internal::LevelsOf;
-using quantized_internal::CodeBytes;
 using quantized_internal::BlockCount;
 using quantized_internal::BlockOffset;
 using quantized_internal::EncodedBytes;
+using quantized_internal::DequantizeRange;
 using quantized_internal::QuantizeRange;
 
 size_t FirstBlockOf(size_t blocks, int rank, int ranks) {
@@ -179,12 +179,7 @@ void RingGather(Communicator& comm, const std::vector<Slice>& slices, int me, in
     }
   };
   auto decode = [&](const Piece& p) {
-    const uint8_t* in = quantized + p.byte0;
-    for (size_t start = p.elem0; start < p.elem1; start += block) {
-      const size_t len = std::min(block, p.elem1 - start);
-      quantized_internal::DequantizeBlock(in, len, bits, x + start);
-      in += 4 + CodeBytes(len, bits);
-    }
+    DequantizeRange(quantized + p.byte0, p.elem1 - p.elem0, bits, block, x + p.elem0, /*add=*/false);
   };
   try {
     post_ready_sends();
@@ -409,16 +404,8 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
     const size_t my_begin = sl.elem[me], my_count = sl.elem[me + 1] - my_begin;
     at_least(sum, my_count);
     for (int r = 0; r < n; ++r) {
-      const uint8_t* in = sl.received + static_cast<size_t>(r) * my_bytes;
-      for (size_t start = 0; start < my_count; start += block) {
-        const size_t len = std::min(block, my_count - start);
-        if (r == 0) {
-          quantized_internal::DequantizeBlock(in, len, bits, sum.data() + start);
-        } else {
-          quantized_internal::DequantizeAddBlock(in, len, bits, sum.data() + start);
-        }
-        in += 4 + CodeBytes(len, bits);
-      }
+      DequantizeRange(sl.received + static_cast<size_t>(r) * my_bytes, my_count, bits, block, sum.data(),
+                      /*add=*/r > 0);
     }
     if (options.op == ReduceOp::kAvg) {
       const float ranks = static_cast<float>(n);
@@ -430,12 +417,7 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
   };
   // Every rank dequantizes the same bytes: owner o's region of a slice once o's sum is here.
   auto finish = [&](const Slice& sl, int o) {
-    const uint8_t* in = quantized + sl.byte[o];
-    for (size_t start = sl.elem[o]; start < sl.elem[o + 1]; start += block) {
-      const size_t len = std::min(block, sl.elem[o + 1] - start);
-      quantized_internal::DequantizeBlock(in, len, bits, x + start);
-      in += 4 + CodeBytes(len, bits);
-    }
+    DequantizeRange(quantized + sl.byte[o], sl.elem[o + 1] - sl.elem[o], bits, block, x + sl.elem[o], /*add=*/false);
   };
   // Slices whose sum is quantized but not yet dequantized into this rank's own region (a
   // buffer that gathers in rounds; RingGather does its own): that waits until the first gather
@@ -521,8 +503,10 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
       if (w) w->wait();
       arrived.push_back(st);
     }
+    if (!eager) RingGather(comm, slices, me, n, bits, block, count, quantized, x, stats);
   } catch (...) {
-    // Every posted round is waited for before this frame's buffers go.
+    // Every posted message is waited for (RingGather waits for its own) before this frame's
+    // buffers go; the scratch's go to the communicator.
     for (auto& [w, st] : in_flight) {
       if (!w) continue;
       try {
@@ -533,14 +517,6 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
     KeepPostedBuffers(comm, scratch);
     throw;
   }
-  if (!eager) {
-    try {
-      RingGather(comm, slices, me, n, bits, block, count, quantized, x, stats);
-    } catch (...) {
-      KeepPostedBuffers(comm, scratch);
-      throw;
-    }
-  }
   if (feedback) {
     if (count) std::memcpy(sent_residual, new_sent.data(), count * sizeof(float));
     for (const Slice& sl : slices) {
@@ -549,12 +525,6 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
     }
   }
   return stats;
-}
-
-size_t QuantizedAllreduceScratch::bytes() const {
-  size_t total = quantized.size() + sum.size() * sizeof(float);
-  for (const auto& r : received) total += r.size();
-  return total;
 }
 
 QuantizedErrorFeedback::QuantizedErrorFeedback(QuantizedAllreduceOptions options) : options_(options) {}

@@ -152,7 +152,6 @@ struct QuantizedAllreduceStats {
 // (Communicator::KeepUntilClosed: a receive may still be posted on them) and the next call
 // allocates anew.
 struct QuantizedAllreduceScratch {
-  size_t bytes() const;  // held for reuse
   // Internal to QuantizedAllreduce.
   std::vector<uint8_t> quantized;              // this rank's quantized input, then the result
   std::vector<std::vector<uint8_t>> received;  // per slice: every rank's copy of this rank's region

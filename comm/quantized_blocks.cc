@@ -150,6 +150,18 @@ void QuantizeRange(const float* x, const float* residual_in, float* residual_out
   }
 }
 
+void DequantizeRange(const uint8_t* in, size_t count, int bits, size_t block_size, float* out, bool add) {
+  for (size_t start = 0; start < count; start += block_size) {
+    const size_t len = std::min(block_size, count - start);
+    if (add) {
+      Dequantize<true>(in, len, bits, out + start);
+    } else {
+      Dequantize<false>(in, len, bits, out + start);
+    }
+    in += 4 + CodeBytes(len, bits);
+  }
+}
+
 void QuantizeBlock(const float* x, size_t count, int bits, uint8_t* out, float* residual) {
   // One block: QuantizeRange stages x + residual before it overwrites residual.
   QuantizeRange(x, residual, residual, count, bits, std::max<size_t>(count, 1), out);

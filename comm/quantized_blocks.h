@@ -30,6 +30,10 @@ size_t EncodedBytes(size_t count, int bits, size_t block_size);
 void QuantizeRange(const float* x, const float* residual_in, float* residual_out, size_t count, int bits,
                    size_t block_size, uint8_t* out);
 
+// Decodes `count` values encoded in blocks of `block_size` (QuantizeRange's layout) into `out`,
+// or adds them to it (float32 addition) when `add`.
+void DequantizeRange(const uint8_t* in, size_t count, int bits, size_t block_size, float* out, bool add);
+
 // One block (count <= block size) into `out` (4 + CodeBytes(count) bytes). If `residual` is
 // set, quantizes x + residual and stores (x + residual) - decoded there.
 void QuantizeBlock(const float* x, size_t count, int bits, uint8_t* out, float* residual);
