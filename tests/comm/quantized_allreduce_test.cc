@@ -10,6 +10,7 @@
 //    all): the same clear error on every rank, nothing modified, the communicator usable afterwards.
 #include "comm/quantized_allreduce.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -418,6 +419,67 @@ TEST(QuantizedErrorFeedbackTest, SetStateRefusesResidualsOfDifferentSizes) {
     EXPECT_THAT(e.what(), HasSubstr("sent has 10 elements, owned 9"));
   }
   EXPECT_EQ(ef.state("w"), nullptr);
+}
+
+// ---- a peer that leaves mid-call ----------------------------------------------------------------
+// Rank 2 plays its part by hand up to the ring gather (the header, then its two scatter rounds
+// with bytes of the right sizes), waits until rank 1's first gather piece reaches it (so both
+// other ranks are inside the ring gather), and leaves. Ranks 0 and 1 must fail with a CommError
+// well within a safety net (their timeout is 2 s), and the communicator must refuse later calls;
+// under ASan this also checks that no posted receive outlives the memory it writes to (the
+// call hands its buffers to the communicator). The header's layout is the collective's own
+// (quantized_allreduce.cc): this test fails loudly (a MismatchError) if that layout changes.
+TEST(QuantizedAllreduceFailureTest, APeerThatLeavesInTheRingGatherFailsTheOthersPromptly) {
+  const int n = 3;
+  const size_t count = 256 * 300;  // 300 blocks: 78 KB quantized at 8 bits, so the gather is the ring
+  ASSERT_GT(QuantizedBytes(count, 8, 256), kQuantizedEagerBytes);
+  CommunicatorOptions quick;
+  quick.timeout = std::chrono::milliseconds(2000);
+  RunRanks(n, LaunchMode::kThreads, [&](Communicator& comm) {
+    const int me = comm.rank();
+    if (me == 2) {
+      const int64_t header[8] = {0x51415231, static_cast<int64_t>(DType::kFloat32), static_cast<int64_t>(count), 8,
+                                 256, static_cast<int64_t>(ReduceOp::kAvg), 0, 0};
+      std::vector<int64_t> table(8 * n);
+      comm.allgather(CpuBuffer(header, 8), CpuBuffer(table.data(), table.size()))->wait();
+      auto region_bytes = [&](int owner) {
+        const auto ranges = QuantizedOwnedRanges(count, 256, owner, n);
+        return QuantizedBytes(ranges.at(0).second - ranges.at(0).first, 8, 256);
+      };
+      std::vector<uint8_t> to0(region_bytes(0), 0), to1(region_bytes(1), 0), from1(region_bytes(2)),
+          from0(region_bytes(2)), gathered(region_bytes(1));
+      // Round 1: to rank 0, from rank 1; round 2: to rank 1, from rank 0 (all-zero blocks).
+      comm.p2p({P2POp::Send(CpuBuffer(to0.data(), to0.size()), 0, kQuantizedAllreduceTag),
+                P2POp::Recv(CpuBuffer(from1.data(), from1.size()), 1, kQuantizedAllreduceTag)})
+          ->wait();
+      comm.p2p({P2POp::Send(CpuBuffer(to1.data(), to1.size()), 1, kQuantizedAllreduceTag),
+                P2POp::Recv(CpuBuffer(from0.data(), from0.size()), 0, kQuantizedAllreduceTag)})
+          ->wait();
+      comm.recv(CpuBuffer(gathered.data(), gathered.size()), 1, kQuantizedAllreduceTag)->wait();
+      comm.shutdown();  // closes its connections, as a crashed peer's kernel would
+      return;
+    }
+    std::vector<float> x = Input(me, count);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      QuantizedAllreduce(comm, CpuBuffer(x.data(), x.size()), {});
+      ADD_FAILURE() << "rank " << me << ": the call succeeded without rank 2";
+    } catch (const CommError& e) {
+      const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+      // Rank 0's ring receive is from rank 2 (its scatter receive from rank 2 was round 1, which
+      // rank 2 completed): the failure surfaces in the ring gather.
+      EXPECT_THAT(e.what(), HasSubstr(me == 0 ? "from rank 2" : "on rank 1 of 3"));
+      // A safety net 15x the timeout, not a speed check.
+      EXPECT_LT(took.count(), 30000) << "rank " << me << " took " << took.count() << " ms to fail: " << e.what();
+    }
+    try {
+      QuantizedAllreduce(comm, CpuBuffer(x.data(), x.size()), {});
+      ADD_FAILURE() << "rank " << me << ": a call after the failure succeeded";
+    } catch (const AbortedError&) {
+    } catch (const CommError& e) {
+      ADD_FAILURE() << "rank " << me << ": expected AbortedError after the failure, got: " << e.what();
+    }
+  }, quick);
 }
 
 // ---- bad input ----------------------------------------------------------------------------------
