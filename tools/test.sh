@@ -15,7 +15,7 @@ stage() {  # stage NAME COMMAND...
 report() {
   echo "== stage timings"
   for s in "${STAGES[@]}"; do echo "  $s"; done
-  # The target on an idle 2-core machine is 35 minutes (README.md).
+  # The target on an idle 2-core machine is 35 minutes (CI gives 90 on 2 cores).
   printf '  %-28s %5ds (%dm%02ds; target on an idle 2-core machine: 35m)\n' "total" "$SECONDS" \
     $((SECONDS / 60)) $((SECONDS % 60))
   echo "  load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -42,12 +42,7 @@ wait_trixie_root() {
 
 # Tests at the same time: GOSSIPCC_TEST_JOBS (default: two per core; compiles stay at one per
 # core whatever it is, since Bazel reserves a core for each). Much of the suite waits rather than
-# computes (timeouts, dead peers, emulated links): with one test per core (Bazel's default) the
-# two cores were 52% busy through the ASan tests (265 s); with two per core 79% (163 s), and cold
-# runs take 33-34 min instead of 40-44. Two per core first exposed three races, each failing one
-# Python multi-rank test in a cold run (fault_tolerant_gossip_test's port, multihost_test's store
-# host exiting early, a rendezvous diagnosis that outlived its deadline), all fixed since; a cold
-# run of c5b08ef passed at two per core in 33m58s (README.md has the stages).
+# computes (timeouts, dead peers, emulated links), so one test per core leaves the cores half idle.
 TEST_JOBS=${GOSSIPCC_TEST_JOBS:-$(( $(nproc) * 2 ))}
 PARALLEL_TESTS=(--jobs="$TEST_JOBS" --local_test_jobs="$TEST_JOBS")
 

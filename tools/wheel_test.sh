@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The pip path of a user (README.md): builds gossipcc's wheel with pip (pyproject.toml, against
+# The pip path of a user (docs/pytorch.md, "Installing with pip"): builds gossipcc's wheel with pip (pyproject.toml, against
 # the torch of Debian's /usr/bin/python3), installs it into a fresh venv that sees the system's
 # torch (--system-site-packages), and tests the installed package from a directory outside the
 # source tree, so nothing can come from bazel-bin: tools/extension_isolation_check.sh (the

@@ -9,7 +9,7 @@ from . import _build_info
 from .version import __version__
 
 REBUILD_HINT = ("rebuild gossipcc with this interpreter: `{python} -m pip install --no-build-isolation "
-                "--force-reinstall <gossipcc source directory>` (README.md)")
+                "--force-reinstall <gossipcc source directory>` (docs/pytorch.md)")
 
 
 def check_torch(torch):
