@@ -313,3 +313,134 @@ def test_bad_input_is_a_clear_error_on_every_rank():
             words = words(rank) if callable(words) else words
             assert words in outcome, f"{case}, rank {rank}: {outcome}"
             assert unchanged, f"{case}, rank {rank}: the model was modified"
+
+
+# ---- sync(): every rank ends on one model -----------------------------------------------------
+# (sync_every, fragments, overlap, mix, inner steps before sync()):
+SYNC_CASES = {
+    # Fewer inner steps than sync_every: no scheduled synchronisation ever happens; sync() takes
+    # the one outer step over all of them.
+    "short run": (10, 2, 0, 0.0, 3),
+    # H = 4, offsets 0 and 2, overlap 2: fragment 0 launched at 4 and 8 (applied at 6, 10),
+    # fragment 1 at 2 and 6 (applied at 4, 8). At step 9 fragment 0's averaging is in flight
+    # (sync() applies it), fragment 1 has 3 inner steps since its last synchronisation (sync()
+    # takes an outer step over them).
+    "mid overlap": (4, 2, 2, 0.25, 9),
+}
+SYNC_TRANSPORTS = ("exact", "powersgd:rank=32", "quantized:bits=8", "gossip")
+SYNC_WORLD = 3
+
+
+def simulate_sync(world_size, transport, h, fragments, overlap, mix, steps):
+    """Every rank's flat parameters after `steps` inner steps and DiLoCo.sync(), from its
+    definition, by hand (the schedule as in simulate() above). "powersgd:rank=32" (rank >= every
+    matrix's smaller side) and "quantized" average as "exact" does here; "gossip" as there."""
+    models = [make_model(0) for _ in range(world_size)]
+    opts = [torch.optim.SGD(m.parameters(), lr=INNER_LR) for m in models]
+    params = [list(m.parameters()) for m in models]
+    from gossipcc.diloco import split_fragments
+    frags = split_fragments(params[0], fragments)
+    offsets = [f * h // fragments for f in range(fragments)]
+    period = (world_size - 1).bit_length()
+    glob = [{i: p.detach().clone() for i, p in enumerate(params[0])} for _ in range(world_size)]
+    buf = [{} for _ in range(world_size)]
+    pending, rounds, last_launch = {}, [0] * fragments, [0] * fragments
+
+    def launch(f, t):
+        delta = [{i: glob[r][i] - params[r][i].detach() for i in frags[f]} for r in range(world_size)]
+        if transport != "gossip":
+            mean = {i: sum(d[i] for d in delta) / world_size for i in frags[f]}
+            avg = [mean] * world_size
+        else:
+            shift = 2 ** ((rounds[f] * fragments + f) % period)
+            avg = [{i: (delta[r][i] + delta[(r - shift) % world_size][i]) / 2 for i in frags[f]}
+                   for r in range(world_size)]
+        rounds[f] += 1
+        last_launch[f] = t
+        pending[f] = (t + overlap, avg)
+
+    def apply(f):
+        _, avg = pending.pop(f)
+        for r in range(world_size):
+            for i in frags[f]:
+                g = avg[r][i]
+                buf[r][i] = g.clone() if i not in buf[r] else MOMENTUM * buf[r][i] + g
+                glob[r][i] = glob[r][i] - OUTER_LR * (g + MOMENTUM * buf[r][i])
+                with torch.no_grad():
+                    params[r][i].copy_(mix * params[r][i] + (1 - mix) * glob[r][i])
+
+    for t in range(1, steps + 1):
+        for r in range(world_size):
+            inner_step(models[r], opts[r], r, t - 1)
+        for f in sorted(pending):
+            if pending[f][0] <= t:
+                apply(f)
+        for f in range(fragments):
+            if (t + offsets[f]) % h == 0:
+                launch(f, t)
+                if overlap == 0:
+                    apply(f)
+    before = [flat_params(m) for m in models]
+    # sync(): in-flight averagings applied; an outer step over the inner steps not yet sent;
+    # parameters <- theta_global (gossip: the ranks' mean of it).
+    for f in range(fragments):
+        if f in pending:
+            apply(f)
+        elif last_launch[f] < steps:
+            launch(f, steps)
+            apply(f)
+    final = torch.cat([(sum(glob[r][i] for r in range(world_size)) / world_size if transport == "gossip"
+                        else glob[0][i]).reshape(-1) for i in range(len(params[0]))])
+    return before, final
+
+
+def sync_worker(rank, world_size):
+    import gossipcc
+    init(rank, world_size)
+    out = {}
+    for case, (h, fragments, overlap, mix, steps) in SYNC_CASES.items():
+        for transport in SYNC_TRANSPORTS:
+            model = make_model(0)
+            inner = torch.optim.SGD(model.parameters(), lr=INNER_LR)
+            outer = torch.optim.SGD(model.parameters(), lr=OUTER_LR, momentum=MOMENTUM, nesterov=True)
+            diloco = gossipcc.DiLoCo(model, inner, outer, sync_every=h, fragments=fragments, overlap=overlap,
+                                     mix=mix, outer_sync=transport)
+            for step in range(steps):
+                inner_step(model, inner, rank, step)
+                diloco.step()
+            in_flight = sorted(diloco._pending)
+            before = flat_params(model)
+            diloco.sync()
+            after = flat_params(model)
+            out[(case, transport)] = {"in_flight": in_flight, "before": before.tolist(), "after": after.tolist(),
+                                      "before_everyone": [t.tolist() for t in gather(before)],
+                                      "everyone": [t.tolist() for t in gather(after)]}
+            # Training goes on after sync(): the next scheduled synchronisation works as usual.
+            inner_step(model, inner, rank, steps)
+            diloco.step()
+    dist.destroy_process_group()
+    return out
+
+
+def test_sync_ends_every_rank_on_one_model():
+    results = run_ranks(sync_worker, SYNC_WORLD)
+    for case, (h, fragments, overlap, mix, steps) in SYNC_CASES.items():
+        expected_in_flight = [0] if case == "mid overlap" else []
+        for transport in SYNC_TRANSPORTS:
+            ref_before, ref_final = simulate_sync(SYNC_WORLD, transport, h, fragments, overlap, mix, steps)
+            moved = (ref_final - flat_params(make_model(0))).abs().max().item()
+            # quantized: 8-bit averages, within ~1/127 of the blocks' largest |delta| per outer step.
+            tolerance = 0.02 * moved if transport.startswith("quantized") else 1e-4 if "powersgd" in transport else 2e-5
+            for rank, out in enumerate(results):
+                got = out[(case, transport)]
+                where = f"{case}, {transport}, rank {rank}"
+                assert got["in_flight"] == expected_in_flight, where
+                # Before sync() the ranks differ (each trained on its own data since its last
+                # synchronisation), as the reference says.
+                if transport in ("exact", "gossip"):
+                    assert (torch.tensor(got["before"]) - ref_before[rank]).abs().max().item() < 2e-5, where
+                assert got["before_everyone"][0] != got["before_everyone"][1], f"{where}: ranks equal before sync()"
+                # After: bitwise the same on every rank, and the reference's theta_global.
+                assert all(theirs == got["everyone"][0] for theirs in got["everyone"]), f"{where}: ranks differ"
+                diff = (torch.tensor(got["after"]) - ref_final).abs().max().item()
+                assert diff <= tolerance, f"{where}: max |sync() - reference| {diff} (tolerance {tolerance})"

@@ -22,6 +22,23 @@ def global_rank(group, group_rank):
     return dist.distributed_c10d._get_global_rank(group, group_rank)
 
 
+def refuse_ddp(module, who, usage):
+    """ValueError if `module` is, or contains, a DistributedDataParallel: DDP all-reduces the
+    gradients at every backward, which defeats a method whose point is to communicate less (or
+    differently). `usage` shows the right call (e.g. "gossipcc.DiLoCo(model, inner, outer)").
+    Local and deterministic: every rank that wraps DDP raises here, before any collective."""
+    from torch.nn.parallel import DistributedDataParallel
+    if not isinstance(module, torch.nn.Module):
+        raise ValueError(f"{who}: the model must be a torch.nn.Module, got {type(module).__name__}")
+    for name, sub in module.named_modules():
+        if isinstance(sub, DistributedDataParallel):
+            where = "the model is" if not name else f"the model's submodule {name!r} is"
+            raise ValueError(f"{who}: {where} wrapped in DistributedDataParallel, which all-reduces every "
+                             f"gradient at every backward and so defeats {who}'s own communication; pass the "
+                             f"bare module instead ({usage}, with the module you gave DDP), and call "
+                             "init_process_group as before")
+
+
 def check_params(params, who):
     """Parameters gossiped as one buffer: at least one, one dtype, one device, floating point."""
     if not params:

@@ -11,6 +11,12 @@ Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language Mo
         loss_fn(model(x), y).backward()
         inner.step(); inner.zero_grad()
         diloco.step()                      # counts inner steps; synchronises every H-th call
+    diloco.sync()                          # every rank: one model (theta_global), to evaluate and save
+
+sync() ends training on one model: it applies averagings in flight, takes a last outer step over
+the inner steps not yet synchronised (all of them in a run shorter than sync_every) and sets
+every rank's parameters to theta_global, bitwise equal on every rank ("gossip": their exact
+average); see DiLoCo.sync. flush() only applies the averagings in flight, locally.
 
 The outer step of a fragment (the whole model when fragments=1), at the inner steps t with
 (t + offset) % H == 0, offset = fragment * H // fragments (staggered):
@@ -21,7 +27,7 @@ The outer step of a fragment (the whole model when fragments=1), at the inner st
   3. theta_global <- outer_optimizer step from theta_global with gradient avg(delta)
   4. theta_local  <- mix * theta_local + (1 - mix) * theta_global   (mix = 0: DiLoCo's reset)
 
-outer_sync (how delta travels):
+outer_sync (how delta travels; case-insensitive, kept in lower case as .outer_sync):
   "exact"             the process group's all-reduce (any backend), divided by the group size
   "powersgd:rank=r"   gossipcc's PowerSGD collective (low rank, error feedback, warm start),
                       each parameter with its own shape; other PowerSGD keys may follow
@@ -48,6 +54,12 @@ H = 1, fragments = 1, outer SGD with lr 1 and no momentum, exact: every step equ
 
 Every rank must construct DiLoCo with the same arguments and a model with bitwise equal
 parameters (both checked at construction: a ValueError on every rank, naming what differs).
+Also refused at construction, on every rank: a model wrapped in DistributedDataParallel (DDP
+would all-reduce every gradient, every step: pass the bare module), and an inner or outer
+optimizer that is not over the model's parameters (every trainable one, nothing else; the
+error names the missing and the extra ones). The training loop steps the inner optimizer only:
+a call of outer_optimizer.step() outside DiLoCo (e.g. the two optimizers passed swapped) is a
+ValueError at the next step(), saying which optimizer goes where.
 state_dict()/load_state_dict() carry DiLoCo's own state (inner step, every fragment's theta_global,
 the outer optimizer's state, averages in flight, PowerSGD's memory, the quantized transport's
 residuals); save the model and the inner
@@ -58,30 +70,41 @@ import hashlib
 import torch
 import torch.distributed as dist
 
-from ._wrapper_utils import check_params, flatten, unflatten_into
+import types
+
+from ._wrapper_utils import check_params, flatten, global_rank, refuse_ddp, unflatten_into
 
 _EXACT, _POWERSGD, _GOSSIP, _QUANTIZED = 0, 1, 2, 3
 
 
+def _option_keys(rest):
+    """{lower-case key: value} of a "key=value,..." string."""
+    items = [kv.strip() for kv in rest.split(",") if kv.strip()] if rest else []
+    return {k.strip().lower(): v.strip() for k, _, v in (kv.partition("=") for kv in items)}
+
+
 def _parse_outer_sync(text):
-    """(kind, PowerSGD options string or quantized bits) of an outer_sync string; ValueError naming
-    what is wrong."""
+    """(kind, PowerSGD options string or quantized bits, normal form) of an outer_sync string;
+    ValueError naming what is wrong. Case-insensitive; the normal form is lower-case (PowerSGD's
+    options are passed on as given: their parser ignores case too)."""
     if not isinstance(text, str):
         raise ValueError(f"DiLoCo: outer_sync must be a string, got {type(text).__name__}")
-    name, _, rest = text.partition(":")
+    name, _, rest = text.strip().partition(":")
+    name, rest = name.strip().lower(), rest.strip()
     if name == "exact" and not rest:
-        return _EXACT, ""
+        return _EXACT, "", "exact"
     if name == "gossip" and not rest:
-        return _GOSSIP, ""
+        return _GOSSIP, "", "gossip"
     if name == "powersgd":
-        keys = dict(kv.partition("=")[::2] for kv in rest.split(",")) if rest else {}
-        if "rank" not in keys:
+        keys = _option_keys(rest)
+        if "rank" not in keys and "matrix_approximation_rank" not in keys:
             raise ValueError(f"DiLoCo: outer_sync {text!r}: powersgd needs rank=<r> (e.g. 'powersgd:rank=4')")
         # The outer step is rare: compress from the first one.
-        options = rest if "start_iter" in keys else rest + ",start_iter=0"
-        return _POWERSGD, options
+        given_start = "start_iter" in keys or "start_powersgd_iter" in keys
+        options = rest if given_start else rest + ",start_iter=0"
+        return _POWERSGD, options, "powersgd:" + rest
     if name == "quantized":
-        keys = dict(kv.partition("=")[::2] for kv in rest.split(",")) if rest else {}
+        keys = _option_keys(rest)
         unknown = sorted(set(keys) - {"bits"})
         if unknown:
             raise ValueError(f"DiLoCo: outer_sync {text!r}: unknown key(s) {unknown}; expected 'quantized:bits=8' "
@@ -89,9 +112,31 @@ def _parse_outer_sync(text):
         if keys.get("bits") not in ("4", "8"):
             raise ValueError(f"DiLoCo: outer_sync {text!r}: quantized needs bits=8 or bits=4, got "
                              f"{keys.get('bits', 'none')!r} (e.g. 'quantized:bits=8')")
-        return _QUANTIZED, int(keys["bits"])
+        return _QUANTIZED, int(keys["bits"]), f"quantized:bits={keys['bits']}"
     raise ValueError(f"DiLoCo: unknown outer_sync {text!r}: expected 'exact', 'powersgd:rank=<r>[,...]', 'gossip' "
                      "or 'quantized:bits=8|4'")
+
+
+def _count_outside_steps(opt):
+    """Wraps opt.step (on the instance) so that calls made outside DiLoCo are counted; returns the
+    counter {"outside": calls, "inside": DiLoCo is stepping}. The wrapper stays a bound method of
+    opt (an LR scheduler attached before or after wraps it in turn and still counts), and a later
+    DiLoCo over the same optimizer replaces it instead of stacking."""
+    calls = {"outside": 0, "inside": False}
+    current = opt.step
+    original = getattr(current, "_gossipcc_unwrapped", current)
+
+    def step(self, *args, **kwargs):
+        if not calls["inside"]:
+            calls["outside"] += 1
+        return original(*args, **kwargs)
+
+    for marker in ("_with_counter", "_wrapped_by_lr_sched"):  # torch's LR schedulers' own wrappers
+        if hasattr(original, marker):
+            setattr(step, marker, getattr(original, marker))
+    step._gossipcc_unwrapped = original
+    opt.step = types.MethodType(step, opt)
+    return calls
 
 
 def split_fragments(params, fragments):
@@ -144,21 +189,25 @@ class DiLoCo:
             raise RuntimeError("DiLoCo: call torch.distributed.init_process_group first")
         self.group = process_group
         self.rank, self.world_size = dist.get_rank(process_group), dist.get_world_size(process_group)
-        self.params = list(model.parameters())
+        self.params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+        self.outer_sync = outer_sync  # its normal form once checked
         # Construction is collective: a rank whose arguments are bad does not raise alone (the
         # others would wait in the agreement below until the timeout); every rank learns of it
         # in the same all-gather and raises.
         try:
-            self._check_arguments(sync_every, fragments, overlap, mix, outer_sync, outer_optimizer, process_group)
+            self._check_arguments(model, inner_optimizer, sync_every, fragments, overlap, mix, outer_sync,
+                                  outer_optimizer, process_group)
             local_error = None
         except ValueError as e:
             local_error = e
-        self._check_agreement(sync_every, fragments, overlap, mix, outer_sync, local_error)
+        self._check_agreement(sync_every, fragments, overlap, mix, self.outer_sync, local_error)
         if outer_optimizer is None:
             outer_optimizer = torch.optim.SGD(self.params, lr=0.7, momentum=0.9, nesterov=True)
         self.inner_optimizer, self.outer_optimizer = inner_optimizer, outer_optimizer
         self.sync_every, self.fragments, self.overlap, self.mix = sync_every, fragments, overlap, float(mix)
-        self.outer_sync = outer_sync
+        # Calls of outer_optimizer.step() made outside DiLoCo (the training loop stepping it: the
+        # optimizers swapped), refused at the next step() or sync().
+        self._outer_calls = _count_outside_steps(outer_optimizer)
         self._psgd = None
         self._bits = self._psgd_options if self.kind == _QUANTIZED else None
         if self.kind == _POWERSGD:
@@ -170,6 +219,7 @@ class DiLoCo:
             self._global = [flatten([self.params[i] for i in idx]) for idx in self.fragment_params]
         self.inner_steps = 0
         self.outer_steps = [0] * fragments  # synchronisations started, per fragment
+        self._last_launch = [0] * fragments  # inner step of each fragment's latest synchronisation
         self._pending = {}
         # Quantized transport: per fragment the error-feedback residuals (this rank's delta, and
         # the average of the blocks this rank owns), updated in place by each averaging.
@@ -178,8 +228,11 @@ class DiLoCo:
             self._residuals = [(torch.zeros(g.numel()), torch.zeros(g.numel())) for g in self._global]
 
     # ---- checks --------------------------------------------------------------------------
-    def _check_arguments(self, sync_every, fragments, overlap, mix, outer_sync, outer_optimizer, process_group):
-        """This rank's arguments; ValueError naming the first bad one. Sets kind, backend."""
+    def _check_arguments(self, model, inner_optimizer, sync_every, fragments, overlap, mix, outer_sync,
+                         outer_optimizer, process_group):
+        """This rank's arguments; ValueError naming the first bad one. Sets kind, backend, outer_sync
+        (normal form)."""
+        refuse_ddp(model, "DiLoCo", "gossipcc.DiLoCo(model, inner_optimizer, outer_optimizer, ...)")
         if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
             raise ValueError(f"DiLoCo: sync_every (H) must be an integer >= 1, got {sync_every!r}")
         check_params(self.params, "DiLoCo")
@@ -191,7 +244,7 @@ class DiLoCo:
                              f"got {overlap!r}")
         if not isinstance(mix, (int, float)) or isinstance(mix, bool) or not 0.0 <= mix <= 1.0:
             raise ValueError(f"DiLoCo: mix (alpha) must be a number in [0, 1], got {mix!r}")
-        self.kind, self._psgd_options = _parse_outer_sync(outer_sync)
+        self.kind, self._psgd_options, self.outer_sync = _parse_outer_sync(outer_sync)
         if self.kind == _QUANTIZED and self.params[0].dtype != torch.float32:
             raise ValueError(f"DiLoCo: outer_sync {outer_sync!r} averages float32 only; the model's parameters are "
                              f"{self.params[0].dtype}")
@@ -202,15 +255,47 @@ class DiLoCo:
                 self.backend = get_backend_object(process_group)
             except Exception as e:  # noqa: BLE001 - named below
                 raise ValueError(f"DiLoCo: outer_sync {outer_sync!r} needs a gossipcc process group ({e})") from e
+        self._check_optimizer(model, inner_optimizer, "inner_optimizer", "torch.optim.AdamW(model.parameters(), lr=4e-4)")
         if outer_optimizer is not None:
-            self._check_optimizer(outer_optimizer)
+            if outer_optimizer is inner_optimizer:
+                raise ValueError("DiLoCo: inner_optimizer and outer_optimizer are the same object; pass two "
+                                 "optimizers over the model's parameters, the one your loop steps as inner_optimizer "
+                                 "(e.g. AdamW) and a separate outer one (e.g. torch.optim.SGD(model.parameters(), "
+                                 "lr=0.7, momentum=0.9, nesterov=True)), or leave outer_optimizer out for that default")
+            self._check_optimizer(model, outer_optimizer, "outer_optimizer",
+                                  "torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)")
 
-    def _check_optimizer(self, opt):
-        mine = {id(p) for p in self.params}
-        theirs = {id(p) for g in opt.param_groups for p in g["params"]}
-        if theirs != mine:
-            raise ValueError("DiLoCo: outer_optimizer must be constructed over the model's parameters "
-                             f"({len(theirs & mine)} of its {len(theirs)} tensors are among the model's {len(mine)})")
+    @staticmethod
+    def _check_optimizer(model, opt, role, example):
+        """`opt` is a torch optimizer over the model's parameters: every trainable one (frozen ones,
+        requires_grad=False, may be left out) and nothing else; ValueError naming the differences."""
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise ValueError(f"DiLoCo: {role} must be a torch.optim.Optimizer over the model's parameters (e.g. "
+                             f"{example}), got {type(opt).__name__}")
+        names = {id(p): n for n, p in model.named_parameters()}
+        theirs = [p for g in opt.param_groups for p in g["params"]]
+        ids = {id(p) for p in theirs}
+        missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in ids]
+        extra = [tuple(p.shape) for p in theirs if id(p) not in names]
+        if missing or extra:
+            what = []
+            if missing:
+                what.append(f"it lacks the model's parameter(s) {missing}")
+            if extra:
+                what.append(f"it has {len(extra)} tensor(s) that are not the model's (shapes {extra})")
+            raise ValueError(f"DiLoCo: {role} must be constructed over the parameters of the model given to DiLoCo "
+                             f"(e.g. {example}): {'; '.join(what)}")
+
+    def _check_outer_not_stepped(self):
+        """ValueError if the training loop stepped outer_optimizer (DiLoCo's alone to step)."""
+        n = self._outer_calls["outside"]
+        if n:
+            raise ValueError(
+                f"DiLoCo on rank {self.rank}: outer_optimizer.step() was called {n} time(s) outside DiLoCo (seen at "
+                f"inner step {self.inner_steps}); DiLoCo takes the outer step itself at each synchronisation and "
+                "the training loop must step only the inner optimizer. The two optimizers look swapped: construct "
+                "DiLoCo(model, inner_optimizer=<the optimizer your loop steps, e.g. AdamW(lr=4e-4)>, "
+                "outer_optimizer=<e.g. SGD(lr=0.7, momentum=0.9, nesterov=True)>) from a fresh model")
 
     def _check_agreement(self, sync_every, fragments, overlap, mix, outer_sync, local_error):
         """One all-gather: whether each rank's arguments were valid, H, P, tau, alpha, the transport
@@ -250,6 +335,7 @@ class DiLoCo:
     def step(self):
         """Call once after every inner optimizer step: applies the averagings that are due and
         starts the synchronisations of the fragments whose turn it is (in fragment order)."""
+        self._check_outer_not_stepped()
         self.inner_steps += 1
         t = self.inner_steps
         for f in sorted(self._pending):
@@ -267,6 +353,7 @@ class DiLoCo:
             delta = self._global[f] - flatten([self.params[i] for i in idx])
         k = self.outer_steps[f]
         self.outer_steps[f] += 1
+        self._last_launch[f] = self.inner_steps
         if self.kind == _EXACT:
             work = dist.all_reduce(delta, group=self.group, async_op=True)
             finish = lambda: delta.div_(self.world_size)  # noqa: E731
@@ -311,8 +398,10 @@ class DiLoCo:
                     n = p.numel()
                     p.grad = avg[offset:offset + n].view_as(p)
                     offset += n
+                self._outer_calls["inside"] = True
                 self.outer_optimizer.step()
             finally:
+                self._outer_calls["inside"] = False
                 for p, g in zip(self.params, grads):
                     p.grad = g
             self._global[f] = flatten(frag)
@@ -320,9 +409,53 @@ class DiLoCo:
                 unflatten_into(local.mul_(self.mix).add_(self._global[f], alpha=1.0 - self.mix), frag)
 
     def flush(self):
-        """Applies every averaging in flight now (e.g. before evaluating or stopping)."""
+        """Applies every averaging in flight now. Local (no communication): each rank keeps its
+        own inner steps since the last synchronisation, so the ranks' models still differ; to end
+        on one model (evaluate, save), call sync()."""
         for f in sorted(self._pending):
             self._apply(f)
+
+    def sync(self):
+        """Collective, every rank at the same inner step: brings every rank to one model, the
+        synchronised parameters theta_global, bitwise equal on every rank. Call it at the end of
+        training (or before evaluating or saving one model); training may go on after it.
+
+        What it does, per fragment:
+          - an averaging in flight (overlap > 0) is waited for and its outer step applied now, as
+            it would have been at its step; the inner steps taken after it was launched are not
+            in the result (as with mix = 0 at any overlapped outer step);
+          - otherwise, if inner steps were taken since the fragment's last synchronisation (e.g. a
+            run shorter than sync_every, or stopped between two), one outer step over them now,
+            as at a scheduled synchronisation (outer_sync transport, outer_optimizer step);
+          - the fragment's parameters <- its theta_global (mix is not applied: the end model is
+            the synchronised one).
+        This is DiLoCo's own output: the paper's algorithm returns theta_global after an outer
+        step, and a round cut short is a round with fewer inner steps (torchft's LocalSGD and
+        DiLoCo name the synchronisation sync() too). With outer_sync="gossip" each rank keeps
+        its own theta_global; sync() then replaces it, on every rank, by their exact average
+        over the group (an all-reduce). Finally rank 0's theta_global is broadcast, so that
+        every rank holds the same bits whatever the transport's rounding.
+        """
+        self._check_outer_not_stepped()
+        t = self.inner_steps
+        for f in range(self.fragments):
+            if f in self._pending:
+                self._apply(f)
+            elif self._last_launch[f] < t:
+                self._launch(f)
+                self._apply(f)
+        with torch.no_grad():
+            flat = torch.cat(self._global)
+            if self.kind == _GOSSIP:
+                dist.all_reduce(flat, group=self.group)
+                flat.div_(self.world_size)
+            dist.broadcast(flat, src=global_rank(self.group, 0), group=self.group)
+            offset = 0
+            for f, idx in enumerate(self.fragment_params):
+                n = self._global[f].numel()
+                self._global[f] = flat[offset:offset + n].clone()
+                offset += n
+                unflatten_into(self._global[f], [self.params[i] for i in idx])
 
     # ---- checkpoints ---------------------------------------------------------------------
     def _config(self):
@@ -336,6 +469,7 @@ class DiLoCo:
         pending = {f: {"apply_at": p.apply_at, "average": p.get().clone()} for f, p in self._pending.items()}
         return {"config": self._config(),
                 "inner_steps": self.inner_steps, "outer_steps": list(self.outer_steps),
+                "last_launch": list(self._last_launch),
                 "global": [g.clone() for g in self._global], "pending": pending,
                 "outer_optimizer": self.outer_optimizer.state_dict(),
                 "powersgd": self._psgd.state_dict() if self._psgd is not None else None,
@@ -347,7 +481,7 @@ class DiLoCo:
         """Restores state_dict() of a DiLoCo with the same configuration and model (ValueError
         naming what differs; nothing is changed then)."""
         config = self._config()
-        if not isinstance(state, dict) or "config" not in state:
+        if not isinstance(state, dict) or "config" not in state or "last_launch" not in state:
             raise ValueError("DiLoCo.load_state_dict: expected the dict DiLoCo.state_dict() returns")
         for key, value in config.items():
             if state["config"].get(key) != value:
@@ -372,6 +506,7 @@ class DiLoCo:
             self._residuals = [(r.clone(), o.clone()) for r, o in state["quantized_residuals"]]
         self.inner_steps = int(state["inner_steps"])
         self.outer_steps = list(state["outer_steps"])
+        self._last_launch = [int(t) for t in state["last_launch"]]
         self._pending = {}
         for f, p in state["pending"].items():
             done = _Pending(int(p["apply_at"]), None, None)
