@@ -60,16 +60,18 @@ def run_ranks(fn, world_size, *args, env=None, timeout=120):
                  for r in range(world_size)]
         for p in procs:
             p.start()
-        results, errors = {}, []
+        results, errors, reported = {}, [], set()
         import queue as queue_module
         try:
             for _ in range(world_size):
                 rank, err, result = queue.get(timeout=timeout)
+                reported.add(rank)
                 if err:
                     errors.append(f"rank {rank}:\n{err}")
-                results[rank] = pickle.loads(result)
+                else:
+                    results[rank] = pickle.loads(result)
         except queue_module.Empty:
-            errors.append(f"ranks {sorted(set(range(world_size)) - set(results))} did not finish in {timeout}s")
+            errors.append(f"ranks {sorted(set(range(world_size)) - reported)} did not finish in {timeout}s")
         if errors and any(p.is_alive() for p in procs):
             import signal
             import time

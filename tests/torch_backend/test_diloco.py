@@ -444,3 +444,105 @@ def test_sync_ends_every_rank_on_one_model():
                 assert all(theirs == got["everyone"][0] for theirs in got["everyone"]), f"{where}: ranks differ"
                 diff = (torch.tensor(got["after"]) - ref_final).abs().max().item()
                 assert diff <= tolerance, f"{where}: max |sync() - reference| {diff} (tolerance {tolerance})"
+
+
+# ---- mistakes caught where they are made -----------------------------------------------------
+def _adamw(params):
+    return torch.optim.AdamW(params, lr=4e-4)
+
+
+def _nesterov(params):
+    return torch.optim.SGD(params, lr=OUTER_LR, momentum=MOMENTUM, nesterov=True)
+
+
+MISUSE_CASES = {  # case: (model, inner, outer) from a fresh model -> words the ValueError must contain
+    "DDP-wrapped model": (lambda m: (DDP(m), _adamw(m.parameters()), _nesterov(m.parameters())),
+                          ["wrapped in DistributedDataParallel", "pass the bare module"]),
+    "DDP inside the model": (lambda m: (torch.nn.Sequential(DDP(m)), _adamw(m.parameters()), None),
+                             ["submodule '0' is wrapped in DistributedDataParallel"]),
+    "inner over another model": (lambda m: (m, _adamw(make_model(0).parameters()), None),
+                                 ["inner_optimizer must be constructed over the parameters",
+                                  "lacks the model's parameter(s) ['0.weight', '0.bias', '2.weight', '2.bias']",
+                                  "4 tensor(s) that are not the model's"]),
+    "outer lacks one": (lambda m: (m, _adamw(m.parameters()), _nesterov(list(m.parameters())[:-1])),
+                        ["outer_optimizer must be constructed over", "lacks the model's parameter(s) ['2.bias']"]),
+    "outer has an extra tensor": (lambda m: (m, _adamw(m.parameters()),
+                                             _nesterov(list(m.parameters()) + [torch.zeros(3, requires_grad=True)])),
+                                  ["outer_optimizer must be", "1 tensor(s) that are not the model's (shapes [(3,)])"]),
+    "inner is outer": (lambda m: (m,) + (_adamw(m.parameters()),) * 2, ["the same object"]),
+    "not an optimizer": (lambda m: (m, list(m.parameters()), None), ["inner_optimizer must be a torch.optim.Optimizer"]),
+}
+
+
+def misuse_worker(rank, world_size):
+    import gossipcc
+    init(rank, world_size)
+    out = {}
+    for case, (make, _) in MISUSE_CASES.items():
+        model = make_model(0)
+        wrapped, inner, outer = make(model)
+        try:
+            gossipcc.DiLoCo(wrapped, inner, outer, sync_every=2)
+            out[case] = "no error"
+        except ValueError as e:
+            out[case] = str(e)
+    # Frozen parameters may be left out of the optimizers (they never change).
+    model = make_model(0)
+    model[0].bias.requires_grad_(False)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    gossipcc.DiLoCo(model, _adamw(trainable), _nesterov(trainable), sync_every=2)
+
+    # Swapped optimizers: the loop steps the one given as outer_optimizer. Refused at the first
+    # DiLoCo.step(), on every rank, before anything is synchronised (sync_every=1: step 1 would).
+    model = make_model(0)
+    adamw, nesterov = _adamw(model.parameters()), _nesterov(model.parameters())
+    diloco = gossipcc.DiLoCo(model, nesterov, adamw, sync_every=1)
+    loss_of(model, rank, 0).backward()
+    adamw.step()  # the user's inner step, on what DiLoCo was told is the outer optimizer
+    try:
+        diloco.step()
+        out["swapped"] = "no error"
+    except ValueError as e:
+        out["swapped"] = str(e)
+    out["swapped synchronised"] = diloco.outer_steps
+
+    # The right order, with an LR scheduler on each optimizer (they wrap step() too): no complaint
+    # (neither DiLoCo's nor a scheduler's warning about step() being overridden or called late).
+    import warnings
+    warnings.simplefilter("error")
+    model = make_model(0)
+    inner, outer = _adamw(model.parameters()), _nesterov(model.parameters())
+    before = torch.optim.lr_scheduler.StepLR(outer, step_size=1, gamma=0.5)
+    diloco = gossipcc.DiLoCo(model, inner, outer, sync_every=2)
+    inner_sched = torch.optim.lr_scheduler.StepLR(inner, step_size=1, gamma=0.5)
+    for step in range(4):
+        inner_step(model, inner, rank, step)
+        inner_sched.step()
+        diloco.step()
+        if diloco.inner_steps % 2 == 0:
+            before.step()
+    diloco.sync()
+    out["scheduled lrs"] = (inner.param_groups[0]["lr"], outer.param_groups[0]["lr"], diloco.outer_steps)
+
+    # outer_sync is case-insensitive; ranks spelling it differently agree.
+    spellings = {}
+    for text in ("EXACT" if rank == 0 else "exact", "Gossip", "PowerSGD:rank=2", "Quantized:Bits=8"):
+        model = make_model(0)
+        spellings[text] = gossipcc.DiLoCo(model, _adamw(model.parameters()), outer_sync=text).outer_sync
+    out["spellings"] = spellings
+    dist.destroy_process_group()
+    return out
+
+
+def test_misuse_is_refused_on_every_rank_saying_what_to_do():
+    for rank, out in enumerate(run_ranks(misuse_worker, 2)):
+        for case, (_, words) in MISUSE_CASES.items():
+            for w in words:
+                assert w in out[case], f"{case}, rank {rank}: {out[case]}"
+        assert "outer_optimizer.step() was called 1 time(s) outside DiLoCo" in out["swapped"], out["swapped"]
+        assert "inner_optimizer=<the optimizer your loop steps" in out["swapped"], out["swapped"]
+        assert out["swapped synchronised"] == [0], out["swapped synchronised"]
+        assert out["scheduled lrs"] == (4e-4 / 16, OUTER_LR / 4, [2]), out["scheduled lrs"]
+        first = "EXACT" if rank == 0 else "exact"
+        assert out["spellings"] == {first: "exact", "Gossip": "gossip", "PowerSGD:rank=2": "powersgd:rank=2",
+                                    "Quantized:Bits=8": "quantized:bits=8"}, out["spellings"]
