@@ -206,6 +206,12 @@ def bad_checkpoints(rank, world_size, saved):
         refused(wrapper(make_model(0), group=pair), saved, "saved with world_size=4, this wrapper has world_size=2")
     with pytest.raises(ValueError, match="deterministic must be True or False"):
         gossipcc.BilatGossipDataParallel(make_model(0), deterministic=1)
+    # A model wrapped in DDP is refused before any collective, on every rank.
+    ddp = torch.nn.parallel.DistributedDataParallel(make_model(0))
+    with pytest.raises(ValueError, match=r"BilatGossipDataParallel: the model is wrapped in DistributedDataParallel, "
+                                         r"which all-reduces .* pass the bare module instead "
+                                         r"\(gossipcc.BilatGossipDataParallel\(model\)"):
+        gossipcc.BilatGossipDataParallel(ddp)
 
 
 def worker(rank, world_size):

@@ -322,6 +322,13 @@ def uneven_worker(rank, world_size):
     sgd.load_state_dict({"uneven_sgd": {"steps_contributed": 4, "collectives": 6}})
     assert sgd.state_dict()["uneven_sgd"] == {"steps_contributed": 4, "collectives": 6, "steps_since_sync": 4}
     sgd.finish()
+    # A model wrapped in DDP is refused before any collective, on every rank.
+    ddp = torch.nn.parallel.DistributedDataParallel(linear_model(0))
+    for make, who in ((lambda m: gossipcc.AllReduceEA(m, tau=2, alpha=0.5), "AllReduceEA"),
+                      (gossipcc.AllReduceSGD, "AllReduceSGD")):
+        with pytest.raises(ValueError, match=f"{who}: the model is wrapped in DistributedDataParallel, which "
+                                             r"all-reduces .* pass the bare module instead"):
+            make(ddp)
     dist.destroy_process_group()
     return out
 

@@ -193,11 +193,20 @@ def bad_arguments(rank):
     # An unknown graph is refused at construction, naming the spec.
     with pytest.raises(ValueError, match="petersen"):
         gossipcc.GossipDataParallel(model, graph="petersen")
-    # D-PSGD needs a symmetric graph (a directed ring on 4 ranks is not): refused by the native
-    # round, on every rank.
-    directed = gossipcc.GossipDataParallel(model, algorithm="dpsgd", graph="ring:directed=1")
-    with pytest.raises(Exception, match="symmetric|undirected"):
-        directed(torch.randn(3, 20))
+    # D-PSGD needs a symmetric graph (a directed ring on 4 ranks is not): refused at construction,
+    # on every rank, naming the step and the edge.
+    for graph in ("ring:directed=1", "directed_exponential", "bipartite_exponential"):
+        with pytest.raises(ValueError, match=r"dpsgd\" needs a symmetric \(undirected\) graph; graph '[^']+' on 4 "
+                                             r"ranks is directed at step 0 \(rank 0 sends to"):
+            gossipcc.GossipDataParallel(model, algorithm="dpsgd", graph=graph)
+    for graph in ("ring", "hypercube", "complete", "edges:0>1,1>0,1>2,2>1,2>3,3>2"):
+        gossipcc.GossipDataParallel(model, algorithm="DPSGD", graph=graph)  # symmetric: accepted
+    # A model wrapped in DDP is refused before any collective (so no rank waits), on every rank.
+    ddp = torch.nn.parallel.DistributedDataParallel(make_model(0))
+    for wrapped, where in ((ddp, "the model is"), (torch.nn.Sequential(ddp), "the model's submodule '0' is")):
+        with pytest.raises(ValueError, match=f"GossipDataParallel: {where} wrapped in DistributedDataParallel, "
+                                             r"which all-reduces .* pass the bare module instead"):
+            gossipcc.GossipDataParallel(wrapped)
     dist.barrier()
     return True
 

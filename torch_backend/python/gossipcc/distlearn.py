@@ -24,18 +24,21 @@ All-reduce SGD with uneven steps (every rank; ranks may run different numbers of
     sgd.finish()        # joins with zeros until every rank is done; then every rank takes the
                         # params of the rank that ran the most steps (bitwise)
 
-Parameters must share one dtype and one device.
+Parameters must share one dtype and one device. Pass the bare module: a DistributedDataParallel
+(or a model containing one) is refused on every rank, since DDP would all-reduce every gradient
+at every backward on top of the method's own communication.
 """
 import torch
 
 from . import _C
-from ._wrapper_utils import broadcast_from_first, check_params, resolve_group
+from ._wrapper_utils import broadcast_from_first, check_params, refuse_ddp, resolve_group
 
 
 class AllReduceEA:
     """Synchronous elastic averaging (torch-distlearn AllReduceEA); see the module docstring."""
 
     def __init__(self, module, tau, alpha, process_group=None):
+        refuse_ddp(module, "AllReduceEA", "gossipcc.AllReduceEA(model, tau=..., alpha=...)")
         self.module = module
         self.process_group, self._backend, self.rank, self.world_size = resolve_group(process_group)
         self._params = list(module.parameters())
@@ -101,6 +104,7 @@ class AllReduceSGD:
     """All-reduce SGD with uneven step counts (torch-distlearn AllReduceSGD); see the module docstring."""
 
     def __init__(self, module, process_group=None, broadcast_init=True):
+        refuse_ddp(module, "AllReduceSGD", "gossipcc.AllReduceSGD(model)")
         self.module = module
         self.process_group, self._backend, self.rank, self.world_size = resolve_group(process_group)
         self._params = list(module.parameters())

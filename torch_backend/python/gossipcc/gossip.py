@@ -22,15 +22,19 @@ GossipDataParallel(module, process_group=None, graph=None, peers_per_step=1,
                       forward pass. The optimizer's update of z is added to x (x <- x - lr*g,
                       the paper's update), then one synchronous push-sum round mixes (x, w).
              "osgp":  overlapped push-sum: the round starts at one forward and runs in the
-                      background; it is folded in `synch_freq` steps later (default and minimum
-                      1). Folding adds (round result - snapshot sent) to x, so optimizer updates
+                      background; it is folded in max(1, synch_freq) steps later (the default
+                      synch_freq=0 means 1, the next step). Folding adds (round result - snapshot sent) to x, so optimizer updates
                       made meanwhile are kept and sum(x), sum(w) are conserved with the round in
                       flight (the local x and w keep the full snapshot until the fold).
              "dpsgd": symmetric gossip with Metropolis weights (Lian et al. 2017), no weight.
+             Case-insensitive ("SGP" is "sgp").
   graph      peer graph spec (docs/gossip.md): default "exponential:peers=<peers_per_step>" for
              SGP/OSGP and "ring" for D-PSGD (which needs a symmetric graph, e.g. "ring",
-             "bipartite_exponential", "hypercube", "complete").
+             "hypercube", "complete"); a graph that is directed at
+             some step is refused at construction, on every rank.
   broadcast_init  start every rank from rank 0's parameters and buffers (as DDP does).
+  module     the bare model: a DistributedDataParallel (or a model containing one) is refused
+             on every rank (DDP would all-reduce every gradient and defeat the gossip).
   fault_tolerant  SGP only: push-sum that survives dead or stalled peers (the C++
              FaultTolerantPushSum, docs/reliability.md "Dropping a dead peer"). When a rank dies,
              the survivors agree on who is left (within the group's timeout plus a join window
@@ -60,14 +64,31 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from ._wrapper_utils import (average_buffers, broadcast_from_first, check_params, flatten, resolve_group,
-                             unflatten_into)
+from ._wrapper_utils import (average_buffers, broadcast_from_first, check_params, flatten, refuse_ddp,
+                             resolve_group, unflatten_into)
 
 ALGORITHMS = ("sgp", "osgp", "dpsgd")
 
 
 class PeerLostWarning(RuntimeWarning):
     """A fault-tolerant GossipDataParallel dropped a dead or stalled rank and trains on without it."""
+
+
+def _check_undirected(graph, world_size):
+    """ValueError if `graph` (a valid spec) is directed at some step of its period (checked up to
+    4096 steps, every rank's out-peers, as the symmetric gossip round checks its own step).
+    The same answer on every rank: it depends on the spec and the world size only."""
+    period = min(int(_C.peer_graph_info(graph, world_size)["period"]), 4096)
+    for step in range(period):
+        out = [set(_C.peer_graph_out_peers(graph, world_size, r, step)) for r in range(world_size)]
+        for i in range(world_size):
+            for j in out[i]:
+                if j != i and i not in out[j]:
+                    raise ValueError(f"GossipDataParallel: algorithm=\"dpsgd\" needs a symmetric (undirected) graph; "
+                                     f"graph {graph!r} on {world_size} ranks is directed at step {step} (rank {i} "
+                                     f"sends to {j}, not {j} to {i}). Use e.g. graph=\"ring\" (the default), "
+                                     "\"hypercube\" or \"complete\", or algorithm=\"sgp\", which works on directed "
+                                     "graphs")
 
 
 def _graph_spec(algorithm, graph, peers_per_step):
@@ -91,6 +112,7 @@ class GossipDataParallel(torch.nn.Module):
     def __init__(self, module, process_group=None, graph=None, peers_per_step=1, algorithm="sgp",
                  synch_freq=0, broadcast_init=True, fault_tolerant=False):
         super().__init__()
+        refuse_ddp(module, "GossipDataParallel", "gossipcc.GossipDataParallel(model, algorithm=...)")
         algorithm = str(algorithm).lower()
         if algorithm not in ALGORITHMS:
             raise ValueError(f"GossipDataParallel: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
@@ -111,6 +133,8 @@ class GossipDataParallel(torch.nn.Module):
         self.staleness = max(1, synch_freq) if algorithm == "osgp" else 0
         self.process_group, self._backend, self.rank, self.world_size = resolve_group(process_group)
         _C.peer_graph_info(self.graph, self.world_size)  # InvalidArgumentError (a ValueError) naming the spec
+        if algorithm == "dpsgd":
+            _check_undirected(self.graph, self.world_size)
         self._params = list(module.parameters())
         check_params(self._params, "GossipDataParallel")
         self.fault_tolerant = fault_tolerant
@@ -424,6 +448,7 @@ class BilatGossipDataParallel(torch.nn.Module):
 
     def __init__(self, module, process_group=None, broadcast_init=True, deterministic=False):
         super().__init__()
+        refuse_ddp(module, "BilatGossipDataParallel", "gossipcc.BilatGossipDataParallel(model)")
         if not isinstance(deterministic, bool):
             raise ValueError(f"BilatGossipDataParallel: deterministic must be True or False, got {deterministic!r}")
         self.module = module
