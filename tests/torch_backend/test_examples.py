@@ -14,10 +14,21 @@ def test_train_algorithms_every_method():
     assert out.returncode == 0, out.stdout + out.stderr
     rows = {m.group(1): (float(m.group(2)), float(m.group(3)), float(m.group(4)))
             for m in re.finditer(r"^(\w+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out.stdout, re.M)}
-    assert set(rows) == {"sgp", "osgp", "dpsgd", "adpsgd", "easgd", "uneven", "allreduce", "powersgd",
-                         "powersgd_hook", "gossip_hook"}, out.stdout
+    assert set(rows) == set(METHODS), out.stdout
     for method, (first, last, acc) in rows.items():
         assert last < 0.6 * first and acc > 0.6, (method, out.stdout)
+
+
+METHODS = ("sgp", "osgp", "dpsgd", "adpsgd", "easgd", "uneven", "allreduce", "powersgd", "powersgd_hook", "gossip_hook",
+           "diloco", "streaming_diloco")
+
+
+def test_train_algorithms_help_lists_every_method():
+    out = subprocess.run([sys.executable, EXAMPLE, "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    listed = re.findall(r"^  (\w+)  +\S", out.stdout.split("methods:", 1)[-1], re.M)
+    assert listed == list(METHODS), out.stdout
+    assert "DiLoCo(sync_every=10, fragments=2, overlap=2, mix=0.5)" in out.stdout, out.stdout
 
 
 CUSTOM_GRAPH = os.path.join("torch_backend", "python", "examples", "custom_peer_graph.py")

@@ -213,3 +213,14 @@ def bad_arguments(rank):
 
 def test_bad_arguments(results):
     assert all(r["bad_arguments"] for r in results)  # the checks run inside the worker
+
+
+def test_documented_synch_freq_default_is_the_signatures():
+    # The module docstring (help(gossipcc.gossip)) states synch_freq's default as the signature has it.
+    import inspect
+    import re
+    from gossipcc import gossip
+    default = inspect.signature(gossip.GossipDataParallel.__init__).parameters["synch_freq"].default
+    stated = re.findall(r"default\s+synch_freq=(\d+)", gossip.__doc__)
+    assert stated == [str(default)], (default, stated)
+    assert f"synch_freq={default}" in re.search(r"GossipDataParallel\(module,[^)]*\)", gossip.__doc__).group(0)

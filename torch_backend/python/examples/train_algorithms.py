@@ -1,14 +1,14 @@
 """Trains one small classifier with each of gossipcc's training algorithms (docs/algorithms.md).
 
     PYTHONPATH=bazel-bin/torch_backend python3 torch_backend/python/examples/train_algorithms.py \
-        --world-size 4 --steps 60 --methods sgp,osgp,dpsgd,adpsgd,easgd,uneven,allreduce,powersgd,powersgd_hook,gossip_hook
+        --world-size 4 --steps 60 --methods sgp,osgp,dpsgd,adpsgd,easgd,uneven,allreduce,powersgd,powersgd_hook,gossip_hook,diloco,streaming_diloco
 
 Standalone it starts --world-size local ranks itself (file:// rendezvous); under torchrun
 (`python3 -m gossipcc.torchrun --nproc_per_node=4 train_algorithms.py`) it uses env://.
 Each rank trains on its own shard of a synthetic task (labels from a fixed linear teacher);
 rank 0 prints, per method, the first and last training loss and the accuracy of the final
 (exactly averaged) model on held-out data. Each `train_<method>` function is the whole
-recipe for that method.
+recipe for that method; `--help` lists the methods.
 """
 import argparse
 import datetime
@@ -108,11 +108,32 @@ def train_uneven(rank, steps):
     return model, losses
 
 
+def train_diloco(rank, steps, **options):
+    """DiLoCo / Streaming DiLoCo: inner steps on this rank's data, an outer Nesterov step on the
+    averaged change every sync_every steps; sync() at the end gives every rank one model."""
+    model = make_model()  # every rank starts from the same parameters (checked by DiLoCo)
+    inner = sgd(model)
+    outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    diloco = gossipcc.DiLoCo(model, inner, outer, **options)
+    losses = []
+    for x, y in batches(rank, steps):
+        loss = F.cross_entropy(model(x), y)
+        inner.zero_grad()
+        loss.backward()
+        inner.step()
+        diloco.step()  # synchronises the fragments whose turn it is
+        losses.append(loss.item())
+    diloco.sync()  # the last outer step: every rank holds theta_global, bitwise the same
+    return model, losses
+
+
 def train_ddp(rank, steps, policy):
-    """Plain DDP; the gradient all-reduce policy ("exact" or "powersgd:...") belongs to the group."""
-    gossipcc.configure(allreduce=policy)
+    """Plain DDP; the gradient all-reduce policy ("exact" or "powersgd:...") belongs to the group.
+    (A script with one method sets it before init_process_group: gossipcc.configure(allreduce=...)
+    or GOSSIPCC_ALLREDUCE; here each method gets a group of its own.)"""
+    gossipcc.configure(allreduce=policy, new_groups_only=True)
     group = dist.new_group(backend="gossipcc")
-    gossipcc.configure(allreduce=None)
+    gossipcc.configure(allreduce=None, new_groups_only=True)
     model = torch.nn.parallel.DistributedDataParallel(make_model(), process_group=group)
     opt = sgd(model)
     losses = []
@@ -151,17 +172,29 @@ def train_ddp_hook(rank, steps, hook):
     return model.module, losses
 
 
-METHODS = {
-    "sgp": lambda rank, steps: train_gossip("sgp", rank, steps),
-    "osgp": lambda rank, steps: train_gossip("osgp", rank, steps, synch_freq=1),
-    "dpsgd": lambda rank, steps: train_gossip("dpsgd", rank, steps, graph="ring"),
-    "adpsgd": train_adpsgd,
-    "easgd": train_easgd,
-    "uneven": train_uneven,
-    "allreduce": lambda rank, steps: train_ddp(rank, steps, "exact"),
-    "powersgd": lambda rank, steps: train_ddp(rank, steps, "powersgd:rank=2,start_iter=10"),
-    "powersgd_hook": lambda rank, steps: train_ddp_hook(rank, steps, "powersgd"),
-    "gossip_hook": lambda rank, steps: train_ddp_hook(rank, steps, "gossip"),
+METHODS = {  # name: (recipe, what it is)
+    "sgp": (lambda rank, steps: train_gossip("sgp", rank, steps),
+            "GossipDataParallel(algorithm='sgp'): push-sum gossip, one peer per step"),
+    "osgp": (lambda rank, steps: train_gossip("osgp", rank, steps, synch_freq=1),
+             "GossipDataParallel(algorithm='osgp', synch_freq=1): overlapped push-sum"),
+    "dpsgd": (lambda rank, steps: train_gossip("dpsgd", rank, steps, graph="ring"),
+              "GossipDataParallel(algorithm='dpsgd', graph='ring'): symmetric gossip"),
+    "adpsgd": (train_adpsgd, "BilatGossipDataParallel: asynchronous pairwise gossip (AD-PSGD)"),
+    "easgd": (train_easgd, "AllReduceEA(tau=4, alpha=0.3): elastic averaging"),
+    "uneven": (train_uneven, "AllReduceSGD: all-reduce SGD, ranks with different step counts"),
+    "allreduce": (lambda rank, steps: train_ddp(rank, steps, "exact"),
+                  "DDP on a gossipcc group, exact all-reduce"),
+    "powersgd": (lambda rank, steps: train_ddp(rank, steps, "powersgd:rank=2,start_iter=10"),
+                 "DDP on a gossipcc group with allreduce='powersgd:rank=2,start_iter=10'"),
+    "powersgd_hook": (lambda rank, steps: train_ddp_hook(rank, steps, "powersgd"),
+                      "DDP with gossipcc.hooks.powerSGD_hook"),
+    "gossip_hook": (lambda rank, steps: train_ddp_hook(rank, steps, "gossip"),
+                    "DDP with gossipcc.hooks.gossip_hook (D-PSGD on a ring)"),
+    "diloco": (lambda rank, steps: train_diloco(rank, steps, sync_every=10),
+               "DiLoCo(sync_every=10): outer Nesterov step every 10 inner steps, sync() at the end"),
+    "streaming_diloco": (lambda rank, steps: train_diloco(rank, steps, sync_every=10, fragments=2, overlap=2,
+                                                          mix=0.5),
+                         "DiLoCo(sync_every=10, fragments=2, overlap=2, mix=0.5): Streaming DiLoCo"),
 }
 
 
@@ -177,13 +210,13 @@ def run(rank, world_size, init_method, methods, steps):
                             timeout=datetime.timedelta(seconds=120))
     rows = []
     for name in methods:
-        model, losses = METHODS[name](rank, steps)
+        model, losses = METHODS[name][0](rank, steps)
         acc = accuracy(model)
         rows.append((name, losses[0], sum(losses[-5:]) / len(losses[-5:]), acc))
     if rank == 0:
-        print(f"{'method':<14} {'first loss':>10} {'last loss':>10} {'accuracy':>9}")
+        print(f"{'method':<16} {'first loss':>10} {'last loss':>10} {'accuracy':>9}")
         for name, first, last, acc in rows:
-            print(f"{name:<14} {first:>10.4f} {last:>10.4f} {acc:>9.3f}")
+            print(f"{name:<16} {first:>10.4f} {last:>10.4f} {acc:>9.3f}")
         sys.stdout.flush()
     dist.barrier()
     dist.destroy_process_group()
@@ -195,10 +228,14 @@ def _spawned(rank, world_size, init_method, methods, steps):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--world-size", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--methods", default=",".join(METHODS))
+    width = max(map(len, METHODS))
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="methods:\n" + "\n".join(f"  {name:<{width}}  {what}" for name, (_, what) in METHODS.items()))
+    parser.add_argument("--world-size", type=int, default=4, help="local ranks to start (default 4)")
+    parser.add_argument("--steps", type=int, default=60, help="training steps per rank (default 60)")
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help="comma-separated methods to run, from the list below (default: all)")
     args = parser.parse_args()
     methods = [m for m in args.methods.split(",") if m]
     unknown = [m for m in methods if m not in METHODS]
