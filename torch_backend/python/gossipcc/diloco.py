@@ -125,11 +125,13 @@ def _count_outside_steps(opt):
     calls = {"outside": 0, "inside": False}
     current = opt.step
     original = getattr(current, "_gossipcc_unwrapped", current)
+    # A method bound to opt is called on `self`, so that a copy of the optimizer steps itself.
+    func = original.__func__ if getattr(original, "__self__", None) is opt else None
 
     def step(self, *args, **kwargs):
         if not calls["inside"]:
             calls["outside"] += 1
-        return original(*args, **kwargs)
+        return func(self, *args, **kwargs) if func is not None else original(*args, **kwargs)
 
     for marker in ("_with_counter", "_wrapped_by_lr_sched"):  # torch's LR schedulers' own wrappers
         if hasattr(original, marker):
