@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -299,7 +300,8 @@ int ParseInt(absl::string_view s, absl::string_view what, const std::string& spe
 std::unique_ptr<PeerGraph> MakePeerGraph(const std::string& spec, int world_size) {
   absl::string_view s = spec;
   size_t colon = s.find(':');
-  std::string name(s.substr(0, colon));
+  // Graph names and option keys in any case ("Ring", "ring:Directed=1"), as every option string.
+  const std::string name = absl::AsciiStrToLower(absl::StripAsciiWhitespace(s.substr(0, colon)));
   absl::string_view rest = colon == absl::string_view::npos ? absl::string_view() : s.substr(colon + 1);
 
   if (name == "edges") {
@@ -327,7 +329,8 @@ std::unique_ptr<PeerGraph> MakePeerGraph(const std::string& spec, int world_size
       throw InvalidArgumentError(absl::StrCat("peer graph spec '", spec, "': option '", item,
                                               "' is not of the form key=value"));
     }
-    kv[std::string(absl::StripAsciiWhitespace(parts[0]))] = std::string(absl::StripAsciiWhitespace(parts[1]));
+    kv[absl::AsciiStrToLower(absl::StripAsciiWhitespace(parts[0]))] =
+        std::string(absl::StripAsciiWhitespace(parts[1]));
   }
   auto allow = [&](std::vector<std::string> keys) {
     for (const auto& [k, v] : kv) {

@@ -286,6 +286,22 @@ TEST(PeerGraphTest, UserEdgeLists) {
   EXPECT_THAT(InvalidArgumentMessage([] { MakePeerGraph("edges:a>1", 2); }), HasSubstr("not an integer"));
 }
 
+TEST(PeerGraphTest, SpecsIgnoreCase) {
+  // Graph names and option keys in any case are the same graph as in lower case.
+  const std::vector<std::pair<std::string, std::string>> pairs = {
+      {"Ring", "ring"}, {"RING:Directed=1", "ring:directed=1"}, {"Exponential:PEERS=2", "exponential:peers=2"},
+      {"Hypercube", "hypercube"}, {"Directed_Exponential", "directed_exponential"}, {"Edges:0>1,1>0", "edges:0>1,1>0"}};
+  for (const auto& [spec, lower] : pairs) {
+    auto g = MakePeerGraph(spec, 4 - (lower.rfind("edges", 0) == 0 ? 2 : 0));
+    auto want = MakePeerGraph(lower, g->world_size());
+    EXPECT_EQ(g->name(), want->name()) << spec;
+    ASSERT_EQ(g->period(), want->period()) << spec;
+    for (int64_t k = 0; k < g->period(); ++k) {
+      for (int r = 0; r < g->world_size(); ++r) EXPECT_EQ(g->OutPeers(r, k), want->OutPeers(r, k)) << spec;
+    }
+  }
+}
+
 TEST(PeerGraphTest, SpecParserErrors) {
   std::string msg = InvalidArgumentMessage([] { MakePeerGraph("torus", 4); });
   EXPECT_THAT(msg, HasSubstr("unknown graph 'torus'"));

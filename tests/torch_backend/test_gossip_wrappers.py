@@ -200,7 +200,12 @@ def bad_arguments(rank):
                                              r"ranks is directed at step 0 \(rank 0 sends to"):
             gossipcc.GossipDataParallel(model, algorithm="dpsgd", graph=graph)
     for graph in ("ring", "hypercube", "complete", "edges:0>1,1>0,1>2,2>1,2>3,3>2"):
-        gossipcc.GossipDataParallel(model, algorithm="DPSGD", graph=graph)  # symmetric: accepted
+        gossipcc.GossipDataParallel(model, algorithm="dpsgd", graph=graph)  # symmetric: accepted
+    # Option strings ignore case (and keep their lower-case form).
+    assert gossipcc.GossipDataParallel(model, algorithm="DPSGD", graph="Ring").graph == "ring"
+    assert gossipcc.GossipDataParallel(model, algorithm="SGP", graph="Exponential", peers_per_step=2).graph == \
+        "exponential:peers=2"
+    assert gossipcc.GossipDataParallel(model, algorithm="Osgp", graph="RING:Directed=1").graph == "ring:directed=1"
     # A model wrapped in DDP is refused before any collective (so no rank waits), on every rank.
     ddp = torch.nn.parallel.DistributedDataParallel(make_model(0))
     for wrapped, where in ((ddp, "the model is"), (torch.nn.Sequential(ddp), "the model's submodule '0' is")):

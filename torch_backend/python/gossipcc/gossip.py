@@ -27,7 +27,7 @@ GossipDataParallel(module, process_group=None, graph=None, peers_per_step=1,
                       made meanwhile are kept and sum(x), sum(w) are conserved with the round in
                       flight (the local x and w keep the full snapshot until the fold).
              "dpsgd": symmetric gossip with Metropolis weights (Lian et al. 2017), no weight.
-             Case-insensitive ("SGP" is "sgp").
+             algorithm and graph ignore case ("SGP" is "sgp", "Ring" is "ring").
   graph      peer graph spec (docs/gossip.md): default "exponential:peers=<peers_per_step>" for
              SGP/OSGP and "ring" for D-PSGD (which needs a symmetric graph, e.g. "ring",
              "hypercube", "complete"); a graph that is directed at
@@ -96,8 +96,9 @@ def _graph_spec(algorithm, graph, peers_per_step):
         raise ValueError(f"GossipDataParallel: peers_per_step must be an integer >= 1, got {peers_per_step!r}")
     if graph is None:
         graph = "ring" if algorithm == "dpsgd" else "exponential"
-    if not isinstance(graph, str) or not graph:
+    if not isinstance(graph, str) or not graph.strip():
         raise ValueError(f"GossipDataParallel: graph must be a spec string such as \"exponential\", got {graph!r}")
+    graph = graph.strip().lower()  # specs ignore case; kept in lower case (.graph)
     if graph == "exponential":
         return f"exponential:peers={peers_per_step}"
     if peers_per_step != 1:
