@@ -29,4 +29,9 @@ class ScopedCudaStream {
 // The calling thread's current CUDA stream (nullptr: the legacy default stream).
 void* CurrentCudaStream();
 
+// Whether this gossipcc was built with CUDA and NCCL (GOSSIPCC_WITH_CUDA).
+bool BuiltWithCuda();
+// CUDA devices visible to this process: 0 without a GPU, a driver, or CUDA at build time.
+int VisibleCudaDevices();
+
 }  // namespace gossipcc

@@ -1,6 +1,7 @@
 #include "comm/nccl_transport.h"
 
 #include "absl/strings/str_cat.h"
+#include "comm/cuda_stream.h"
 #include "comm/errors.h"
 
 #if GOSSIPCC_WITH_CUDA
@@ -17,6 +18,8 @@ namespace gossipcc {
 #if !GOSSIPCC_WITH_CUDA
 
 int NcclTransport::DeviceCount() { return 0; }
+
+bool BuiltWithCuda() { return false; }
 
 std::shared_ptr<StreamPoint> StreamPoint::Record(int device, void*, const std::string& where) {
   throw InvalidArgumentError(absl::StrCat(where, ": CUDA buffer on cuda:", device,
@@ -330,6 +333,8 @@ StreamPoint::~StreamPoint() {
   if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
 }
 
+bool BuiltWithCuda() { return true; }
+
 int NcclTransport::DeviceCount() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
@@ -383,5 +388,7 @@ std::unique_ptr<NcclTransport> NcclTransport::Create(std::shared_ptr<Store> stor
 }
 
 #endif  // GOSSIPCC_WITH_CUDA
+
+int VisibleCudaDevices() { return NcclTransport::DeviceCount(); }
 
 }  // namespace gossipcc

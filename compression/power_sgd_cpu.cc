@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cctype>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -234,9 +235,11 @@ const Kernels& SelectKernels(CpuKernels which) {
   if (which == CpuKernels::kBest) {
     if (const char* env = std::getenv("GOSSIPCC_POWERSGD_CPU_KERNELS"); env != nullptr && *env != '\0') {
       const std::string v = env;
-      if (v == "baseline") which = CpuKernels::kBaseline;
-      else if (v == "avx2") which = CpuKernels::kAvx2;
-      else throw InvalidArgumentError("GOSSIPCC_POWERSGD_CPU_KERNELS=\"" + v + "\": expected baseline or avx2");
+      std::string lower = v;
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (lower == "baseline") which = CpuKernels::kBaseline;
+      else if (lower == "avx2") which = CpuKernels::kAvx2;
+      else throw InvalidArgumentError("GOSSIPCC_POWERSGD_CPU_KERNELS='" + v + "': expected baseline or avx2");
     }
   }
 #ifdef GOSSIPCC_HAVE_AVX2_KERNELS

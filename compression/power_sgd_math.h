@@ -58,7 +58,7 @@ class MathBackend {
 
 // Which compiled copy of the CPU kernels (the streamed passes over M) a CPU backend uses.
 // kBest: AVX2 where the CPU has it, else the x86-64 baseline; the environment variable
-// GOSSIPCC_POWERSGD_CPU_KERNELS=baseline|avx2 overrides it (for benchmarks). Both copies give
+// GOSSIPCC_POWERSGD_CPU_KERNELS=baseline|avx2 (any case) overrides it (for benchmarks). Both copies give
 // bit-identical Finish results (no FMA); asking for AVX2 where it is missing throws.
 enum class CpuKernels { kBest, kBaseline, kAvx2 };
 std::unique_ptr<MathBackend> MakeCpuBackend(CpuKernels kernels = CpuKernels::kBest);

@@ -140,9 +140,11 @@ PowerSGDOptions ParsePowerSGDOptions(const std::string& text) {
     if (eq == std::string::npos) Fail(text, absl::StrCat("\"", item, "\" is not key=value"));
     std::string key(absl::StripAsciiWhitespace(item.substr(0, eq)));
     const std::string value(absl::StripAsciiWhitespace(item.substr(eq + 1)));
+    // Keys match whatever their case ("Rank", "start_powerSGD_iter", "START_ITER").
+    const std::string lower = absl::AsciiStrToLower(key);
     const Key* found = nullptr;
     for (const Key& k : kKeys) {
-      if (key == k.name || key == k.alias) found = &k;
+      if (lower == absl::AsciiStrToLower(k.name) || lower == absl::AsciiStrToLower(k.alias)) found = &k;
     }
     if (found == nullptr) Fail(text, absl::StrCat("unknown key \"", key, "\""));
     if (!seen.insert(found->name).second) Fail(text, absl::StrCat("key \"", found->name, "\" given twice"));

@@ -63,6 +63,7 @@ extern const char* const kBatchSameShapeRejected;
 //   error_feedback (use_error_feedback), warm_start, epsilon (orthogonalization_epsilon),
 //   seed (random_seed), batch_same_shape (batch_tensors_with_same_shape; only 0: 1 is rejected),
 //   iterations (num_iters_per_step), nonfinite (pass|error|unchecked).
+// Keys and the words among the values (true, false, pass, ...) match whatever their case.
 // Booleans: 0/1/true/false. Unknown keys, duplicates, malformed values and values outside the
 // ranges Validate() checks raise InvalidArgumentError; the message lists the valid keys.
 PowerSGDOptions ParsePowerSGDOptions(const std::string& text);

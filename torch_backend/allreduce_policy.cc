@@ -1,5 +1,10 @@
 #include "torch_backend/allreduce_policy.h"
 
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "comm/errors.h"
 
 namespace gossipcc {
@@ -21,9 +26,9 @@ std::string Trim(const std::string& s) {
 AllreducePolicy AllreducePolicy::Parse(const std::string& text) {
   const std::string trimmed = Trim(text);
   AllreducePolicy policy;
-  if (trimmed.empty() || trimmed == "exact") return policy;
+  if (trimmed.empty() || absl::AsciiStrToLower(trimmed) == "exact") return policy;
   const size_t colon = trimmed.find(':');
-  const std::string name = Trim(trimmed.substr(0, colon));
+  const std::string name = absl::AsciiStrToLower(Trim(trimmed.substr(0, colon)));
   if (name == "exact") {
     throw InvalidArgumentError("gossipcc allreduce policy \"" + text + "\": \"exact\" takes no options; " +
                                kValidPolicies);
@@ -45,6 +50,18 @@ AllreducePolicy AllreducePolicy::Parse(const std::string& text) {
 std::string AllreducePolicy::ToString() const {
   if (kind == Kind::kExact) return "exact";
   return "powersgd:" + powersgd.ToString();
+}
+
+std::string AllreducePolicy::Describe() const {
+  if (kind == Kind::kExact) return "exact";
+  // ToString() lists every option in a fixed order: keep those unlike the defaults'.
+  const std::vector<std::string> mine = absl::StrSplit(powersgd.ToString(), ',');
+  const std::vector<std::string> defaults = absl::StrSplit(compression::PowerSGDOptions().ToString(), ',');
+  std::vector<std::string> changed;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    if (i >= defaults.size() || mine[i] != defaults[i]) changed.push_back(mine[i]);
+  }
+  return changed.empty() ? "powersgd" : "powersgd:" + absl::StrJoin(changed, ",");
 }
 
 }  // namespace torch_backend

@@ -18,11 +18,15 @@ struct AllreducePolicy {
   // ranges and error messages are PowerSGD's.
   compression::PowerSGDOptions powersgd;
 
-  // Parses "exact" or "powersgd[:key=value,...]". Throws InvalidArgumentError that quotes
-  // the bad part and lists the valid policies and keys. Unset PowerSGD options keep
-  // PyTorch's PowerSGDState defaults (rank=1, start_iter=1000, ...).
+  // Parses "exact" or "powersgd[:key=value,...]", names and keys in any case ("POWERSGD:Rank=2").
+  // Throws InvalidArgumentError that quotes the bad part and lists the valid policies and keys.
+  // Unset PowerSGD options keep PyTorch's PowerSGDState defaults (rank=1, start_iter=1000, ...).
   static AllreducePolicy Parse(const std::string& text);
+  // The normal form, every option spelt out: "powersgd:rank=2,start_iter=1000,...".
   std::string ToString() const;
+  // The short normal form: only the options that differ from the defaults ("powersgd:rank=2").
+  // Equal policies, and only those, have equal short forms.
+  std::string Describe() const;
 };
 
 }  // namespace torch_backend

@@ -3,6 +3,8 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type.h>
 
+#include <algorithm>
+#include <chrono>
 #include <functional>
 #include <numeric>
 #include <string>
@@ -94,7 +96,33 @@ void Unflatten(const at::Tensor& flat, std::vector<at::Tensor>& tensors) {
 ProcessGroupGossipcc::ProcessGroupGossipcc(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
                                            ProcessGroupOptions options)
     : C10dBackendBase(rank, size), options_(std::move(options)), fault_tolerant_store_(WrapC10dStore(store)) {
-  communicator_ = Communicator::Create(WrapC10dStore(store), rank, size, CommunicatorOptionsFromEnvironment(options_.communicator, options_.timeout));
+  // The environment's settings, then the cross-rank check of those that must agree, within the
+  // rendezvous's time; the communicator's rendezvous gets what is left of it.
+  const auto started = std::chrono::steady_clock::now();
+  const std::chrono::milliseconds budget = options_.communicator.rendezvous_timeout.count() > 0
+                                               ? options_.communicator.rendezvous_timeout
+                                               : options_.timeout;
+  CommunicatorOptions communicator_options;
+  std::string settings_error;
+  try {
+    communicator_options = CommunicatorOptionsFromEnvironment(options_.communicator, options_.timeout);
+  } catch (const InvalidArgumentError& e) {
+    settings_error = e.what();
+  }
+  std::shared_ptr<Store> rendezvous_store = WrapC10dStore(store);
+  if (size > 1) {
+    AgreeOnSharedSettings(*rendezvous_store, rank, size,
+                          settings_error.empty() ? SharedSettings(communicator_options, options_.allreduce_policy,
+                                                                  options_.allreduce_policy_source)
+                                                 : std::vector<SharedSetting>{},
+                          settings_error, budget);
+  } else if (!settings_error.empty()) {
+    throw InvalidArgumentError(settings_error);
+  }
+  communicator_options.rendezvous_timeout = std::max(
+      budget - std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started),
+      std::chrono::milliseconds(1));
+  communicator_ = Communicator::Create(rendezvous_store, rank, size, std::move(communicator_options));
   executor_ = std::make_shared<CallbackExecutor>("gossipcc completions of rank " + std::to_string(rank));
   lane_ = std::make_unique<OpLane>("gossipcc algorithms");
   async_lane_ = std::make_unique<OpLane>("gossipcc asynchronous bilateral exchange");

@@ -53,7 +53,15 @@ struct ProcessGroupOptions {
   // How DDP's gradient buckets are all-reduced (see allreduce_policy.h). Plain allreduce
   // calls are always exact; the policy is applied by the gossipcc Python package's DDP hook.
   AllreducePolicy allreduce_policy;
-  // Transport settings; timeout is taken from `timeout` above.
+  // Where allreduce_policy came from, as the check at construction names it when ranks differ:
+  // "GOSSIPCC_ALLREDUCE" or "gossipcc.configure(allreduce=...)" (the Python package's); empty:
+  // "ProcessGroupOptions::allreduce_policy".
+  std::string allreduce_policy_source;
+  // Transport settings; timeout is taken from `timeout` above. Construction applies the
+  // environment over them (communicator_environment.h), then checks, through the store, that
+  // every rank has the same values of the settings that must agree (the policy, lanes, ...): a
+  // rank that differs, or whose settings are invalid, fails construction on every rank, naming
+  // the variable and each rank's value.
   CommunicatorOptions communicator;
 };
 

@@ -16,6 +16,7 @@
 #include "algorithms/uneven_allreduce_sgd.h"
 #include "comm/errors.h"
 #include "compression/power_sgd.h"
+#include "torch_backend/communicator_environment.h"
 #include "torch_backend/tensor_buffer.h"
 #include "torch_backend/process_group_gossipcc.h"
 
@@ -28,7 +29,8 @@ namespace {
 c10::intrusive_ptr<ProcessGroupGossipcc> CreateProcessGroup(const c10::intrusive_ptr<::c10d::Store>& store,
                                                             int rank, int size, std::chrono::milliseconds timeout,
                                                             const std::string& allreduce_policy,
-                                                            std::optional<std::chrono::milliseconds> rendezvous_timeout) {
+                                                            std::optional<std::chrono::milliseconds> rendezvous_timeout,
+                                                            const std::string& allreduce_policy_source) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw InvalidArgumentError("gossipcc: rank " + std::to_string(rank) + " is not in a world of size " +
                                std::to_string(size));
@@ -36,6 +38,7 @@ c10::intrusive_ptr<ProcessGroupGossipcc> CreateProcessGroup(const c10::intrusive
   ProcessGroupOptions options;
   if (timeout.count() > 0) options.timeout = timeout;
   options.allreduce_policy = AllreducePolicy::Parse(allreduce_policy);
+  options.allreduce_policy_source = allreduce_policy_source;
   // What init_process_group has left of its timeout (gossipcc/__init__.py): the rendezvous
   // ends within it. At least 1 ms, so that a late rank still gets a chance to connect.
   if (rendezvous_timeout) options.communicator.rendezvous_timeout = std::max(*rendezvous_timeout, std::chrono::milliseconds(1));
@@ -182,13 +185,46 @@ PYBIND11_MODULE(_C, m) {
           return p.powersgd.ToString();
         },
         "The PowerSGD options string of a \"powersgd:...\" policy.");
+  m.def("environment_variables",
+        [] {
+          py::list out;
+          for (const EnvironmentVariable& v : EnvironmentVariables()) {
+            py::dict d;
+            d["name"] = v.name;
+            d["default"] = v.default_value;
+            d["agree"] = v.must_agree;
+            out.append(d);
+          }
+          return out;
+        },
+        "Every environment variable the backend reads: [{name, default, agree}], as docs/pytorch.md lists them.");
+  m.def("check_environment",
+        [] {
+          py::list out;
+          for (const EnvironmentFinding& f : CheckEnvironment()) {
+            py::dict d;
+            d["name"] = f.name;
+            d["value"] = f.value;
+            d["error"] = f.error;
+            d["note"] = f.note;
+            out.append(d);
+          }
+          return out;
+        },
+        "Every backend variable that is set, checked as creating a process group checks it: "
+        "[{name, value, error (empty: valid), note}].");
 
   py::class_<ProcessGroupGossipcc, C10dBackendBase, c10::intrusive_ptr<ProcessGroupGossipcc>>(
       m, "ProcessGroupGossipcc")
       .def(py::init(&CreateProcessGroup), py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-           py::arg("allreduce_policy") = "exact", py::arg("rendezvous_timeout") = py::none())
+           py::arg("allreduce_policy") = "exact", py::arg("rendezvous_timeout") = py::none(),
+           py::arg("allreduce_policy_source") = "")
       .def_property_readonly("allreduce_policy",
                              [](const ProcessGroupGossipcc& pg) { return pg.options().allreduce_policy.ToString(); })
+      .def_property_readonly(
+          "allreduce_policy_source",
+          [](const ProcessGroupGossipcc& pg) { return pg.options().allreduce_policy_source; },
+          "Where the policy came from: \"GOSSIPCC_ALLREDUCE\", \"gossipcc.configure(allreduce=...)\" or \"\".")
       .def("traffic",
            [](ProcessGroupGossipcc& pg) {
              TrafficCounters t = pg.communicator().traffic();

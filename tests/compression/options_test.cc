@@ -70,6 +70,18 @@ TEST(PowerSGDOptionsTest, AcceptsPyTorchNamesAndSpaces) {
   EXPECT_EQ(full.start_powerSGD_iter, 10);
 }
 
+TEST(PowerSGDOptionsTest, KeysAndWordsMatchInAnyCase) {
+  const PowerSGDOptions o = ParsePowerSGDOptions("Rank=3,START_powerSGD_ITER=7,Warm_Start=FALSE,NonFinite=Error");
+  EXPECT_EQ(o.matrix_approximation_rank, 3);
+  EXPECT_EQ(o.start_powerSGD_iter, 7);
+  EXPECT_FALSE(o.warm_start);
+  EXPECT_EQ(o.nonfinite, NonFinitePolicy::kError);
+  EXPECT_EQ(o.ToString(), ParsePowerSGDOptions("rank=3,start_iter=7,warm_start=0,nonfinite=error").ToString());
+  // One key in two spellings is still one key given twice; an unknown key is named as written.
+  EXPECT_NE(ErrorOf("rank=2,RANK=3").find("key \"rank\" given twice"), std::string::npos) << ErrorOf("rank=2,RANK=3");
+  EXPECT_NE(ErrorOf("Rnak=2").find("unknown key \"Rnak\"; valid keys: rank"), std::string::npos) << ErrorOf("Rnak=2");
+}
+
 TEST(PowerSGDOptionsTest, RejectsBadStringsListingTheValidKeys) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"rank=0", "rank must be in [1, 1048576]"},

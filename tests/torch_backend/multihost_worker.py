@@ -72,9 +72,9 @@ def main():
 
         record["ddp"] = train(None)
         if backend == "gossipcc":
-            gossipcc.configure(allreduce="powersgd:rank=1,start_iter=2,min_compression_rate=0")
+            gossipcc.configure(allreduce="powersgd:rank=1,start_iter=2,min_compression_rate=0", new_groups_only=True)
             powersgd_group = dist.new_group(backend="gossipcc")
-            gossipcc.configure(allreduce=None)
+            gossipcc.configure(allreduce=None, new_groups_only=True)
             record["ddp_powersgd"] = train(powersgd_group)
             backend_object = gossipcc.get_backend_object()
             x = torch.full((5,), float(rank))

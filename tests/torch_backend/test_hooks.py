@@ -188,3 +188,30 @@ def gossip_worker(rank, world_size):
 def test_gossip_hook_trains_and_keeps_replicas_close():
     results = run_ranks(gossip_worker, 4, timeout=150)
     print("relative disagreement of replicas (gossip, local only):", results[0])
+
+
+def user_hook_under_policy_worker(rank, world_size):
+    import gossipcc  # noqa: F401
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=30))
+    model = DDP(torch.nn.Linear(4, 4))
+    try:
+        model.register_comm_hook(None, default_hooks.allreduce_hook)
+        outcome = "registered"
+    except RuntimeError as e:
+        outcome = str(e)
+    dist.destroy_process_group()
+    return outcome
+
+
+def test_user_comm_hook_under_powersgd_policy_is_refused_naming_the_policy():
+    # DDP takes one comm hook and gossipcc registered one for the policy: the error says so,
+    # where the policy was set, and how to use one's own hook.
+    for msg in run_ranks(user_hook_under_policy_worker, 2, env={"GOSSIPCC_ALLREDUCE": "powersgd:rank=1"}):
+        assert "register_comm_hook(allreduce_hook): this DDP model already has a comm hook, which gossipcc " \
+               "registered" in msg, msg
+        assert "policy is 'powersgd:rank=1," in msg and "(from GOSSIPCC_ALLREDUCE)" in msg, msg
+        assert "GOSSIPCC_ALLREDUCE=exact" in msg, msg
+    # Under "exact" the user's hook is DDP's only one.
+    assert run_ranks(user_hook_under_policy_worker, 2, env={"GOSSIPCC_ALLREDUCE": "exact"}) == ["registered"] * 2

@@ -76,6 +76,12 @@ def test_torchrun(tmp_path, launcher):
 
 def test_policy_strings():
     import gossipcc
+    # Any case, normalised to lower case; keys too (PyTorch's long names included).
+    assert gossipcc._C.parse_allreduce_policy("POWERSGD:Rank=2,START_powerSGD_ITER=10") == \
+        gossipcc._C.parse_allreduce_policy("powersgd:rank=2,start_iter=10")
+    assert gossipcc._C.parse_allreduce_policy(" Exact ") == "exact"
+    with pytest.raises(gossipcc.InvalidArgumentError, match='unknown key "rnak"; valid keys: rank '):
+        gossipcc._C.parse_allreduce_policy("PowerSGD:rnak=2")
     assert gossipcc._C.parse_allreduce_policy("exact") == "exact"
     assert gossipcc._C.parse_allreduce_policy(" powersgd ").startswith("powersgd:rank=1,start_iter=1000")
     assert gossipcc._C.parse_allreduce_policy("powersgd:rank=2,start_iter=10").startswith(
@@ -152,8 +158,9 @@ def mixed_connection_worker(rank, world_size):
 def test_connection_per_direction_variable_reaches_every_rank():
     # Proves the variable is applied: ranks that set it differently fail at init, both naming it.
     results = run_ranks(mixed_connection_worker, 2)
-    assert "p2p_connection_per_direction is false here but true on rank(s) 1" in results[0], results[0]
-    assert "p2p_connection_per_direction is true here but false on rank(s) 0" in results[1], results[1]
+    for r, msg in enumerate(results):
+        assert f"rank {r} of 2: GOSSIPCC_P2P_CONNECTION_PER_DIRECTION differs across ranks: rank 0: '0', " \
+               "rank 1: '1'" in msg, msg
 
 
 def mixed_lanes_worker(rank, world_size):
@@ -162,11 +169,15 @@ def mixed_lanes_worker(rank, world_size):
 
 
 def test_collective_lanes_variable_reaches_every_rank():
+    # The variable, not CommunicatorOptions::collective_lanes, is what the user set: named.
     results = run_ranks(mixed_lanes_worker, 2)
-    assert "collective_lanes is 1 here but 2 on rank(s) 1" in results[0], results[0]
-    assert "collective_lanes is 2 here but 1 on rank(s) 0" in results[1], results[1]
-    for msg in run_ranks(bad_policy_worker, 2, env={"GOSSIPCC_COLLECTIVE_LANES": "0"}):
-        assert "collective_lanes must be in [1, 8], got 0" in msg, msg
+    for msg in results:
+        assert "GOSSIPCC_COLLECTIVE_LANES differs across ranks: rank 0: '1', rank 1: '2'" in msg, msg
+        assert "CommunicatorOptions" not in msg, msg
+    for value in ("0", "99"):
+        for msg in run_ranks(bad_policy_worker, 2, env={"GOSSIPCC_COLLECTIVE_LANES": value}):
+            assert f"GOSSIPCC_COLLECTIVE_LANES='{value}': out of range: collective_lanes must be in [1, 8], " \
+                   f"got {value}" in msg, msg
 
 
 def test_cuda_device_variable_reaches_the_communicator():
@@ -175,12 +186,14 @@ def test_cuda_device_variable_reaches_the_communicator():
     import torch
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: NCCL init would succeed (covered by the CUDA tests)")
-    results = run_ranks(bad_policy_worker, 2, env={"GOSSIPCC_CUDA_DEVICE": "0"})
-    for msg in results:
-        assert "cuda:0" in msg and ("no such CUDA device" in msg or "built without CUDA" in msg), msg
-    # A number that is no device: refused by the Communicator before it connects.
+    for device in ("0", "5"):
+        for msg in run_ranks(bad_policy_worker, 2, env={"GOSSIPCC_CUDA_DEVICE": device}):
+            assert f"GOSSIPCC_CUDA_DEVICE='{device}': " in msg, msg
+            assert f"no such CUDA device cuda:{device}: 0 visible" in msg or \
+                f"cuda:{device} cannot be used: this gossipcc was built without CUDA" in msg, msg
+    # A number that is no device: refused before anything connects.
     for msg in run_ranks(bad_policy_worker, 2, env={"GOSSIPCC_CUDA_DEVICE": "-2"}):
-        assert "cuda_device must be a CUDA device ordinal" in msg and "-2" in msg, msg
+        assert "GOSSIPCC_CUDA_DEVICE='-2': out of range: cuda_device must be a CUDA device ordinal" in msg, msg
 
 
 def test_checks_and_connection_per_direction_can_be_turned_off():
@@ -231,7 +244,8 @@ def packed_on_rank_0_worker(rank, world_size):
 def test_lossless_packing_keeps_the_bits_and_every_rank_must_agree():
     assert run_ranks(packed_worker, 3, env={"GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE": "1"}) == ["same bits"] * 3
     for msg in run_ranks(packed_on_rank_0_worker, 2):
-        assert "lossless_float32_allreduce" in msg and "every rank must use the same setting" in msg, msg
+        assert "GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE differs across ranks: rank 0: '1', rank 1: '0' (unset); " \
+               "every rank must use the same value" in msg, msg
     for msg in run_ranks(bad_policy_worker, 2, env={"GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE": "yes"}):
         assert "GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE must be 0 or 1, got 'yes'" in msg, msg
 
@@ -425,3 +439,84 @@ def test_ordering_wait_then_missing_peer_fails_within_one_timeout_of_the_call():
     _check_within_one_timeout("ordering wait, then a missing peer", took, outcome)
     print(f"\nordering wait, then a missing peer: failed {took:.2f} s after the call (timeout {ORDERING_TIMEOUT_S} s): "
           f"{outcome}")
+
+
+def settings_worker(rank, world_size, env_by_rank, configure_by_rank=None):
+    """init_process_group with this rank's variables (and gossipcc.configure), then a DDP step:
+    the error's text, or "trained"."""
+    os.environ.update(env_by_rank[rank])
+    import gossipcc
+    if configure_by_rank and configure_by_rank[rank] is not None:
+        gossipcc.configure(allreduce=configure_by_rank[rank])
+    try:
+        dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=30))
+    except Exception as e:  # noqa: BLE001
+        return "init: " + str(e)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+    try:
+        model(torch.ones(2, 4)).sum().backward()
+    except Exception as e:  # noqa: BLE001
+        return "step: " + str(e)
+    finally:
+        dist.destroy_process_group()
+    return "trained"
+
+
+def test_policy_that_differs_fails_init_on_every_rank_naming_it():
+    results = run_ranks(settings_worker, 2, [{}, {"GOSSIPCC_ALLREDUCE": "PowerSGD:rank=2"}])
+    for r, msg in enumerate(results):
+        assert msg.startswith("init: ") and f"rank {r} of 2: GOSSIPCC_ALLREDUCE differs across ranks: " \
+            "rank 0: 'exact' (unset), rank 1: 'powersgd:rank=2'; every rank must use the same value" in msg, msg
+    # Set in different places: each rank's says where.
+    results = run_ranks(settings_worker, 2, [{"GOSSIPCC_ALLREDUCE": "exact"}, {}], [None, "powersgd:rank=2"])
+    for msg in results:
+        assert "GOSSIPCC_ALLREDUCE / gossipcc.configure(allreduce=...) differs across ranks: rank 0: 'exact' " \
+               "(GOSSIPCC_ALLREDUCE), rank 1: 'powersgd:rank=2' (gossipcc.configure(allreduce=...))" in msg, msg
+    # The same policy spelt differently is the same policy.
+    same = [{"GOSSIPCC_ALLREDUCE": "powersgd:rank=1,start_iter=1000"}, {"GOSSIPCC_ALLREDUCE": "POWERSGD"}]
+    assert run_ranks(settings_worker, 2, same) == ["trained", "trained"]
+
+
+def test_verify_collectives_must_agree():
+    # Off on one rank only, that rank skips the signature exchange its peer waits for.
+    results = run_ranks(settings_worker, 2, [{"GOSSIPCC_VERIFY_COLLECTIVES": "0"}, {}])
+    for msg in results:
+        assert "GOSSIPCC_VERIFY_COLLECTIVES differs across ranks: rank 0: '0', rank 1: '1' (unset)" in msg, msg
+
+
+def test_invalid_setting_on_one_rank_fails_every_rank_at_once():
+    # Rank 0 learns it from rank 1's record in the store, naming the variable (it used to wait
+    # out the timeout and report that rank 1 never arrived).
+    results = run_ranks(settings_worker, 2, [{}, {"GOSSIPCC_COLLECTIVE_LANES": "99"}])
+    assert "GOSSIPCC_COLLECTIVE_LANES='99': out of range" in results[1], results[1]
+    assert "rank 0 of 2: the settings of another rank are invalid, so this group cannot be created: rank 1: " \
+           "GOSSIPCC_COLLECTIVE_LANES='99': out of range: collective_lanes must be in [1, 8], got 99" in results[0], \
+        results[0]
+
+
+def configure_after_init_worker(rank, world_size):
+    import gossipcc
+    dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        gossipcc.configure(allreduce="powersgd:rank=2")
+        raised = "no error"
+    except RuntimeError as e:
+        raised = str(e)
+    assert gossipcc.allreduce_policy() == "exact"  # the refused call changed nothing
+    # Meant for groups created afterwards: said so, and only those get it.
+    gossipcc.configure(allreduce="powersgd:rank=2", new_groups_only=True)
+    group = dist.new_group(backend="gossipcc")
+    policies = (gossipcc.get_backend_object().allreduce_policy, gossipcc.get_backend_object(group).allreduce_policy)
+    gossipcc.configure(allreduce=None, new_groups_only=True)
+    dist.destroy_process_group()
+    gossipcc.configure(allreduce=None)  # no group left: allowed
+    return raised, policies
+
+
+def test_configure_after_init_raises():
+    for raised, (default_policy, new_policy) in run_ranks(configure_after_init_worker, 2):
+        assert "gossipcc.configure(allreduce='powersgd:rank=2') after init_process_group" in raised, raised
+        assert "keeps the policy it was created with ('exact')" in raised and "new_groups_only=True" in raised, raised
+        assert default_policy == "exact" and new_policy.startswith("powersgd:rank=2,"), (default_policy, new_policy)

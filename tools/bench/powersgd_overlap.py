@@ -114,7 +114,7 @@ def worker(args):
     policy = f"powersgd:rank={args.psgd_rank},start_iter={args.start_iter}"
     gossipcc.configure(allreduce=policy)
     overlap_group = dist.new_group(backend="gossipcc", timeout=timeout)
-    gossipcc.configure(allreduce="exact")
+    gossipcc.configure(allreduce="exact", new_groups_only=True)  # overlap_group keeps its policy
     plain_group = dist.new_group(backend="gossipcc", timeout=timeout)  # blocking hook and comm alone
     plain_backend = gossipcc.get_backend_object(plain_group)
     options = _C.powersgd_policy_options(policy)

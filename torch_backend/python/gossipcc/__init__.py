@@ -8,6 +8,7 @@
 CPU tensors travel over Gloo, CUDA tensors over NCCL. How DistributedDataParallel all-reduces
 its gradient buckets is the *allreduce policy*: ``configure(allreduce=...)`` before
 ``init_process_group``, else the ``GOSSIPCC_ALLREDUCE`` environment variable, else ``"exact"``.
+Every rank must use the same policy (``init_process_group`` fails on every rank otherwise).
 See docs/pytorch.md.
 
 Training wrappers (docs/algorithms.md): ``GossipDataParallel`` (SGP, OSGP, D-PSGD),
@@ -34,25 +35,48 @@ BACKEND_NAME = "gossipcc"
 ENV_ALLREDUCE = "GOSSIPCC_ALLREDUCE"
 
 _configured = {"allreduce": None}
+CONFIGURE_SOURCE = "gossipcc.configure(allreduce=...)"
 
 
-def configure(allreduce=None):
-    """Sets the backend's options for process groups created after this call.
+def configure(allreduce=None, *, new_groups_only=False):
+    """Sets the backend's options for process groups created after this call; call it before
+    ``init_process_group``.
 
-    allreduce: policy string, e.g. "exact" or "powersgd:rank=2,start_iter=10". Validated now;
-    it takes precedence over the GOSSIPCC_ALLREDUCE environment variable.
+    allreduce: policy string, e.g. "exact" or "powersgd:rank=2,start_iter=10" (any case; None:
+    back to GOSSIPCC_ALLREDUCE, else "exact"). Validated now; it takes precedence over the
+    GOSSIPCC_ALLREDUCE environment variable. Every rank must configure the same policy: a group
+    whose ranks differ fails its creation on every rank, naming each rank's policy.
+
+    A group's policy is fixed when the group is created (DDP models read it when they are
+    built), so while a gossipcc process group exists this raises RuntimeError: the call would
+    change nothing for that group. ``new_groups_only=True`` says that is meant: the policy then
+    applies to groups created afterwards (``dist.new_group(backend="gossipcc")``) and the
+    existing ones keep theirs (``get_backend_object(group).allreduce_policy``).
     """
     if allreduce is not None:
         _C.parse_allreduce_policy(allreduce)
+    if _live_backends and not new_groups_only:
+        policies = sorted({b.allreduce_policy for b in _live_backends.values()})
+        raise RuntimeError(
+            f"gossipcc.configure(allreduce={allreduce!r}) after init_process_group: a gossipcc process group "
+            f"exists already and keeps the policy it was created with ({', '.join(map(repr, policies))}), so "
+            "this call would change nothing for it. Call gossipcc.configure() before "
+            "dist.init_process_group(), or pass new_groups_only=True to set the policy of groups created "
+            "afterwards (dist.new_group(backend=\"gossipcc\"))")
     _configured["allreduce"] = allreduce
 
 
+def _policy_and_source():
+    """(policy text, where it comes from) for a group created now."""
+    if _configured["allreduce"] is not None:
+        return _configured["allreduce"], CONFIGURE_SOURCE
+    return os.environ.get(ENV_ALLREDUCE) or "exact", ENV_ALLREDUCE
+
+
 def allreduce_policy():
-    """The policy a process group created now would get (normal form)."""
-    text = _configured["allreduce"]
-    if text is None:
-        text = os.environ.get(ENV_ALLREDUCE, "exact")
-    return _C.parse_allreduce_policy(text)
+    """The policy a process group created now would get (normal form). An existing group's:
+    ``get_backend_object(group).allreduce_policy``."""
+    return _C.parse_allreduce_policy(_policy_and_source()[0])
 
 
 # Every gossipcc backend created and not yet shut down, by id. destroy_process_group and
@@ -69,7 +93,8 @@ def _create_backend(store, rank, size, timeout):
     if started is not None:
         rendezvous_timeout = max(timeout - datetime.timedelta(seconds=time.monotonic() - started),
                                  datetime.timedelta(seconds=1))
-    backend = ProcessGroupGossipcc(store, rank, size, timeout, allreduce_policy(), rendezvous_timeout)
+    policy, source = _policy_and_source()
+    backend = ProcessGroupGossipcc(store, rank, size, timeout, policy, rendezvous_timeout, source)
     _live_backends[id(backend)] = backend
     return backend
 

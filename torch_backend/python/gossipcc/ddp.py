@@ -2,7 +2,9 @@
 
 With policy "exact" nothing changes: DDP all-reduces its buckets through the backend. With a
 "powersgd" policy, every DDP model built on a gossipcc process group gets a comm hook that
-compresses its gradient buckets with gossipcc's native PowerSGD collective.
+compresses its gradient buckets with gossipcc's native PowerSGD collective; DDP takes one comm
+hook, so the user's own register_comm_hook on such a model raises a RuntimeError that names the
+policy, where it was set, and how to use one's own hook (the policy "exact").
 
 Registering one of torch's PowerSGD hooks (`powerSGD_hook`, `batched_powerSGD_hook`, also inside
 `fp16_compress_wrapper` / `bf16_compress_wrapper`) on a DDP model of a gossipcc group turns on the
@@ -69,8 +71,25 @@ def _issues_collectives_in_callbacks(hook):
     return visit(hook, 0)
 
 
+def _refuse_second_hook(ddp_model, hook):
+    """DDP takes one comm hook; under a powersgd policy gossipcc has registered one already."""
+    state = getattr(ddp_model, "_gossipcc_policy_state", None)
+    if state is None:
+        return
+    backend = state.backend
+    source = backend.allreduce_policy_source or "the process group's options"
+    name = getattr(hook, "__qualname__", None) or repr(hook)
+    raise RuntimeError(
+        f"DistributedDataParallel.register_comm_hook({name}): this DDP model already has a comm hook, which "
+        f"gossipcc registered when the model was built because the group's allreduce policy is "
+        f"{backend.allreduce_policy!r} (from {source}); DDP takes one comm hook. To use your own hook, "
+        "set the policy to 'exact' before init_process_group (GOSSIPCC_ALLREDUCE=exact, or "
+        "gossipcc.configure(allreduce=\"exact\")); to keep gossipcc's PowerSGD, do not register a hook")
+
+
 @functools.wraps(_original_register_comm_hook)
 def _register_comm_hook(self, state, hook, *args, **kwargs):
+    _refuse_second_hook(self, hook)
     result = _original_register_comm_hook(self, state, hook, *args, **kwargs)
     if _issues_collectives_in_callbacks(hook):
         # DDP's group, and the hook's own if its state names another one.
