@@ -526,7 +526,7 @@ def misuse_worker(rank, world_size):
 
     # outer_sync is case-insensitive; ranks spelling it differently agree.
     spellings = {}
-    for text in ("EXACT" if rank == 0 else "exact", "Gossip", "PowerSGD:rank=2", "Quantized:Bits=8"):
+    for text in ("EXACT" if rank == 0 else "exact", "Gossip", "PowerSGD:Rank=2", "Quantized:Bits=8"):
         model = make_model(0)
         spellings[text] = gossipcc.DiLoCo(model, _adamw(model.parameters()), outer_sync=text).outer_sync
     out["spellings"] = spellings
@@ -544,5 +544,5 @@ def test_misuse_is_refused_on_every_rank_saying_what_to_do():
         assert out["swapped synchronised"] == [0], out["swapped synchronised"]
         assert out["scheduled lrs"] == (4e-4 / 16, OUTER_LR / 4, [2]), out["scheduled lrs"]
         first = "EXACT" if rank == 0 else "exact"
-        assert out["spellings"] == {first: "exact", "Gossip": "gossip", "PowerSGD:rank=2": "powersgd:rank=2",
+        assert out["spellings"] == {first: "exact", "Gossip": "gossip", "PowerSGD:Rank=2": "powersgd:rank=2",
                                     "Quantized:Bits=8": "quantized:bits=8"}, out["spellings"]

@@ -66,11 +66,10 @@ residuals); save the model and the inner
 optimizer beside it, as for any optimizer. A run resumed from them continues bit for bit.
 """
 import hashlib
+import types
 
 import torch
 import torch.distributed as dist
-
-import types
 
 from ._wrapper_utils import check_params, flatten, global_rank, refuse_ddp, unflatten_into
 
@@ -86,7 +85,7 @@ def _option_keys(rest):
 def _parse_outer_sync(text):
     """(kind, PowerSGD options string or quantized bits, normal form) of an outer_sync string;
     ValueError naming what is wrong. Case-insensitive; the normal form is lower-case (PowerSGD's
-    options are passed on as given: their parser ignores case too)."""
+    options go to their parser as given: it ignores the case of keys too)."""
     if not isinstance(text, str):
         raise ValueError(f"DiLoCo: outer_sync must be a string, got {type(text).__name__}")
     name, _, rest = text.strip().partition(":")
@@ -102,7 +101,7 @@ def _parse_outer_sync(text):
         # The outer step is rare: compress from the first one.
         given_start = "start_iter" in keys or "start_powersgd_iter" in keys
         options = rest if given_start else rest + ",start_iter=0"
-        return _POWERSGD, options, "powersgd:" + rest
+        return _POWERSGD, options, "powersgd:" + rest.lower()
     if name == "quantized":
         keys = _option_keys(rest)
         unknown = sorted(set(keys) - {"bits"})
