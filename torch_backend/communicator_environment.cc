@@ -423,9 +423,9 @@ void AgreeOnSharedSettings(Store& store, int rank, int size, const std::vector<S
   }
   if (!missing.empty()) {
     throw TimeoutError(absl::StrCat(where, "rendezvous did not complete within ", timeout.count(), " ms: ",
-                                    RanksWord(missing.size()), RankList(missing),
-                                    " never published their settings (did every rank start and call "
-                                    "init_process_group?)"));
+                                    RanksWord(missing.size()), RankList(missing), " never published ",
+                                    missing.size() == 1 ? "its" : "their",
+                                    " settings (did every rank start and call init_process_group?)"));
   }
   std::vector<std::string> invalid;
   for (int r = 0; r < size; ++r) {

@@ -33,9 +33,13 @@ def test_help():
 
 def test_valid_settings_exit_zero():
     out = run_info(GOSSIPCC_ALLREDUCE="POWERSGD:Rank=2", GOSSIPCC_COLLECTIVE_LANES="4",
-                   GOSSIPCC_POWERSGD_CPU_KERNELS="Baseline", GOSSIPCC_SOCKET_IFNAME="lo")
+                   GOSSIPCC_POWERSGD_CPU_KERNELS="Baseline", GOSSIPCC_SOCKET_IFNAME="lo",
+                   GLOO_SOCKET_IFNAME="nosuchif0")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "every setting is valid" in out.stdout, out.stdout
+    # gossipcc listens on GOSSIPCC_SOCKET_IFNAME then: gloo's variable is not its to check.
+    assert "GLOO_SOCKET_IFNAME                     = nosuchif0   (not used: GOSSIPCC_SOCKET_IFNAME is set)" \
+        in out.stdout, out.stdout
     assert re.search(r"GOSSIPCC_ALLREDUCE +  = POWERSGD:Rank=2\n", out.stdout), out.stdout
 
 

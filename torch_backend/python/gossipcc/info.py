@@ -41,22 +41,18 @@ TOOL_VARIABLES = {
 }
 
 
-def check_environment(environ=None):
+def check_environment():
     """Every variable of ENVIRONMENT that is set, and every other GOSSIPCC_* variable, as dicts
     {name, value, status, message}: status "ok", "invalid" (message: why, as creating a process
     group would say it), "unused" (message: which variable takes precedence), "unknown" (a
     GOSSIPCC_* name gossipcc does not read; message: the closest it does) or "tool" (read by
     gossipcc's tools, not by the package). The backend's variables are checked by the extension,
-    with the code that checks them when a process group is created; `environ` defaults to
-    os.environ (the extension reads the process environment, so a different `environ` checks
-    only the names)."""
-    environ = os.environ if environ is None else environ
+    with the code that checks them when a process group is created."""
+    environ = os.environ
     found = []
-    if environ is os.environ:
-        for f in _C.check_environment():
-            status = "invalid" if f["error"] else "unused" if f["note"] else "ok"
-            found.append({"name": f["name"], "value": f["value"], "status": status,
-                          "message": f["error"] or f["note"]})
+    for f in _C.check_environment():
+        status = "invalid" if f["error"] else "unused" if f["note"] else "ok"
+        found.append({"name": f["name"], "value": f["value"], "status": status, "message": f["error"] or f["note"]})
     known = {v["name"] for v in ENVIRONMENT}
     value = environ.get("USE_LIBUV")
     if value:
