@@ -1,4 +1,4 @@
-"""``python3 -m gossipcc.torchrun ...``: torch.distributed.run (torchrun), usable on Debian bookworm.
+"""``/usr/bin/python3 -m gossipcc.torchrun ...``: torch.distributed.run (torchrun), usable on Debian bookworm.
 
 torch 1.13's launcher fails on Python >= 3.11 before starting any worker ("'NoneType' object
 has no attribute 'get'"): its Std.from_str looks flags up by iterating the IntFlag, which on
