@@ -12,7 +12,7 @@ rank, world = dist.get_rank(), dist.get_world_size()
 
 torch.manual_seed(0)  # DiLoCo needs the same initial model on every rank
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
+inner = torch.optim.AdamW(model.parameters(), lr=5e-3)
 outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
 diloco = gossipcc.DiLoCo(model, inner, outer, sync_every=10)
 teacher = torch.nn.Linear(32, 4)
