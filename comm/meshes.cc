@@ -65,13 +65,15 @@ void Meshes::AgreeOnSharedOptions(const CommunicatorOptions& options) {
     const char* name;
     bool is_flag;  // shown as true/false, else as a number
   };
-  static constexpr std::array<Agreed, 3> kAgreed = {{{"p2p_connection_per_direction", true},
+  static constexpr std::array<Agreed, 4> kAgreed = {{{"p2p_connection_per_direction", true},
                                                      {"collective_lanes", false},
-                                                     {"lossless_float32_allreduce", true}}};
+                                                     {"lossless_float32_allreduce", true},
+                                                     {"verify_collectives", true}}};
   const std::array<uint8_t, kAgreed.size()> mine = {
       static_cast<uint8_t>(options.p2p_connection_per_direction ? 1 : 0),
       static_cast<uint8_t>(options.collective_lanes),
-      static_cast<uint8_t>(options.lossless_float32_allreduce ? 1 : 0)};
+      static_cast<uint8_t>(options.lossless_float32_allreduce ? 1 : 0),
+      static_cast<uint8_t>(options.verify_collectives ? 1 : 0)};
   std::vector<uint8_t> all(mine.size() * size_);
   const std::string where = absl::StrCat("rank ", rank_, " of ", size_, ": ");
   CollectiveScratch scratch;

@@ -547,6 +547,21 @@ TEST(CollectiveLanesOptionTest, RanksThatDisagreeFailAtCreation) {
       "collective_lanes", [&](int rank) { return std::string(expected[rank]); });
 }
 
+// A rank that skips the signature check would leave its peers waiting for its header (a 4 MiB
+// all-reduce hung both ranks past the timeout): every rank fails at creation instead.
+TEST(VerifyCollectivesOptionTest, RanksThatDisagreeFailAtCreation) {
+  ExpectCreateFailsOnEveryRank(
+      3,
+      [](int rank) {
+        CommunicatorOptions options;
+        options.verify_collectives = rank != 2;
+        return options;
+      },
+      "verify_collectives", [](int rank) {
+        return std::string(rank == 2 ? "is false here but true on rank(s) 0, 1;" : "is true here but false on rank(s) 2;");
+      });
+}
+
 // 64 MB per rank: the size where chunking, segmenting and socket buffers all matter.
 // Under sanitizers 16 MB (kLargeBytes), still far above every size threshold (eager 128 KiB,
 // direct all-reduce 512 KiB, direct slice 4 MiB): the ring all-reduce has 4 segments of 1 MiB
