@@ -1,7 +1,9 @@
 """GossipDataParallel (SGP, OSGP, D-PSGD) on 4 CPU ranks: consensus without training (the
 de-biased parameters reach the exact mean, sums conserved), training (loss falls, push-sum
 weights sum to the world size every step, also with a round in flight), forced averaging
-(bitwise equal), checkpoint resume (bitwise identical continuation) and bad arguments."""
+(bitwise equal), checkpoint resume (bitwise identical continuation), every rank's parameters
+and push-sum weight after a few training steps against a simulation of each algorithm's update
+computed in the test (OSGP at staleness 1, 2 and 3), and bad arguments."""
 import copy
 
 import pytest
@@ -105,6 +107,7 @@ def worker(rank, world_size):
     for name, config in CONFIGS.items():
         consensus(rank, config)
         results[name] = training(rank, config)
+    results["simulated"] = {name: simulated(rank, name) for name in SIM_CONFIGS}
     results["buffers"] = buffers_averaged(rank)
     results["subgroup"] = subgroup(rank)
     results["bad_arguments"] = bad_arguments(rank)
@@ -229,3 +232,130 @@ def test_documented_synch_freq_default_is_the_signatures():
     stated = re.findall(r"default\s+synch_freq=(\d+)", gossip.__doc__)
     assert stated == [str(default)], (default, stated)
     assert f"synch_freq={default}" in re.search(r"GossipDataParallel\(module,[^)]*\)", gossip.__doc__).group(0)
+
+
+# ------------------------------------------------------------------ against a simulation
+# Every rank's parameters (and push-sum weight) after a few training steps, compared with the
+# algorithm's update simulated here for all ranks in one process: the peer schedule is asked
+# from the extension (peer_graph_out_peers), the mixing (uniform push-sum shares 1/(|out|+1),
+# Metropolis weights 1/(1 + max(d_i, d_j))), the de-biasing and OSGP's fold are computed here.
+PATH = "edges:0>1,1>0,1>2,2>1,2>3,3>2"  # undirected, degrees 1, 2, 2, 1: non-uniform Metropolis weights
+SIM_STEPS, SIM_LR = 7, 0.2
+SIM_CONFIGS = {
+    "sgp_exponential": dict(algorithm="sgp"),                       # time-varying graph (period 2)
+    "sgp_irregular": dict(algorithm="sgp", graph=IRREGULAR),         # weights move away from 1
+    "osgp_stale1": dict(algorithm="osgp", graph=IRREGULAR, synch_freq=1),
+    "osgp_stale2": dict(algorithm="osgp", graph=IRREGULAR, synch_freq=2),
+    "osgp_stale3_exponential": dict(algorithm="osgp", synch_freq=3),
+    "dpsgd_path": dict(algorithm="dpsgd", graph=PATH),
+}
+
+
+def sim_model(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).double()
+
+
+def sim_batch(rank, step):
+    g = torch.Generator().manual_seed(500 + 31 * step + rank)
+    x = torch.randn(8, 6, generator=g, dtype=torch.float64)
+    return x, (x[:, :3] @ torch.ones(3, 3, dtype=torch.float64) + x[:, 3:]).argmax(1)
+
+
+def sim_sgd_step(z, rank, step):
+    """The parameters after one plain SGD step from the flat parameters z on (rank, step)'s batch."""
+    net = sim_model(0)
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(z, net.parameters())
+    x, y = sim_batch(rank, step)
+    loss = torch.nn.functional.cross_entropy(net(x), y)
+    grads = torch.autograd.grad(loss, list(net.parameters()))
+    return z - SIM_LR * torch.cat([g.reshape(-1) for g in grads])
+
+
+def sim_push_sum_round(xs, ws, graph, r):
+    """One push-sum round at graph step r: every rank keeps a share 1/(|out|+1) of (x, w) and
+    sends the same share to each out-peer."""
+    from gossipcc import _C
+    new_x = [torch.zeros_like(x) for x in xs]
+    new_w = [0.0] * WORLD
+    for i in range(WORLD):
+        out = list(_C.peer_graph_out_peers(graph, WORLD, i, r))
+        share = 1.0 / (len(out) + 1)
+        for j in [i] + out:
+            new_x[j] = new_x[j] + share * xs[i]
+            new_w[j] += share * ws[i]
+    return new_x, new_w
+
+
+def simulate(config, graph):
+    """Returns per rank (parameters after the last optimizer step, push-sum weight)."""
+    from gossipcc import _C
+    algorithm, tau = config["algorithm"], max(1, config.get("synch_freq", 0))
+    params = [torch.nn.utils.parameters_to_vector(sim_model(10 + i).parameters()).detach() for i in range(WORLD)]
+    if algorithm == "dpsgd":
+        for k in range(SIM_STEPS):
+            nbrs = [[j for j in _C.peer_graph_out_peers(graph, WORLD, i, k) if j != i] for i in range(WORLD)]
+            mixed = []
+            for i in range(WORLD):
+                wij = {j: 1.0 / (1 + max(len(nbrs[i]), len(nbrs[j]))) for j in nbrs[i]}
+                mixed.append((1 - sum(wij.values())) * params[i] + sum(w * params[j] for j, w in wij.items()))
+            params = [sim_sgd_step(mixed[i], i, k) for i in range(WORLD)]
+        return [(p, 1.0) for p in params]
+    xs, ws = [p.clone() for p in params], [1.0] * WORLD
+    zref = [p.clone() for p in params]
+    pending = None  # (started at step, sent x, sent w, round results x, round results w)
+    rounds = 0
+    for k in range(SIM_STEPS):
+        xs = [xs[i] + (params[i] - zref[i]) for i in range(WORLD)]  # the optimizer's update, unscaled
+        if algorithm == "sgp":
+            xs, ws = sim_push_sum_round(xs, ws, graph, rounds)
+            rounds += 1
+        else:
+            if pending is not None and k - pending[0] >= tau:
+                _, sent_x, sent_w, got_x, got_w = pending
+                xs = [xs[i] + got_x[i] - sent_x[i] for i in range(WORLD)]
+                ws = [ws[i] + got_w[i] - sent_w[i] for i in range(WORLD)]
+                pending = None
+            if pending is None:
+                got_x, got_w = sim_push_sum_round(xs, ws, graph, rounds)
+                pending = (k, [x.clone() for x in xs], list(ws), got_x, got_w)
+                rounds += 1
+        zref = [xs[i] / ws[i] for i in range(WORLD)]
+        params = [sim_sgd_step(zref[i], i, k) for i in range(WORLD)]
+    return list(zip(params, ws))
+
+
+def simulated(rank, name):
+    import gossipcc
+    config = SIM_CONFIGS[name]
+    model = gossipcc.GossipDataParallel(sim_model(10 + rank), broadcast_init=False, **config)
+    opt = torch.optim.SGD(model.parameters(), lr=SIM_LR)
+    for step in range(SIM_STEPS):
+        x, y = sim_batch(rank, step)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    mine = flat_params(model).clone()
+    weight = model.ps_weight
+    in_flight = model.in_flight
+    model.flush()
+    sims = simulate(config, model.graph)
+    expected, expected_w = sims[rank]
+    err = (mine - expected).abs().max().item()
+    spread = max((p - sims[0][0]).abs().max().item() for p, _ in sims)
+    assert err < 1e-12, f"{name} rank {rank}: parameters {err} from the simulation"
+    assert abs(weight - expected_w) < 1e-12, f"{name} rank {rank}: weight {weight}, simulated {expected_w}"
+    return {"err": err, "weight": weight, "in_flight": in_flight, "spread": spread}
+
+
+@pytest.mark.parametrize("name", sorted(SIM_CONFIGS))
+def test_matches_simulation(results, name):
+    per_rank = [r["simulated"][name] for r in results]
+    assert all(r["err"] < 1e-12 for r in per_rank), per_rank  # checked in the worker, too
+    assert any(r["spread"] > 1e-3 for r in per_rank), "ranks did not differ: the comparison would be vacuous"
+    if SIM_CONFIGS[name].get("graph") == IRREGULAR:  # the weights, and so the de-biasing, were exercised
+        assert any(abs(r["weight"] - 1.0) > 1e-3 for r in per_rank), per_rank
+    if name.startswith("osgp"):
+        assert any(r["in_flight"] for r in per_rank), per_rank
