@@ -248,9 +248,14 @@ def get_backend_object(group=None):
     if isinstance(pg, ProcessGroupGossipcc):
         return pg
     if hasattr(pg, "_get_backend"):  # torch 2.x: a ProcessGroup dispatching to backends
-        backend = pg._get_backend(torch.device("cpu"))
-        if isinstance(backend, ProcessGroupGossipcc):
-            return backend
+        # gossipcc may serve one device type only ("cuda:gossipcc,cpu:gloo"): either counts.
+        for device in ("cpu", "cuda"):
+            try:
+                backend = pg._get_backend(torch.device(device))
+            except RuntimeError:  # no backend for this device type in the group
+                continue
+            if isinstance(backend, ProcessGroupGossipcc):
+                return backend
     raise ValueError("gossipcc: the process group does not use the gossipcc backend")
 
 

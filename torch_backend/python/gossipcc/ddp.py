@@ -22,17 +22,65 @@ _original_init = DistributedDataParallel.__init__
 
 
 def _gossipcc_backend(process_group):
+    """The gossipcc backend behind `process_group`; None if the group uses another backend."""
     from . import get_backend_object
     try:
         return get_backend_object(process_group)
-    except (ValueError, RuntimeError, AttributeError):
+    except ValueError:  # the group uses another backend (get_backend_object says so)
         return None
+
+
+_warned_policy_not_applied = []
+
+
+def _requested_policy():
+    """(normal form, source) of the policy the user set, or None if it is "exact"."""
+    from . import _C, _policy_and_source
+    text, source = _policy_and_source()
+    policy = _C.parse_allreduce_policy(text)
+    return None if policy == "exact" else (policy, source)
+
+
+def _policy_backend(ddp_model):
+    """The gossipcc backend whose allreduce policy applies to `ddp_model`, or None.
+
+    A lookup that fails for another reason than "not a gossipcc group" is an error when a
+    policy other than "exact" was asked for: the model would otherwise train with exact
+    averaging without a word. A DDP model on another backend's group while such a policy is set
+    gets a warning (once per process): the policy belongs to gossipcc groups only."""
+    group = getattr(ddp_model, "process_group", None)
+    try:
+        backend = _gossipcc_backend(group)
+    except Exception as e:  # noqa: BLE001 - re-raised, or ignored where no policy was asked for
+        requested = _requested_policy()
+        if requested is None:
+            return None
+        raise RuntimeError(
+            f"gossipcc: the allreduce policy {requested[0]!r} (from {requested[1]}) cannot be applied to this "
+            f"DistributedDataParallel model: looking up the gossipcc backend of its process group failed "
+            f"({type(e).__name__}: {e}). Set the policy to 'exact' to train without it") from e
+    if backend is None:
+        requested = _requested_policy()
+        if requested is not None and not _warned_policy_not_applied:
+            _warned_policy_not_applied.append(True)
+            try:
+                name = dist.get_backend(group)
+            except Exception:  # noqa: BLE001 - only for the message
+                name = type(group).__name__
+            import warnings
+            warnings.warn(
+                f"gossipcc: the allreduce policy {requested[0]!r} (from {requested[1]}) is not applied to this "
+                f"DistributedDataParallel model: its process group uses the {name!r} backend, and the policy "
+                "applies to gossipcc process groups only; this model's gradients are averaged exactly by "
+                f"{name!r}. Build DDP on a gossipcc group (init_process_group(backend=\"gossipcc\")) to get the "
+                "policy (this warning is shown once per process)", UserWarning, stacklevel=3)
+    return backend
 
 
 @functools.wraps(_original_init)
 def _init_with_policy(self, *args, **kwargs):
     _original_init(self, *args, **kwargs)
-    backend = _gossipcc_backend(getattr(self, "process_group", None))
+    backend = _policy_backend(self)
     if backend is None or backend.allreduce_policy == "exact":
         return
     from . import powersgd
