@@ -62,3 +62,27 @@ def test_failed_backend_lookup_under_powersgd_policy_is_an_error():
         assert "no backend for this device" in msg, msg
     # Under "exact" the lookup does not matter.
     assert run_ranks(failed_lookup_worker, 2, env={"GOSSIPCC_ALLREDUCE": "exact"}) == ["built"] * 2
+
+
+def interface_list_worker(rank, world_size):
+    import gossipcc  # noqa: F401
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=30))
+        dist.new_group(backend="gossipcc")  # a second group: the warning is once per process
+        t = torch.ones(3)
+        dist.all_reduce(t)  # the group works over the first interface
+    dist.destroy_process_group()
+    return t.tolist(), [str(w.message) for w in caught if "interfaces" in str(w.message)]
+
+
+@pytest.mark.parametrize("variable", ["GOSSIPCC_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"])
+def test_interface_list_warns_naming_the_interfaces_not_used(variable):
+    for total, messages in run_ranks(interface_list_worker, 2, env={variable: "lo,lo"}):
+        assert total == [2.0] * 3
+        assert len(messages) == 1, messages
+        assert f"{variable}='lo,lo' names 2 interfaces" in messages[0], messages
+        assert "listens on the first only ('lo') and does not use 'lo'" in messages[0], messages
+    for _, messages in run_ranks(interface_list_worker, 2, env={variable: "lo"}):
+        assert messages == []

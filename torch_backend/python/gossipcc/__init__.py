@@ -84,6 +84,26 @@ def allreduce_policy():
 _live_backends = {}
 
 
+_warned_interfaces = []
+
+
+def _warn_unused_interfaces():
+    """gossipcc listens on the first interface of GOSSIPCC_SOCKET_IFNAME / GLOO_SOCKET_IFNAME
+    (its meshes share one listening device; ProcessGroupGloo spreads its pairs over all of
+    them): a list of several warns once per process, naming the interfaces not used."""
+    name = "GOSSIPCC_SOCKET_IFNAME" if os.environ.get("GOSSIPCC_SOCKET_IFNAME") else "GLOO_SOCKET_IFNAME"
+    names = [n for n in os.environ.get(name, "").split(",") if n]
+    if len(names) < 2 or _warned_interfaces:
+        return
+    _warned_interfaces.append(name)
+    import warnings
+    warnings.warn(
+        f"gossipcc: {name}={os.environ[name]!r} names {len(names)} interfaces; gossipcc listens on the first "
+        f"only ({names[0]!r}) and does not use {', '.join(map(repr, names[1:]))} (ProcessGroupGloo spreads its "
+        f"connections over every interface of the list; gossipcc's connections share one listening device). "
+        f"Set {name}={names[0]} to silence this warning (shown once per process)", UserWarning, stacklevel=2)
+
+
 def _create_backend(store, rank, size, timeout):
     # Called by torch.distributed.init_process_group / new_group. The rendezvous gets what is
     # left of init_process_group's timeout: torch's store may have used some (its TCPStore
@@ -93,6 +113,7 @@ def _create_backend(store, rank, size, timeout):
     if started is not None:
         rendezvous_timeout = max(timeout - datetime.timedelta(seconds=time.monotonic() - started),
                                  datetime.timedelta(seconds=1))
+    _warn_unused_interfaces()
     policy, source = _policy_and_source()
     backend = ProcessGroupGossipcc(store, rank, size, timeout, policy, rendezvous_timeout, source)
     _live_backends[id(backend)] = backend
