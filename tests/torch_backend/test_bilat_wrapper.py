@@ -1,5 +1,6 @@
 """BilatGossipDataParallel (AD-PSGD, asynchronous bilateral exchange) on 4 CPU ranks:
-pure mixing conserves the sum of the parameters and shrinks their spread; training with
+pure mixing conserves the sum of the parameters and shrinks their spread, and each exchange
+is a pair average (every passive rank's history a chain of them, checked here); training with
 uneven step counts lowers the loss; finish() + average_parameters() leave every rank equal.
 deterministic=True: every step equals the serialization computed here, and a checkpoint
 resumes bit for bit; asynchronous mode: checkpoints at finish() restore the state and each
@@ -61,6 +62,64 @@ def training(rank, world_size):
     after = gather(flat_params(model))
     assert all(torch.equal(a, after[0]) for a in after)
     return model.exchanges
+
+
+ASYNC_EXCHANGES = 12
+
+
+def pair_chain(start, exchanges, end, tol=1e-9):
+    """True if the passive rank's history is a chain of pair averages: `exchanges` is, per active
+    rank, its exchanges with this passive rank in order, as (x_a before, x_a after); the passive
+    value each met is q = 2 after - before (after = (x_a + q) / 2) and after it the passive rank
+    held `after`. Some interleaving of the active ranks' lists must start from `start`, have each
+    q equal the value the previous exchange left, and end at `end` (the order of the two active
+    ranks' requests depends on timing, so every interleaving is tried)."""
+    lists = list(exchanges.values())
+
+    def close(a, b):
+        return (a - b).abs().max().item() < tol
+
+    def walk(positions, value):
+        if all(i == len(lst) for i, lst in zip(positions, lists)):
+            return close(value, end)
+        for n, (i, lst) in enumerate(zip(positions, lists)):
+            if i < len(lst):
+                before, after = lst[i]
+                if close(2 * after - before, value):
+                    nxt = list(positions)
+                    nxt[n] += 1
+                    if walk(tuple(nxt), after):
+                        return True
+        return False
+
+    return walk(tuple(0 for _ in lists), start)
+
+
+def async_pair_averages(rank, world_size):
+    """Asynchronous mode, no optimizer (float64): each active rank records its parameters before
+    and after each exchange; afterwards every passive rank's history must be a chain of pair
+    averages with the active ranks' requests in some order (pair_chain) that starts from its
+    initial parameters and ends at its final ones. A no-op exchange, or one that updates only
+    one side of the pair, fails it."""
+    import gossipcc
+    net = make_model(200 + rank).double()
+    model = gossipcc.BilatGossipDataParallel(net, process_group=dist.new_group(), broadcast_init=False)
+    start = flat_params(model).clone()
+    records = torch.zeros(ASYNC_EXCHANGES, 2, start.numel(), dtype=torch.float64)
+    for k in range(ASYNC_EXCHANGES):
+        before = flat_params(model).clone()
+        model.exchange()
+        records[k, 0], records[k, 1] = before, flat_params(model)
+    model.finish()
+    starts, ends, all_records = gather(start), gather(flat_params(model).clone()), gather(records)
+    changed = 0
+    for p in range(0, world_size, 2):
+        exchanges = {a: [(all_records[a][k, 0], all_records[a][k, 1]) for k in range(ASYNC_EXCHANGES)
+                         if PEERS[a][k % len(PEERS[a])] == p] for a in PEERS}
+        assert pair_chain(starts[p], exchanges, ends[p]), f"passive rank {p}: not a chain of pair averages"
+        changed += sum(1 for lst in exchanges.values() for b, a in lst if (a - b).abs().max().item() > 1e-6)
+    assert changed > 0
+    return True
 
 
 def reference_step(xs, step):
@@ -218,6 +277,7 @@ def worker(rank, world_size):
     init(rank, world_size)
     mixing_exchanges = mixing_only(rank, world_size)
     training_exchanges = training(rank, world_size)
+    assert async_pair_averages(rank, world_size)
     saved, deterministic_exchanges = deterministic(rank, world_size)
     asynchronous_checkpoint(rank, world_size)
     bad_checkpoints(rank, world_size, saved)
