@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "algorithms/push_sum.h"
@@ -95,7 +97,33 @@ FaultTolerantPushSum::FaultTolerantPushSum(std::shared_ptr<Store> store, int ran
   Connect();
 }
 
-FaultTolerantPushSum::~FaultTolerantPushSum() = default;
+FaultTolerantPushSum::~FaultTolerantPushSum() {
+  try {
+    Leave();
+  } catch (...) {  // a destructor must not throw; the others then see a death
+  }
+}
+
+void FaultTolerantPushSum::Leave() {
+  if (left_) return;
+  left_ = true;
+  std::exception_ptr error;
+  try {
+    const std::string step = std::to_string(step_);
+    store_->set(LeftKey(rank_), std::vector<char>(step.begin(), step.end()));
+  } catch (...) {
+    error = std::current_exception();
+  }
+  comm_.reset();  // after the mark: a peer that sees these connections close finds it
+  if (error) std::rethrow_exception(error);
+}
+
+void FaultTolerantPushSum::CheckNotLeft(const char* what) const {
+  if (left_) {
+    throw InvalidArgumentError(absl::StrCat("fault_tolerant_push_sum ", what, " on rank ", rank_,
+                                            ": this rank left the group (Leave) at step ", step_));
+  }
+}
 
 int FaultTolerantPushSum::GroupRank(int original) const {
   auto it = std::lower_bound(members_.begin(), members_.end(), original);
@@ -110,11 +138,30 @@ void FaultTolerantPushSum::Connect() {
 }
 
 bool FaultTolerantPushSum::Step(std::vector<Buffer> buffers) {
+  CheckNotLeft("Step");
   const size_t count = CheckBuffers(buffers);
-  if (Round(buffers, count)) return true;
-  // Recovered. Settle: rounds without local updates until every member's weight is within
-  // settle_tolerance of 1 (agreed by an all-reduce of the largest deviation), at most
-  // settle_rounds. A failure meanwhile recovers again and settling goes on.
+  // After a recovery that agreed on a later step than this rank was in: the others did the
+  // rounds of the steps in between without it.
+  if (step_ < resume_step_) {
+    ++step_;
+    return true;
+  }
+  bool recovered = false;
+  while (!Round(buffers, count)) {
+    recovered = true;
+    Settle(buffers, count);
+    // A rank that was behind counts this call's round as done (its mass was reconciled); one
+    // at the agreed step still owes it, and does it now with the others' next call.
+    if (step_ < resume_step_) break;
+  }
+  ++step_;
+  return !recovered;
+}
+
+void FaultTolerantPushSum::Settle(const std::vector<Buffer>& buffers, size_t count) {
+  // Rounds without local updates until every member's weight is within settle_tolerance of 1
+  // (agreed by an all-reduce of the largest deviation), at most settle_rounds. A failure
+  // meanwhile recovers again and settling goes on. Settling rounds are rounds, not steps.
   for (int r = 0; r < options_.settle_rounds; ++r) {
     double deviation = std::abs(weight_ - 1.0);
     if (std::isnan(deviation)) deviation = std::numeric_limits<double>::infinity();
@@ -129,18 +176,17 @@ bool FaultTolerantPushSum::Step(std::vector<Buffer> buffers) {
     if (deviation <= options_.settle_tolerance) break;
     if (!Round(buffers, count)) r = -1;
   }
-  return false;
 }
 
 bool FaultTolerantPushSum::Round(const std::vector<Buffer>& buffers, size_t count) {
   const int me = comm_->rank();
-  const PushSumPlan plan = MakePushSumPlan(*graph_, nullptr, me, step_, "fault_tolerant_push_sum");
+  const PushSumPlan plan = MakePushSumPlan(*graph_, nullptr, me, round_, "fault_tolerant_push_sum");
   const FlatView x(buffers);
-  // Message: [step][share * x ...][share * w], all float64.
+  // Message: [round][share * x ...][share * w], all float64.
   const size_t words = count + 2;
   const double share = plan.send_shares.empty() ? 0.0 : plan.send_shares[0];
   std::vector<double> out(words);
-  out[0] = static_cast<double>(step_);
+  out[0] = static_cast<double>(round_);
   x.Read([&](size_t k, double v) { out[k + 1] = share * v; });
   out[count + 1] = share * weight_;
   std::vector<std::vector<double>> in(plan.in_peers.size(), std::vector<double>(words));
@@ -157,9 +203,9 @@ bool FaultTolerantPushSum::Round(const std::vector<Buffer>& buffers, size_t coun
     return false;
   }
   for (size_t j = 0; j < in.size(); ++j) {
-    if (in[j][0] != static_cast<double>(step_)) {
-      throw MismatchError(absl::StrCat("fault_tolerant_push_sum step ", step_, " on rank ", rank_,
-                                       ": the message from rank ", members_[plan.in_peers[j]], " was sent at its step ",
+    if (in[j][0] != static_cast<double>(round_)) {
+      throw MismatchError(absl::StrCat("fault_tolerant_push_sum step ", step_, " (round ", round_, ") on rank ", rank_,
+                                       ": the message from rank ", members_[plan.in_peers[j]], " was sent at its round ",
                                        in[j][0], "; every rank must call Step the same number of times"));
     }
   }
@@ -176,29 +222,29 @@ bool FaultTolerantPushSum::Round(const std::vector<Buffer>& buffers, size_t coun
   weight_ = w;
   for (int p : plan.out_peers) ledger_.Sent(members_[p], out.data() + 1, count + 1);
   for (size_t j = 0; j < in.size(); ++j) ledger_.Received(members_[plan.in_peers[j]], in[j].data() + 1, count + 1);
-  ++step_;
+  ++round_;
   return true;
 }
 
 void FaultTolerantPushSum::Recover(const std::vector<Buffer>& buffers, size_t count) {
   const int max_attempts = static_cast<int>(members_.size());
+  std::vector<int> dropped;  // by this recovery, over its attempts
   for (int attempt = 0;; ++attempt) {
     comm_.reset();  // closes our sockets: the neighbours' steps fail now, not at their timeout
     const std::vector<int> view = AgreeOnMembers(*store_, epoch_, rank_, members_, window_, options_.comm.timeout);
-    std::vector<int> dropped;
     std::set_difference(members_.begin(), members_.end(), view.begin(), view.end(), std::back_inserter(dropped));
+    std::sort(dropped.begin(), dropped.end());
     members_ = view;
-    dead_.insert(dead_.end(), dropped.begin(), dropped.end());
-    std::sort(dead_.begin(), dead_.end());
     ++epoch_;
     Connect();
     try {
       const double w_before = weight_;
-      Reconcile(buffers, count);
+      Reconcile(buffers, count, dropped);
       last_recovery_.epoch = epoch_;
       last_recovery_.dead = dead_;
+      last_recovery_.departed = departed_;
       last_recovery_.members = members_;
-      last_recovery_.step = step_;
+      last_recovery_.step = resume_step_;
       last_recovery_.weight_correction = weight_ - w_before;
       return;
     } catch (const CommError& e) {
@@ -208,7 +254,8 @@ void FaultTolerantPushSum::Recover(const std::vector<Buffer>& buffers, size_t co
   }
 }
 
-void FaultTolerantPushSum::Reconcile(const std::vector<Buffer>& buffers, size_t count) {
+void FaultTolerantPushSum::Reconcile(const std::vector<Buffer>& buffers, size_t count,
+                                     const std::vector<int>& dropped) {
   const int m = static_cast<int>(members_.size());
   const int me = comm_->rank();
   const size_t words = count + 1;
@@ -220,8 +267,13 @@ void FaultTolerantPushSum::Reconcile(const std::vector<Buffer>& buffers, size_t 
   }
   std::vector<int32_t> all_flags(static_cast<size_t>(world) * m);
   comm_->allgather(CpuBuffer(flags.data(), flags.size()), CpuBuffer(all_flags.data(), all_flags.size()))->wait();
-  int64_t step = step_;
-  comm_->allreduce(CpuBuffer(&step, 1), ReduceOp::kMax)->wait();
+  // Agreed by a max over the survivors: the step to resume at (the largest step a survivor is
+  // in), the round counter, and which dropped ranks left on purpose (any survivor saw its mark).
+  std::vector<int64_t> agreed(2 + static_cast<size_t>(world), 0);
+  agreed[0] = step_;
+  agreed[1] = round_;
+  for (int d : dropped) agreed[2 + d] = HasLeft(*store_, d) ? 1 : 0;
+  comm_->allreduce(CpuBuffer(agreed.data(), agreed.size()), ReduceOp::kMax)->wait();
 
   std::vector<P2POp> ops;
   std::vector<std::vector<double>> sent_copy;  // keeps send buffers alive
@@ -252,10 +304,18 @@ void FaultTolerantPushSum::Reconcile(const std::vector<Buffer>& buffers, size_t 
   for (int j = 0; j < m; ++j) {
     if (j != me) survivors.push_back(members_[j]);
   }
-  const std::vector<double> corr = ledger_.Settle(dead_, sent_to_me, survivors, words);
+  std::vector<int> dead, departed;
+  for (int d : dropped) (agreed[2 + d] ? departed : dead).push_back(d);
+  for (int d : departed) ledger_.Forget(d);  // what it holds left with it; nothing is undone
+  const std::vector<double> corr = ledger_.Settle(dead, sent_to_me, survivors, words);
   FlatView(buffers).Update([&](size_t k, double& v) { v += corr[k]; });
   weight_ += corr[count];
-  step_ = step;
+  resume_step_ = agreed[0];
+  round_ = agreed[1];
+  dead_.insert(dead_.end(), dead.begin(), dead.end());
+  std::sort(dead_.begin(), dead_.end());
+  departed_.insert(departed_.end(), departed.begin(), departed.end());
+  std::sort(departed_.begin(), departed_.end());
 }
 
 void FaultTolerantPushSum::Debias(const Buffer& in, Buffer out) const {
@@ -274,6 +334,7 @@ void SumAndShare(Communicator& comm, std::vector<double>& v) {
 }  // namespace
 
 void FaultTolerantPushSum::Average(const std::vector<Buffer>& x, Buffer out) {
+  CheckNotLeft("Average");
   const size_t count = CheckBuffers(x);
   if (CheckBuffers({out}) != count) {
     throw InvalidArgumentError(absl::StrCat("fault_tolerant_push_sum average: out has ", out.count,
@@ -291,6 +352,7 @@ void FaultTolerantPushSum::Average(const std::vector<Buffer>& x, Buffer out) {
 }
 
 void FaultTolerantPushSum::MeanOverMembers(const std::vector<Buffer>& buffers) {
+  CheckNotLeft("MeanOverMembers");
   for (const Buffer& b : buffers) CheckBuffers({b});  // each its own dtype
   std::vector<double> sums;
   for (const Buffer& b : buffers) FlatView({b}).Read([&](size_t, double v) { sums.push_back(v); });

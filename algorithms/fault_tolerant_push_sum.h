@@ -35,8 +35,24 @@
 // the survivors' average, as if the dead ranks had never been there. Individual weights can be
 // small or negative right after a recovery (a rank gives back mass it received from the dead);
 // push-sum is linear, so the ratio still converges, but x / w is unreliable for a few rounds.
-// Drive loops by step() (the agreed counter), not by a local count of calls: survivors resume
-// at the same step() though some may have completed one more round than others.
+// Steps and rounds: step() counts this rank's Step calls (training steps), so a loop may be
+// driven by a local count or by step() alike: every survivor makes the same Step calls. The
+// graph is indexed by a separate round counter (settling rounds count there, not as steps).
+// When a failure strikes, survivors can be in different calls (a rank can have completed the
+// round of step s while a neighbour failed in it). The recovery agrees on S, the largest step
+// a survivor was in; a rank whose failed call was at step S still owes that round and does it
+// once recovered (its partners do it in their next call); a rank at step s < S counts its
+// failed call's round as done (the reconciliation settled its mass) and its calls for steps
+// s+1..S-1 take no part in any exchange (the others did those rounds without it). So the calls
+// stay paired: step() equals the number of calls on every survivor.
+//
+// Leaving (Leave(), or destroying the object): the rank marks itself as left in the store
+// ("ftps/left/<rank>") before it closes its connections. A recovery that finds a member gone
+// with that mark drops it as departed (departed(), not dead()): nothing exchanged with it is
+// undone; the survivors keep the mass they hold, so their de-biased x / w converges to the
+// weighted average of what they hold (if they were in consensus when it left, they stay
+// there). The join window does not wait for a rank that left. A rank killed by a signal runs
+// no destructor and leaves no mark: it is dead, and its exchanges are undone as above.
 // Memory: three float64 vectors of (elements + 1) per distinct peer exchanged with.
 //
 // Not covered: the store itself must survive (a FileStore, or a TCPStore not hosted by a rank
@@ -81,9 +97,10 @@ struct FaultTolerantPushSumOptions {
 // What the last recovery did.
 struct RecoveryReport {
   int epoch = 0;                  // the epoch it created
-  std::vector<int> dead;          // original ranks dropped by it
+  std::vector<int> dead;          // original ranks dropped as dead so far (cumulative)
+  std::vector<int> departed;      // original ranks that left (Leave) so far (cumulative)
   std::vector<int> members;       // original ranks left
-  int64_t step = 0;               // the step counter agreed on (max over survivors)
+  int64_t step = 0;               // the step agreed on (the largest step a survivor was in)
   double weight_correction = 0;   // what this rank's weight changed by
 };
 
@@ -92,15 +109,25 @@ class FaultTolerantPushSum {
   // Rendezvous of `world_size` ranks (original ranks 0..world_size-1) through `store`.
   FaultTolerantPushSum(std::shared_ptr<Store> store, int rank, int world_size,
                        FaultTolerantPushSumOptions options = {});
+  // Leaves (see Leave) unless Leave was called; errors are swallowed.
   ~FaultTolerantPushSum();
 
-  // One push-sum round on `buffers` (this rank's numerator x; CPU, float32 or float64, one
-  // dtype, the same total count on every rank). Returns true if the round was applied; false
-  // if a peer failed and this call recovered instead (x and weight() then carry the recovery's
-  // corrections and the settling rounds' mixing, see settle_rounds; last_recovery() says what
-  // happened). Throws MismatchError / InvalidArgumentError as PushSum does (nothing changed),
-  // PeerError if the survivors could not agree or this rank was excluded.
+  // One push-sum step on `buffers` (this rank's numerator x; CPU, float32 or float64, one
+  // dtype, the same total count on every rank): normally one round. Returns true if no
+  // recovery happened in it; false if a peer failed and this call recovered (x and weight()
+  // then carry the recovery's corrections and the settling rounds' mixing, see settle_rounds;
+  // last_recovery() says what happened). step() grows by one either way. Throws MismatchError
+  // / InvalidArgumentError as PushSum does (nothing changed; also after Leave), PeerError if
+  // the survivors could not agree or this rank was excluded.
   bool Step(std::vector<Buffer> buffers);
+
+  // Leaves the group on purpose: marks this rank as left in the store, then closes its
+  // connections; the others drop it as departed at their next exchange with it (not as dead,
+  // see "Leaving" above). Idempotent. Step, Average and MeanOverMembers then throw
+  // InvalidArgumentError. Throws the store's error if the mark cannot be written (the
+  // connections are closed all the same: the others then see a death).
+  void Leave();
+  bool has_left() const { return left_; }
 
   // out <- in / weight().
   void Debias(const Buffer& in, Buffer out) const;
@@ -118,11 +145,13 @@ class FaultTolerantPushSum {
   void MeanOverMembers(const std::vector<Buffer>& buffers);
 
   double weight() const { return weight_; }
-  int64_t step() const { return step_; }
+  int64_t step() const { return step_; }      // Step calls made (training steps)
+  int64_t round() const { return round_; }    // exchange rounds (graph index), settling included
   int epoch() const { return epoch_; }
   int rank() const { return rank_; }  // original rank
   const std::vector<int>& members() const { return members_; }  // original ranks, ascending
-  const std::vector<int>& dead() const { return dead_; }        // every rank dropped so far
+  const std::vector<int>& dead() const { return dead_; }        // every rank dropped as dead so far
+  const std::vector<int>& departed() const { return departed_; }  // every rank that left so far
   const RecoveryReport& last_recovery() const { return last_recovery_; }
   // The current group's communicator (ranks 0..members().size()-1).
   Communicator& comm() { return *comm_; }
@@ -131,8 +160,12 @@ class FaultTolerantPushSum {
   void Connect();
   bool Round(const std::vector<Buffer>& buffers, size_t count);  // one round, or a recovery: false
   void Recover(const std::vector<Buffer>& buffers, size_t count);
-  void Reconcile(const std::vector<Buffer>& buffers, size_t count);
+  // `dropped`: the members this recovery dropped; those that left (agreed) are departed, the
+  // others dead.
+  void Reconcile(const std::vector<Buffer>& buffers, size_t count, const std::vector<int>& dropped);
   int GroupRank(int original) const;
+  void Settle(const std::vector<Buffer>& buffers, size_t count);
+  void CheckNotLeft(const char* what) const;
 
   std::shared_ptr<Store> store_;
   const int rank_;
@@ -141,8 +174,12 @@ class FaultTolerantPushSum {
   std::chrono::milliseconds window_;
   std::vector<int> members_;
   std::vector<int> dead_;
+  std::vector<int> departed_;
   int epoch_ = 0;
-  int64_t step_ = 0;
+  int64_t step_ = 0;          // Step calls completed
+  int64_t round_ = 0;         // exchange rounds (agreed across members)
+  int64_t resume_step_ = 0;   // after a recovery: steps below it take no part in any exchange
+  bool left_ = false;
   double weight_ = 1.0;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<PeerGraph> graph_;

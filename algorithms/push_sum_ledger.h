@@ -18,6 +18,9 @@ class MassLedger {
   void Sent(int peer, const double* mass, size_t words);
   void Received(int peer, const double* mass, size_t words);
 
+  // Forgets `peer` (a rank that left on purpose): its net flow is not undone later.
+  void Forget(int peer) { net_.erase(peer); }
+
   // What was sent to each peer since the last recovery, by original rank.
   const std::map<int, std::vector<double>>& sent() const { return sent_; }
 

@@ -17,6 +17,17 @@ std::vector<char> Bytes(const std::string& s) { return std::vector<char>(s.begin
 
 }  // namespace
 
+std::string LeftKey(int rank) { return absl::StrCat("ftps/left/", rank); }
+
+bool HasLeft(Store& store, int rank) {
+  try {
+    store.wait({LeftKey(rank)}, std::chrono::milliseconds(1));
+    return true;
+  } catch (const TimeoutError&) {
+    return false;
+  }
+}
+
 void CheckGraphFitsSurvivors(const std::string& graph, int world_size) {
   for (int m = world_size; m >= 1; --m) {
     try {
@@ -36,11 +47,16 @@ std::vector<int> AgreeOnMembers(Store& store, int epoch, int rank, const std::ve
   const std::string prefix = absl::StrCat("ftps/", epoch, "/");
   store.set(absl::StrCat(prefix, "join/", rank), Bytes("1"));
   std::vector<bool> joined(members.size(), false);
+  std::vector<bool> left(members.size(), false);  // no need to wait for a rank that left
   const auto deadline = Clock::now() + window;
   for (;;) {
     bool all = true;
     for (size_t i = 0; i < members.size(); ++i) {
-      if (joined[i]) continue;
+      if (joined[i] || left[i]) continue;
+      if (members[i] != rank && HasLeft(store, members[i])) {
+        left[i] = true;
+        continue;
+      }
       try {
         store.wait({absl::StrCat(prefix, "join/", members[i])}, std::chrono::milliseconds(1));
         joined[i] = true;

@@ -19,9 +19,14 @@ namespace gossipcc {
 // after a death.
 void CheckGraphFitsSurvivors(const std::string& graph, int world_size);
 
+// The store key a rank that leaves on purpose sets (FaultTolerantPushSum::Leave), and whether
+// `rank` has set it.
+std::string LeftKey(int rank);
+bool HasLeft(Store& store, int rank);
+
 // Epoch `epoch`'s agreement, run by original rank `rank`, one of `members` (original ranks,
-// ascending): writes ftps/<epoch>/join/<rank>, waits until every member has joined or `window`
-// has passed, publishes the set it saw (ftps/<epoch>/view/<rank>) and reads the view of every
+// ascending): writes ftps/<epoch>/join/<rank>, waits until every member has joined (or left:
+// HasLeft) or `window` has passed, publishes the set it saw (ftps/<epoch>/view/<rank>) and reads the view of every
 // rank in it, each within 2 * window + `timeout`. Returns that set (ascending) when every view
 // is equal; throws PeerError when views differ, a rank in the set published none, or the set
 // lacks this rank (it joined after the others closed the epoch).

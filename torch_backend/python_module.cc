@@ -325,23 +325,32 @@ PYBIND11_MODULE(_C, m) {
   // ProcessGroupGossipcc.fault_tolerant_push_sum. Read it only while no round is in flight.
   py::class_<FaultTolerantPushSum, std::shared_ptr<FaultTolerantPushSum>>(m, "FaultTolerantPushSum")
       .def_property_readonly("weight", &FaultTolerantPushSum::weight, "This rank's push-sum weight w.")
-      .def_property_readonly("step", &FaultTolerantPushSum::step, "The agreed step counter (rounds).")
+      .def_property_readonly("step", &FaultTolerantPushSum::step,
+                             "Steps taken (Step calls; equal on every survivor that made the same calls).")
+      .def_property_readonly("round", &FaultTolerantPushSum::round, "Exchange rounds (settling included).")
       .def_property_readonly("epoch", &FaultTolerantPushSum::epoch, "Recoveries so far.")
       .def_property_readonly("rank", &FaultTolerantPushSum::rank, "This rank (original).")
       .def_property_readonly("members", &FaultTolerantPushSum::members, "Original ranks alive, ascending.")
-      .def_property_readonly("dead", &FaultTolerantPushSum::dead, "Original ranks dropped so far, ascending.")
+      .def_property_readonly("dead", &FaultTolerantPushSum::dead, "Original ranks dropped as dead so far, ascending.")
+      .def_property_readonly("departed", &FaultTolerantPushSum::departed,
+                             "Original ranks that left on purpose (leave) so far, ascending.")
+      .def_property_readonly("has_left", &FaultTolerantPushSum::has_left, "Whether this rank left (leave).")
+      .def("leave", &FaultTolerantPushSum::Leave, py::call_guard<py::gil_scoped_release>(),
+           "Leaves on purpose: marks this rank as left in the store, then closes its connections; the others "
+           "drop it as departed, not dead. Idempotent; later rounds raise ValueError.")
       .def_property_readonly("last_recovery",
                              [](const FaultTolerantPushSum& ps) {
                                const RecoveryReport& r = ps.last_recovery();
                                py::dict d;
                                d["epoch"] = r.epoch;
                                d["dead"] = r.dead;
+                               d["departed"] = r.departed;
                                d["members"] = r.members;
                                d["step"] = r.step;
                                d["weight_correction"] = r.weight_correction;
                                return d;
                              },
-                             "{'epoch', 'dead', 'members', 'step', 'weight_correction'} of the last recovery.")
+                             "{'epoch', 'dead', 'departed', 'members', 'step', 'weight_correction'} of the last recovery.")
       .def("average",
            [](std::shared_ptr<FaultTolerantPushSum> ps, ProcessGroupGossipcc& pg, const std::vector<at::Tensor>& x,
               const at::Tensor& out) {

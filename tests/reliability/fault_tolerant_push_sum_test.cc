@@ -43,6 +43,8 @@ double Initial(int rank, size_t e) { return (rank + 1.0) * (static_cast<double>(
 
 // Set by a test before it forks its ranks (they inherit it): FaultTolerantPushSumOptions::settle_rounds.
 int g_settle_rounds = 0;
+// Likewise: the loop counts its own Step calls instead of reading step().
+bool g_loop_by_count = false;
 
 FaultTolerantPushSumOptions Options() {
   FaultTolerantPushSumOptions o;
@@ -78,13 +80,15 @@ int RankMain(int rank, int n, const std::string& dir, const std::vector<Fault>& 
     }
   }
   int recoveries = 0;
-  // Loops are driven by the agreed step counter: after a recovery every survivor resumes at
-  // the same step() even if some had completed one more round than others.
-  while (ps.step() < kSteps) {
+  // Loops are driven by step() or (g_loop_by_count) by a count of calls: either way every
+  // survivor makes kSteps calls, paired with the others' although some had completed one more
+  // round than others when the failure struck.
+  for (int64_t calls = 0; g_loop_by_count ? calls < kSteps : ps.step() < kSteps; ++calls) {
     for (const Fault& f : faults) {
       if (f.rank == rank && !f.mid_step && f.at_step == ps.step()) raise(f.signal);
     }
     g_step.store(ps.step());
+    EXPECT_EQ(ps.step(), calls) << "rank " << rank;
     if (!ps.Step({CpuBuffer(x.data(), count)})) {
       ++recoveries;
       std::cout << "rank " << rank << " recovered into epoch " << ps.epoch() << " at step " << ps.step()
@@ -107,8 +111,10 @@ int RankMain(int rank, int n, const std::string& dir, const std::vector<Fault>& 
   for (int r = 0; r < n; ++r) {
     if (!dead.count(r)) survivors.push_back(r);
   }
+  EXPECT_EQ(ps.step(), kSteps);
   EXPECT_EQ(ps.members(), survivors);
   EXPECT_THAT(ps.dead(), ElementsAreArray(dead));
+  EXPECT_TRUE(ps.departed().empty());
   EXPECT_GE(recoveries, 1);
   // Accounting: sums over the survivors.
   std::vector<double> sums(x);
@@ -188,6 +194,56 @@ TEST(FaultTolerantPushSumTest, SettlingAfterARecoveryBringsEveryWeightNearOne) {
   g_settle_rounds = 64;
   RunWithFaults(4, {{2, SIGKILL, /*at_step=*/12}}, 40);
   g_settle_rounds = 0;
+}
+
+// A loop that counts its own calls: the survivors' calls stay paired after the recovery (the
+// final all-reduce of the sums is the check: a survivor one call ahead would leave the others'
+// last round without a partner).
+TEST(FaultTolerantPushSumTest, LoopCountingItsOwnCallsStaysPairedAfterARecovery) {
+  g_loop_by_count = true;
+  g_settle_rounds = 64;
+  RunWithFaults(4, {{2, SIGKILL, /*at_step=*/12}}, 40);
+  RunWithFaults(5, {{3, SIGKILL, 8}, {0, SIGKILL, 30}}, 33);
+  g_settle_rounds = 0;
+  g_loop_by_count = false;
+}
+
+// A rank that leaves on purpose at consensus is departed, not dead: nothing exchanged with it
+// is undone, so the survivors stay at the 4 ranks' average (had it been undone, they would go
+// to their own 3 initial values' average, 25% away); it is not waited for; it takes no more steps.
+TEST(FaultTolerantPushSumTest, ACleanLeaveIsNotADeath) {
+  RunRanksWithStore(4, LaunchMode::kThreads, [](int rank, std::shared_ptr<Store> store) {
+    auto ps = std::make_unique<FaultTolerantPushSum>(store, rank, 4, Options());
+    std::vector<double> x(10);
+    for (size_t e = 0; e < x.size(); ++e) x[e] = Initial(rank, e);
+    auto average = [](size_t e, int n) {
+      double s = 0;
+      for (int r = 0; r < n; ++r) s += Initial(r, e);
+      return s / n;
+    };
+    while (ps->step() < 20) EXPECT_TRUE(ps->Step({CpuBuffer(x.data(), x.size())}));
+    if (rank == 3) {
+      ps->Leave();
+      EXPECT_TRUE(ps->has_left());
+      EXPECT_THROW(ps->Step({CpuBuffer(x.data(), x.size())}), InvalidArgumentError);
+      ps.reset();  // the destructor leaves again: idempotent
+      return;
+    }
+    int recoveries = 0;
+    for (int i = 0; i < 20; ++i) recoveries += ps->Step({CpuBuffer(x.data(), x.size())}) ? 0 : 1;
+    EXPECT_EQ(recoveries, 1);
+    EXPECT_EQ(ps->step(), 40);
+    EXPECT_EQ(ps->members(), (std::vector<int>{0, 1, 2}));
+    EXPECT_EQ(ps->departed(), (std::vector<int>{3}));
+    EXPECT_TRUE(ps->dead().empty());
+    std::vector<double> z(10);
+    ps->Debias(CpuBuffer(x.data(), 10), CpuBuffer(z.data(), 10));
+    for (size_t e = 0; e < z.size(); ++e) {
+      EXPECT_NEAR(z[e], average(e, 4), 1e-9 * average(e, 4)) << "rank " << rank << " element " << e
+                                                              << " (the 3 survivors' own average: " << average(e, 3)
+                                                              << ")";
+    }
+  });
 }
 
 TEST(FaultTolerantPushSumTest, RankStoppedMidStepIsDroppedAndMassIsAccounted) {

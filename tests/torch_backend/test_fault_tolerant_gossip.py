@@ -58,8 +58,9 @@ def flat64(module):
     return torch.cat([p.detach().reshape(-1).double() for p in module.parameters()])
 
 
-def worker(rank, init_method, deaths, barrier, out_dir, results):
-    """deaths: {rank: (step, signal)}."""
+def worker(rank, init_method, deaths, barrier, out_dir, results, by_count=False):
+    """deaths: {rank: (step, signal)}. by_count: the loop counts its own steps (as a user's
+    `for step in range(STEPS)` does) instead of reading the agreed model.step."""
     try:
         import gossipcc
         barrier.wait()  # every rank has imported torch: the rendezvous below needs no slack
@@ -74,8 +75,8 @@ def worker(rank, init_method, deaths, barrier, out_dir, results):
         losses, completed = [], []        # (step, loss); (step, time, ranks dropped) per completed step
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            while model.step < STEPS:
-                step = model.step
+            for count in range(STEPS) if by_count else iter(lambda: model.step < STEPS, False):
+                step = count if by_count else model.step
                 if rank in deaths and deaths[rank][0] == step:
                     with open(os.path.join(out_dir, f"death_{rank}"), "w") as f:
                         f.write(repr(time.time()))
@@ -108,7 +109,7 @@ def worker(rank, init_method, deaths, barrier, out_dir, results):
         results.put((rank, None, traceback.format_exc()))
 
 
-def run_case(deaths, store):
+def run_case(deaths, store, by_count=False):
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     barrier = ctx.Barrier(WORLD)
@@ -119,7 +120,7 @@ def run_case(deaths, store):
             init_method = "env://"
         else:
             init_method = "file://" + os.path.join(tmp, "init")
-        procs = [ctx.Process(target=worker, args=(r, init_method, deaths, barrier, tmp, results))
+        procs = [ctx.Process(target=worker, args=(r, init_method, deaths, barrier, tmp, results, by_count))
                  for r in range(WORLD)]
         start = time.time()
         for p in procs:
@@ -201,15 +202,20 @@ def check_and_report(got, death_times, deaths):
     assert (averaged - expected).abs().max().item() < TOLERANCE
 
 
-@pytest.mark.parametrize("case", ["kill", "kill_twice", "stop"])
+@pytest.mark.parametrize("case", ["kill", "kill_twice", "stop", "kill_loop_by_count"])
 def test_survivors_train_on_and_converge_to_their_average(case):
-    if case == "kill":
+    """kill_loop_by_count: the loop counts its own steps (for step in range(STEPS)) and every
+    survivor makes exactly STEPS + CONSENSUS_ROUNDS gossip steps: after a recovery in which some
+    survivors had completed one round more than others, their calls must stay paired (step ==
+    calls on every survivor; no survivor finishes a call early and is then dropped by the others)."""
+    by_count = case == "kill_loop_by_count"
+    if case in ("kill", "kill_loop_by_count"):
         deaths, store = {2: (15, signal.SIGKILL)}, "tcp"
     elif case == "kill_twice":
         deaths, store = {2: (15, signal.SIGKILL), 1: (35, signal.SIGKILL)}, "tcp"
     else:
         deaths, store = {3: (15, signal.SIGSTOP)}, "file"
-    got, death_times = run_case(deaths, store)
+    got, death_times = run_case(deaths, store, by_count)
     check_and_report(got, death_times, deaths)
 
 
@@ -247,3 +253,88 @@ def _bad_options(rank, world_size):
     with pytest.raises(ValueError, match="float32 or float64 only"):
         pg.fault_tolerant_push_sum_round([torch.zeros(4, dtype=torch.float16)], model._ft)
     dist.destroy_process_group()
+
+
+LEAVE_TRAIN, LEAVE_MIX = 25, 20   # per phase: training steps, then gossip-only rounds
+
+
+def test_a_clean_leave_is_not_a_death():
+    """Ranks 2 and 3 end on purpose at consensus (rank 3 by leave(), rank 2 by deleting its
+    wrapper); ranks 0 and 1 train on and mix. Checked on the survivors: no PeerLostWarning, the
+    leavers listed in left_ranks (not dead_ranks), equal alive sets, and the final models equal
+    what push-sum guarantees when nothing is undone: the 4-rank consensus at the leave (rank 0's
+    initial parameters plus the mean of the 4 ranks' first-phase updates) plus the survivors'
+    second-phase updates summed and divided by their sum of weights (sum x / sum w), computed
+    here from the updates each rank recorded. Were the leavers treated as dead, the survivors
+    would undo their exchanges with them and converge to their own first-phase mean instead."""
+    from launcher import run_ranks
+    out = run_ranks(_leave_worker, WORLD, timeout=SAFETY_S)
+    init = out[0]["init"]
+    consensus = init + sum(o["updates1"] for o in out) / WORLD
+    for r in (2, 3):
+        assert torch.allclose(out[r]["at_leave"], consensus, atol=TOLERANCE, rtol=0), f"rank {r} not at consensus"
+        assert "left the group" in out[r]["after_leave_error"], out[r]["after_leave_error"]
+    survivors = [0, 1]
+    weights = sum(out[r]["weight"] for r in survivors)
+    expected = consensus + sum(out[r]["updates2"] for r in survivors) / weights
+    for r in survivors:
+        o = out[r]
+        assert o["warnings"] == [], f"rank {r}: {o['warnings']}"
+        assert (o["alive"], o["left"], o["dead"]) == (survivors, [2, 3], []), f"rank {r}: {o}"
+        assert o["step"] == 2 * (LEAVE_TRAIN + LEAVE_MIX), f"rank {r}: step {o['step']}"
+        error = (o["final"] - expected).abs().max().item()
+        print(f"rank {r}: max|x - expected| = {error:.3g} (sum of weights {weights:.6f}); "
+              f"had the leavers been undone: {(o['final'] - init - sum(out[q]['updates1'] for q in survivors) / 2 - sum(out[q]['updates2'] for q in survivors) / weights).abs().max().item():.3g} away")
+        assert error < TOLERANCE, f"rank {r}: {error} from the survivors' sum x / sum w"
+
+
+def _leave_worker(rank, world_size):
+    import gc
+    import gossipcc
+    from launcher import init_method
+    dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    torch.manual_seed(rank)
+    net = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model = gossipcc.GossipDataParallel(net, algorithm="sgp", fault_tolerant=True)
+    init = flat64(net)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    result = {"init": init}
+
+    def train(steps):
+        updates = torch.zeros_like(init)
+        for step in range(steps):
+            x, y = batch(rank, step)
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            before = flat64(net)
+            opt.step()
+            updates += flat64(net) - before
+        for _ in range(LEAVE_MIX):
+            model.gossip_step()
+        return updates
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result["updates1"] = train(LEAVE_TRAIN)
+        if rank >= 2:
+            result["at_leave"] = flat64(net)
+            ft = model._ft
+            if rank == 3:
+                model.leave()
+                try:
+                    model(torch.randn(2, 20))
+                    result["after_leave_error"] = "no error"
+                except ValueError as e:
+                    result["after_leave_error"] = str(e)
+            else:
+                del model, opt
+                gc.collect()
+                result["after_leave_error"] = "left the group" if ft.has_left else "wrapper deleted, not left"
+            return result
+        result["updates2"] = train(LEAVE_TRAIN)
+    result.update(final=flat64(net), weight=model.ps_weight, alive=model.alive_ranks, left=model.left_ranks,
+                  dead=model.dead_ranks, step=model.step,
+                  warnings=[str(w.message) for w in caught if issubclass(w.category, gossipcc.PeerLostWarning)])
+    return result

@@ -41,9 +41,14 @@ GossipDataParallel(module, process_group=None, graph=None, peers_per_step=1,
              of twice that), settle the push-sum mass exactly among themselves and go on; each
              survivor gets a PeerLostWarning naming the dead rank. The de-biased models then
              converge to the survivors' average (the dead rank's own share, its initial value
-             and its updates, is lost). Drive the loop by `.step` (the agreed step counter) and
-             read `.alive_ranks`. The group's store must survive (a FileStore, or a TCPStore
-             whose host, rank 0 under env://, does not die). CPU float32/float64 parameters.
+             and its updates, is lost). Every survivor's `.step` counts its own gossip steps, so
+             a loop may count its steps or read `.step`; read `.alive_ranks`. A rank that ends
+             on purpose (leave(), or its wrapper is deleted, or its interpreter exits) marks
+             itself as left: the others drop it as departed (`.left_ranks`, no warning) and keep
+             the mass they hold, so they converge to their own weighted average (at consensus,
+             they stay where they were). The group's store must survive (a FileStore, or a
+             TCPStore whose host, rank 0 under env://, does not die). CPU float32/float64
+             parameters.
 
 BilatGossipDataParallel(module, process_group=None, broadcast_init=True, deterministic=False):
   AD-PSGD, see its class (checkpoints: at finish(), or any step with deterministic=True).
@@ -59,6 +64,7 @@ left in flight.
 import contextlib
 import threading
 import warnings
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -72,6 +78,14 @@ ALGORITHMS = ("sgp", "osgp", "dpsgd")
 
 class PeerLostWarning(RuntimeWarning):
     """A fault-tolerant GossipDataParallel dropped a dead or stalled rank and trains on without it."""
+
+
+def _leave_quietly(ft):
+    """weakref.finalize of a fault-tolerant wrapper: a clean leave; nothing to report to at exit."""
+    try:
+        ft.leave()
+    except Exception:  # noqa: BLE001 - e.g. the store's host has already exited
+        pass
 
 
 def _check_undirected(graph, world_size):
@@ -149,6 +163,9 @@ class GossipDataParallel(torch.nn.Module):
         self._ft = self._backend.fault_tolerant_push_sum(self.graph) if fault_tolerant else None
         self._ft_epoch = 0
         self._ft_dead_warned = set()
+        if self._ft is not None:
+            # The end of this wrapper (deleted, or the interpreter exits) is a clean leave.
+            weakref.finalize(self, _leave_quietly, self._ft)
 
         self._gossip_on_forward = True
         self._local_step = 0  # gossip steps so far
@@ -209,6 +226,9 @@ class GossipDataParallel(torch.nn.Module):
         self._z_ref = z
 
     def _pushsum_step(self):
+        if self._ft is not None and self._ft.has_left:
+            raise ValueError(f"GossipDataParallel on rank {self.rank}: this rank left the group (leave()) at step "
+                             f"{self._ft.step}; it takes no more gossip steps")
         self._absorb_optimizer_update()
         if self._ft is not None:
             self._backend.fault_tolerant_push_sum_round([self._x], self._ft).wait()
@@ -237,6 +257,22 @@ class GossipDataParallel(torch.nn.Module):
                           f"(rank {dead}'s share of the model is lost)", PeerLostWarning, stacklevel=4)
             self._ft_dead_warned.add(dead)
         self._ft_epoch = self._ft.epoch
+
+    def leave(self):
+        """fault_tolerant=True: this rank stops gossiping on purpose. It marks itself as left in
+        the group's store and closes its connections; the others drop it as departed at their
+        next round with it (`left_ranks`, no PeerLostWarning) and keep the mass they hold, so
+        they converge to their own weighted average (nothing of what they exchanged with it is
+        undone, as it is for a dead rank). This rank's parameters keep its de-biased model;
+        later training forwards raise ValueError. Also done when the wrapper is deleted or the
+        interpreter exits. Idempotent."""
+        if self._ft is None:
+            raise ValueError("GossipDataParallel.leave: needs fault_tolerant=True (without it every rank must "
+                             "take every step)")
+        with torch.no_grad():
+            self._absorb_optimizer_update()
+            self._write_debiased()
+        self._ft.leave()
 
     def _start_round(self):
         sent = self._x.clone()
@@ -321,9 +357,9 @@ class GossipDataParallel(torch.nn.Module):
 
     @property
     def step(self):
-        """Training forwards (gossip steps) taken. fault_tolerant=True: the agreed step counter
-        (push-sum rounds), the same on every survivor after a recovery although some may have
-        completed one round more than others: drive the training loop by it."""
+        """Training forwards (gossip steps) taken. fault_tolerant=True: the fault-tolerant
+        state's step counter, one per gossip step (settling rounds after a recovery are not
+        steps), equal on every survivor that took the same steps."""
         if self._ft is not None:
             return self._ft.step
         return self._local_step
@@ -338,8 +374,14 @@ class GossipDataParallel(torch.nn.Module):
 
     @property
     def dead_ranks(self):
-        """Ranks dropped by fault_tolerant=True so far (empty otherwise)."""
+        """Ranks dropped by fault_tolerant=True as dead or stalled so far (empty otherwise)."""
         return list(self._ft.dead) if self._ft is not None else []
+
+    @property
+    def left_ranks(self):
+        """Ranks that left on purpose (leave(), or their wrapper ended) and were dropped as
+        departed, fault_tolerant=True (empty otherwise)."""
+        return list(self._ft.departed) if self._ft is not None else []
 
     @property
     def in_flight(self):
