@@ -1,6 +1,9 @@
 """tools/bench/gossip_vs_allreduce.py's plain TCP exchange, the floor it reports beside the
 push-sum round: over loopback, with ranks as threads and the project's own peer graphs, every
-rank receives exactly what each of its in-peers sent, step after step."""
+rank receives exactly what each of its in-peers sent, step after step. The push-sum round's
+correctness check (its exact result on every rank from the peer schedule): on the real benchmark
+over 3 local processes, and refusing a no-op round, results on the wrong rank and an unmixed
+weight."""
 import threading
 
 import bench_script
@@ -114,3 +117,56 @@ def test_plot_writes_a_png(tmp_path, bps):
     path = tmp_path / "round.png"
     m.plot(results, str(path), "test")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_round_check_runs_the_benchmark_on_local_ranks(tmp_path):
+    """The benchmark itself on 3 local processes (no emulated network), tiny tensor: its worker
+    checks the push-sum round's result on every rank against push_sum_expected."""
+    import os
+    import subprocess
+    import sys
+    script = os.path.join(bench_script.TOOLS, "bench", "gossip_vs_allreduce.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([bench_script.TOOLS] + sys.path))
+    out = subprocess.run([sys.executable, script, "--network", "local", "--sizes-n", "3", "--bytes", "4096",
+                          "--iters", "1"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "n = 3: round" in out.stdout
+
+
+@pytest.mark.parametrize("graph", ["exponential:peers=1", "edges:0>1,1>2,2>3,3>0,0>2"])
+def test_push_sum_expected_is_the_round_by_hand(graph):
+    m = bench_script.load("gossip_vs_allreduce")
+    values, weights = [1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 1.0, 1.0]
+    got = [m.push_sum_expected(graph, 4, r, 1, values, weights) for r in range(4)]
+    if graph.startswith("exponential"):  # step 1: rank r sends half to r + 2
+        assert got == [(2.0, 1.0), (3.0, 1.0), (2.0, 1.0), (3.0, 1.0)]
+    else:  # rank 0 keeps and sends a third to 1 and 2; the others keep and send half
+        expected = [(1 / 3 + 2.0, 1 / 3 + 0.5), (1 / 3 + 1.0, 1 / 3 + 0.5), (1 / 3 + 1.0 + 1.5, 1 / 3 + 1.0),
+                    (1.5 + 2.0, 1.0)]
+        assert got == [pytest.approx(e, abs=1e-12) for e in expected]
+
+
+def test_round_check_refuses_wrong_results():
+    """A round that did nothing, one whose results conserve the sums but sit on the wrong ranks,
+    one that mixed x but not w, and one wrong element: each raises, naming the rank."""
+    import torch
+    m = bench_script.load("gossip_vs_allreduce")
+    graph, n, step = "edges:0>1,1>2,2>3,3>0,0>2", 4, 0
+    right = [m.push_sum_expected(graph, n, r, step, [1.0, 2.0, 3.0, 4.0], [1.0] * n) for r in range(n)]
+
+    def check(rank, x, w, size=64):
+        m.check_push_sum_round(torch.full((size,), x, dtype=torch.float32), torch.tensor([w], dtype=torch.float64),
+                               graph, n, rank, step)
+
+    for r in range(n):
+        check(r, *right[r])  # the right results pass
+    with pytest.raises(AssertionError, match="on rank 1 of 4"):
+        check(1, 2.0, 1.0)  # no-op: x = rank + 1, w = 1
+    with pytest.raises(AssertionError, match="on rank 0 of 4"):
+        check(0, *right[3])  # sums conserved, wrong rank
+    with pytest.raises(AssertionError, match="on rank 2 of 4"):
+        check(2, right[2][0], 1.0)  # x mixed, w not
+    x = torch.full((64,), right[3][0], dtype=torch.float32)
+    x[17] += 0.5
+    with pytest.raises(AssertionError, match=r"on rank 3 of 4 .*x\[17\]"):
+        m.check_push_sum_round(x, torch.tensor([right[3][1]], dtype=torch.float64), graph, n, 3, step)

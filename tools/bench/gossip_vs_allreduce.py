@@ -166,6 +166,33 @@ def plot(results, path, title, goal=1.10):
     plt.close(fig)
 
 
+def push_sum_expected(graph, n, rank, step, values, weights):
+    """(x, w) that `rank` holds after one push-sum round at `step` of `graph` from every rank j's
+    (values[j], weights[j]): the uniform shares 1/(|out_j| + 1) that rank j keeps and sends to
+    each of its out-peers, summed here from the peer schedule."""
+    from gossipcc import _C
+    period = _C.peer_graph_info(graph, n)["period"]
+    x = w = 0.0
+    for j in range(n):
+        out = list(_C.peer_graph_out_peers(graph, n, j, step % period))
+        if j == rank or rank in out:
+            share = 1.0 / (len(out) + 1)
+            x += share * values[j]
+            w += share * weights[j]
+    return x, w
+
+
+def check_push_sum_round(x, w, graph, n, rank, step):
+    """AssertionError unless `rank`'s (x, w) after a round at `step` from x = rank + 1, w = 1 on
+    every rank is the round's exact result (push_sum_expected), every element of x."""
+    ex, ew = push_sum_expected(graph, n, rank, step, [j + 1.0 for j in range(n)], [1.0] * n)
+    bad = ((x.double() - ex).abs() > 1e-6 * max(1.0, abs(ex))).nonzero()
+    if len(bad) or abs(w.item() - ew) > 1e-12:
+        where = f"x[{bad[0].item()}] = {x[bad[0]].item()}" if len(bad) else f"x = {x[0].item()}"
+        raise AssertionError(f"push-sum round on rank {rank} of {n} (graph {graph}, step {step}): {where}, "
+                             f"w = {w.item()}; expected x = {ex}, w = {ew} from the peer schedule")
+
+
 def worker(args):
     import datetime
     import torch
@@ -214,10 +241,11 @@ def worker(args):
                 times[op].append(dt)
                 if c0 is not None:
                     sent[op] += c1 - c0
-    # Push-sum conserves sum(x) and sum(w): check one more round.
+    # One more round, checked against its exact result computed here (and for conservation).
     x.fill_(rank + 1)
     w.fill_(1.0)
     backend.push_sum_round([x], w, step, args.graph).wait()
+    check_push_sum_round(x, w, args.graph, n, rank, step)
     check = torch.tensor([x[0].item(), w.item()], dtype=torch.float64)
     dist.all_reduce(check, group=gloo)
     if abs(check[0].item() - n * (n + 1) / 2) > 1e-3 or abs(check[1].item() - n) > 1e-9:
