@@ -168,6 +168,7 @@ std::shared_ptr<Work> ProcessGroupGossipcc::IssueCollective(const char* what, co
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::broadcast(std::vector<at::Tensor>& tensors,
                                                              const ::c10d::BroadcastOptions& opts) {
+  CheckCallTimeout(opts.timeout, "broadcast", "BroadcastOptions");
   const at::Tensor& t = SingleTensor(tensors, "broadcast", "");
   CheckRoot(opts.rootRank, size_, "broadcast");
   if (opts.rootTensor != 0) Unsupported("broadcast with rootTensor != 0 (one tensor per rank)");
@@ -177,6 +178,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::broadcast(std::vector<at::Ten
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce(std::vector<at::Tensor>& tensors,
                                                              const ::c10d::AllreduceOptions& opts) {
+  CheckCallTimeout(opts.timeout, "allreduce", "AllreduceOptions");
   const at::Tensor& t = SingleTensor(tensors, "allreduce", "");
   const ReduceOp op = ToReduceOp(opts.reduceOp, t, "allreduce");
   auto work = IssueCollective("allreduce", t, [=] { return communicator_->allreduce(ToBuffer(t, "allreduce", "tensor"), op); });
@@ -185,6 +187,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce(std::vector<at::Ten
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
+  CheckCallTimeout(opts.timeout, "allreduce_coalesced", "AllreduceCoalescedOptions");
   if (tensors.empty()) throw InvalidArgumentError("gossipcc allreduce_coalesced: empty tensor list");
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
@@ -206,6 +209,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce_coalesced(
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce(std::vector<at::Tensor>& tensors,
                                                           const ::c10d::ReduceOptions& opts) {
+  CheckCallTimeout(opts.timeout, "reduce", "ReduceOptions");
   const at::Tensor& t = SingleTensor(tensors, "reduce", "");
   CheckRoot(opts.rootRank, size_, "reduce");
   if (opts.rootTensor != 0) Unsupported("reduce with rootTensor != 0 (one tensor per rank)");
@@ -223,7 +227,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce(std::vector<at::Tensor
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                              std::vector<at::Tensor>& inputs,
-                                                             const ::c10d::AllgatherOptions&) {
+                                                             const ::c10d::AllgatherOptions& opts) {
+  CheckCallTimeout(opts.timeout, "allgather", "AllgatherOptions");
   const at::Tensor& input = SingleTensor(inputs, "allgather", "input");
   if (outputs.size() != 1) {
     throw InvalidArgumentError("gossipcc allgather: expects one output list per rank, got " +
@@ -243,7 +248,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather(std::vector<std::ve
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                                   const ::c10d::AllgatherOptions&) {
+                                                                   const ::c10d::AllgatherOptions& opts) {
+  CheckCallTimeout(opts.timeout, "_allgather_base", "AllgatherOptions");
   if (output.scalar_type() != input.scalar_type() || output.device() != input.device() ||
       output.numel() != size_ * input.numel()) {
     throw InvalidArgumentError("gossipcc _allgather_base: output is " +
@@ -258,7 +264,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_allgather_base(at::Tensor& o
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const ::c10d::AllgatherOptions&) {
+    const ::c10d::AllgatherOptions& opts) {
+  CheckCallTimeout(opts.timeout, "allgather_coalesced", "AllgatherOptions");
   // Every rank contributes the same list of tensors; gathered as one flat allgather.
   if (inputs.empty()) throw InvalidArgumentError("gossipcc allgather_coalesced: empty input list");
   if (static_cast<int>(outputs.size()) != size_) {
@@ -286,6 +293,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather_coalesced(
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const ::c10d::GatherOptions& opts) {
+  CheckCallTimeout(opts.timeout, "gather", "GatherOptions");
   const at::Tensor& input = SingleTensor(inputs, "gather", "input");
   CheckRoot(opts.rootRank, size_, "gather");
   const int root = static_cast<int>(opts.rootRank);
@@ -321,6 +329,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::gather(std::vector<std::vecto
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::scatter(std::vector<at::Tensor>& outputs,
                                                            std::vector<std::vector<at::Tensor>>& inputs,
                                                            const ::c10d::ScatterOptions& opts) {
+  CheckCallTimeout(opts.timeout, "scatter", "ScatterOptions");
   const at::Tensor& output = SingleTensor(outputs, "scatter", "output");
   CheckRoot(opts.rootRank, size_, "scatter");
   const int root = static_cast<int>(opts.rootRank);
@@ -351,6 +360,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::scatter(std::vector<at::Tenso
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                   std::vector<std::vector<at::Tensor>>& inputs,
                                                                   const ::c10d::ReduceScatterOptions& opts) {
+  CheckCallTimeout(opts.timeout, "reduce_scatter", "ReduceScatterOptions");
   const at::Tensor& output = SingleTensor(outputs, "reduce_scatter", "output");
   if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
     throw InvalidArgumentError("gossipcc reduce_scatter: expects one input list of world size " +
@@ -366,6 +376,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce_scatter(std::vector<at
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                         const ::c10d::ReduceScatterOptions& opts) {
+  CheckCallTimeout(opts.timeout, "_reduce_scatter_base", "ReduceScatterOptions");
   const ReduceOp op = ToReduceOp(opts.reduceOp, output, "_reduce_scatter_base");
   auto work = IssueCollective("reduce_scatter", input, [=] { return communicator_->reduce_scatter(ToBuffer(input, "_reduce_scatter_base", "input"),
                                             ToBuffer(output, "_reduce_scatter_base", "output"), op); });
@@ -410,7 +421,8 @@ std::vector<size_t> SplitCounts(const at::Tensor& t, const std::vector<int64_t>&
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                  std::vector<int64_t>& output_split_sizes,
                                                                  std::vector<int64_t>& input_split_sizes,
-                                                                 const ::c10d::AllToAllOptions&) {
+                                                                 const ::c10d::AllToAllOptions& opts) {
+  CheckCallTimeout(opts.timeout, "alltoall_base", "AllToAllOptions");
   std::vector<size_t> send = SplitCounts(input, input_split_sizes, size_, "input");
   std::vector<size_t> recv = SplitCounts(output, output_split_sizes, size_, "output");
   auto work = IssueCollective("alltoallv", input, [=] { return communicator_->alltoallv(ToBuffer(input, "alltoall_base", "input"), send,
@@ -420,7 +432,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall_base(at::Tensor& out
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall(std::vector<at::Tensor>& outputs,
                                                             std::vector<at::Tensor>& inputs,
-                                                            const ::c10d::AllToAllOptions&) {
+                                                            const ::c10d::AllToAllOptions& opts) {
+  CheckCallTimeout(opts.timeout, "alltoall", "AllToAllOptions");
   if (static_cast<int>(inputs.size()) != size_ || static_cast<int>(outputs.size()) != size_) {
     throw InvalidArgumentError("gossipcc alltoall: expects world size " + std::to_string(size_) +
                                " input and output tensors, got " + std::to_string(inputs.size()) + " and " +
@@ -472,13 +485,104 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::recvAnysource(std::vector<at:
   return work;
 }
 
-c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::barrier(const ::c10d::BarrierOptions&) {
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::barrier(const ::c10d::BarrierOptions& opts) {
+  CheckCallTimeout(opts.timeout, "barrier", "BarrierOptions");
   return Wrap(rank_, Ordered(), OpType::BARRIER, "gossipcc:barrier", IssueCollective("barrier", at::Tensor(), [this] { return communicator_->barrier(); }), {});
 }
 
-void ProcessGroupGossipcc::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool) {
-  auto work = IssueCollective("monitored barrier", at::Tensor(), [this] { return communicator_->barrier(); });
-  work->wait(opts.timeout.count() > 0 ? opts.timeout : std::chrono::milliseconds::zero());
+void ProcessGroupGossipcc::CheckCallTimeout(std::chrono::milliseconds timeout, const char* op,
+                                            const char* options) const {
+  if (timeout == ::c10d::kUnsetTimeout || timeout == options_.timeout) return;
+  throw InvalidArgumentError(c10::str(
+      "gossipcc ", op, " on rank ", rank_, ": ", options, ".timeout = ", timeout.count(),
+      " ms, but gossipcc's collectives take the process group's timeout (", options_.timeout.count(),
+      " ms, init_process_group(timeout=...) or new_group(timeout=...)); leave ", options,
+      ".timeout unset, or create the group with the timeout you want. work.wait(timeout) and "
+      "monitored_barrier(timeout=...) take a timeout of their own"));
+}
+
+// As ProcessGroupGloo's: point to point with rank 0, which alone enforces the timeout (so the
+// other ranks do not time out first and end the job without saying which rank is missing).
+// Ranks 1.. send to rank 0 and wait for its release; rank 0 waits for every rank's arrival
+// until one deadline (the call + timeout; Gloo gives each rank the whole timeout with
+// wait_all_ranks), then releases them. Without wait_all_ranks rank 0 raises naming the first
+// rank (in rank order) that did not arrive; with it, every such rank.
+void ProcessGroupGossipcc::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::chrono::milliseconds timeout = opts.timeout == ::c10d::kUnsetTimeout ? options_.timeout : opts.timeout;
+  if (timeout.count() <= 0) {
+    throw InvalidArgumentError(c10::str("gossipcc monitored_barrier on rank ", rank_, ": timeout must be > 0, got ",
+                                        timeout.count(), " ms"));
+  }
+  uint32_t call;
+  {
+    std::lock_guard<std::mutex> lock(monitored_barrier_mu_);
+    call = monitored_barrier_calls_++;
+  }
+  const uint32_t arrive_tag = kMonitoredBarrierTag + 2 * (call % 0x8000);
+  const uint32_t release_tag = arrive_tag + 1;
+  // Buffers of operations that may still be posted when this call fails outlive it.
+  auto retain = [this](const std::vector<at::Tensor>& buffers) {
+    std::lock_guard<std::mutex> lock(monitored_barrier_mu_);
+    for (const auto& b : buffers) monitored_barrier_retained_.push_back(b);
+  };
+  auto token = [this] { return at::full({1}, static_cast<int64_t>(rank_), at::kLong); };
+  if (size_ == 1) return;
+  if (rank_ != 0) {
+    at::Tensor out = token(), in = token();
+    auto send_work = communicator_->send(ToBuffer(out, "monitored_barrier", "token"), 0, arrive_tag);
+    auto recv_work = communicator_->recv(ToBuffer(in, "monitored_barrier", "token"), 0, release_tag);
+    try {
+      send_work->wait();  // each bounded by the group's timeout (a point-to-point operation's)
+      recv_work->wait();
+    } catch (const std::exception& e) {
+      retain({out, in});
+      throw CommError(c10::str("Rank ", rank_, " successfully reached monitoredBarrier, but received errors while ",
+                               "waiting for send/recv from rank 0. Please check rank 0 logs for faulty rank.\n ",
+                               "Original exception: \n", e.what()));
+    }
+    return;
+  }
+  const auto deadline = start + timeout;
+  auto left = [&deadline] {
+    const auto l = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    return std::max(l, std::chrono::milliseconds(1));  // wait(0) would wait without a bound
+  };
+  std::vector<at::Tensor> tokens;
+  std::vector<std::shared_ptr<Work>> works;
+  for (int r = 1; r < size_; ++r) {
+    tokens.push_back(token());
+    works.push_back(communicator_->recv(ToBuffer(tokens.back(), "monitored_barrier", "token"), r, arrive_tag));
+  }
+  // Every rank's arrival, then every rank's release. With wait_all_ranks a rank that failed
+  // does not stop the wait for the later ones (within the same deadline), so all are named.
+  auto wait_loop = [&](const char* what) {
+    std::vector<int> failed;
+    std::string first_error;
+    for (int r = 1; r < size_; ++r) {
+      try {
+        works[r - 1]->wait(left());
+      } catch (const std::exception& e) {
+        failed.push_back(r);
+        if (first_error.empty()) first_error = e.what();
+        if (!wait_all_ranks) break;
+      }
+    }
+    if (failed.empty()) return;
+    retain(tokens);
+    if (!wait_all_ranks) {
+      throw TimeoutError(c10::str("[Rank 0]: Rank ", failed[0], " failed to pass monitoredBarrier in ", timeout.count(),
+                                  " ms (", what, ")\n Original exception: \n", first_error));
+    }
+    throw TimeoutError(c10::str("[Rank 0]: Ranks ", c10::Join(", ", failed), " failed to pass monitoredBarrier in ",
+                                timeout.count(), " ms (", what, ")"));
+  };
+  wait_loop("no arrival");
+  works.clear();
+  for (int r = 1; r < size_; ++r) {
+    works.push_back(communicator_->send(ToBuffer(tokens[r - 1], "monitored_barrier", "token"), r, release_tag));
+  }
+  wait_loop("release not delivered");
 }
 
 void ProcessGroupGossipcc::setSequenceNumberForGroup() { sequence_number_ = 0; }

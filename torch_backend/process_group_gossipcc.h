@@ -145,6 +145,7 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   // algorithms; send/recv with a tag in that range is refused.
   static constexpr uint32_t kReservedTagBegin = 0x40000000;
   static constexpr uint32_t kReservedTagEnd = 0x60000000;
+  static constexpr uint32_t kMonitoredBarrierTag = 0x4d420000;  // "MB": [+0, +0x10000)
 
   // One push-sum round (SGP) at `step`, in place: together `tensors` are this rank's
   // numerator x; `weight` is its push-sum weight w (a 1-element float64 CPU tensor, > 0),
@@ -259,10 +260,19 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   Completion Ordered() const;
   Completion Unordered() const;
   std::shared_ptr<const PeerGraph> Graph(const std::string& spec, const char* op);
+  // A per-call timeout (the options structs' `timeout`) must be unset or the group's: every
+  // collective's deadline is the group's timeout after its call (comm/issue_time.h), so another
+  // value is refused with InvalidArgumentError naming the call, the value and the group's.
+  void CheckCallTimeout(std::chrono::milliseconds timeout, const char* op, const char* options) const;
 
   ProcessGroupOptions options_;
   std::unique_ptr<Communicator> communicator_;
   uint64_t sequence_number_ = 0;
+  // monitoredBarrier: calls so far (their tags: kMonitoredBarrierTag + 2 * (calls mod 2^15),
+  // + 1 for the release), and the buffers of receives and sends still posted when one failed.
+  uint32_t monitored_barrier_calls_ = 0;
+  std::mutex monitored_barrier_mu_;
+  std::vector<at::Tensor> monitored_barrier_retained_;
 
   // Cached per spec (peer graphs, algorithm objects); used only on the lanes after creation.
   std::mutex cache_mu_;
