@@ -65,8 +65,9 @@ class Communicator {
   int size() const;
   const CommunicatorOptions& options() const;
 
-  // In place: data <- reduce(data of every rank). float16/bfloat16 are reduced in float32
-  // and rounded once. kAvg needs a floating dtype.
+  // In place: data <- reduce(data of every rank). float16/bfloat16 CPU buffers are reduced in
+  // float32 and rounded once; CUDA buffers with NCCL's native half-precision arithmetic
+  // (rounded per hop). kAvg needs a floating dtype.
   std::shared_ptr<Work> allreduce(Buffer data, ReduceOp op = ReduceOp::kSum);
   // In place: data <- data of `root`.
   std::shared_ptr<Work> broadcast(Buffer data, int root);
