@@ -44,7 +44,9 @@
 // once recovered (its partners do it in their next call); a rank at step s < S counts its
 // failed call's round as done (the reconciliation settled its mass) and its calls for steps
 // s+1..S-1 take no part in any exchange (the others did those rounds without it). So the calls
-// stay paired: step() equals the number of calls on every survivor.
+// stay paired: step() equals the number of calls on every survivor. Collectives (Average,
+// MeanOverMembers, comm()) must be called at the same step() on every member: right after a
+// recovering Step a rank that owed a round is one round ahead of those that return at once.
 //
 // Leaving (Leave(), or destroying the object): the rank marks itself as left in the store
 // ("ftps/left/<rank>") before it closes its connections. A recovery that finds a member gone
