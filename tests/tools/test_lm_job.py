@@ -1,6 +1,7 @@
 """The main job's LM workload (tools/train/lm_job.py) in --smoke mode on 2 local ranks for DDP on
-gossipcc and DiLoCo: it must finish, write its table, summary and plot, and lower the
-validation loss; plus the data split, the method list and the table's arithmetic."""
+gossipcc and DiLoCo: it must finish, write its table, summary and plot, lower the validation loss
+and end with the same model on both ranks; plus the data split, the method list and the table's
+arithmetic."""
 import json
 import os
 import subprocess
@@ -78,6 +79,9 @@ def test_smoke_run_on_two_local_ranks(tmp_path):
         first, last = r["curve"][0]["val_loss"], r["final_val_loss"]
         # ln 256 = 5.55 at the start; 30 steps of the tiny model reach about 3.4-3.9.
         assert first > 5.0 and last < first - 1.0, (r["method"], r["curve"])
+        # The ranks communicated: each samples its own batches, so apart from DDP's all-reduce and
+        # DiLoCo's outer step (step 30 is a sync step at H = 5) their models would end apart.
+        assert r["final_param_spread"] == 0.0, (r["method"], r["final_param_spread"])
 
 
 WRAPPER = r'''

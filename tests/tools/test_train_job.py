@@ -1,6 +1,7 @@
 """The main job (tools/train/train.py) end to end for a few steps, every kind of method, 2 ranks as
 local processes (--network local: no namespaces needed): it must finish, write its table,
-summary and plot, and every method must lower the test loss."""
+summary and plot, every method must lower the test loss, and every method's ranks must end with
+models closer than ranks that do not communicate (diag-sync2's): equal for exact averaging."""
 import json
 import os
 import subprocess
@@ -67,6 +68,15 @@ def test_every_method_runs_a_few_steps(tmp_path):
         # method must lower it.
         assert last["test_loss"] < first["test_loss"] - 0.02, (r["method"], r["curve"])
         assert r["bytes_per_rank_per_step"] is None  # local processes: no NIC counters
+    # The ranks communicated: each trains on its own shard, so without communication their models
+    # end apart, as diag-sync2's (which exchanges 16 floats and leaves the gradients alone) do.
+    spread = {r["method"]: r["final_param_spread"] for r in rows}
+    apart = spread.pop("diag-sync2")
+    assert apart > 1e-3, apart
+    for name in ("allreduce-gloo", "powersgd-r1", "torch-powersgd-r1"):  # exact averaging: one model
+        assert spread[name] < 1e-6 * apart, (name, spread)
+    for name in ("sgp", "osgp", "dpsgd", "adpsgd"):  # gossip: closer (about 0.1-0.45 of apart here), not equal
+        assert spread[name] < 0.7 * apart, (name, spread)
 
 
 def test_unknown_method_is_refused():

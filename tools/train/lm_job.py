@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # tools/: emulated_cluster
 import emulated_cluster  # noqa: E402
 import lm  # noqa: E402
 import lm_worker  # noqa: E402
+import methods  # noqa: E402
 from train import load_average, run_method, run_methods  # noqa: E402
 
 WORKER = os.path.join(HERE, "lm_worker.py")
@@ -80,6 +81,8 @@ def summarize(name, ranks, target):
         "max_bytes_per_rank_per_step": None if None in tx else max(tx) / steps,
         "final_val_loss": curve[-1]["val_loss"],
         "final_val_loss_max_rank": curve[-1]["val_loss_max_rank"],
+        # How far apart the ranks' models end (before any final averaging): 0 for exact averaging.
+        "final_param_spread": methods.param_spread(ends),
         "averaged_val_loss": averaged[0] if averaged else None,
         "time_to_target": time_to_target(curve, target),
         "curve": curve,

@@ -166,7 +166,8 @@ def main(argv=None):
                 break
     tx = tx_counter()
     end = {"type": "end", "steps": step, "train_time": train_time,
-           "tx_bytes": None if tx is None or tx0 is None else tx - tx0}
+           "tx_bytes": None if tx is None or tx0 is None else tx - tx0,
+           "param_probe": methods.param_probe(module)}  # the trained model, before any final averaging
     if method.average is not None:
         method.average(model)  # after the counters: the final averaging is not a training step
         end["averaged_val_loss"] = lm.evaluate(module, windows)

@@ -176,6 +176,26 @@ def leave(method):
     dist.destroy_process_group()
 
 
+def param_probe(module, k=4):
+    """k fixed random projections of the module's flattened parameters (the same projection
+    vectors on every rank, scaled by 1/sqrt(numel)): ranks holding equal models report equal
+    values, so the spread of the values over the ranks says how far apart the ranks' models are,
+    without a collective."""
+    flat = torch.cat([p.detach().reshape(-1).double() for p in module.parameters()])
+    g = torch.Generator().manual_seed(1234)
+    return [(flat @ torch.randn(flat.numel(), generator=g, dtype=torch.float64)).item() / flat.numel() ** 0.5
+            for _ in range(k)]
+
+
+def param_spread(ends):
+    """The largest spread over the ranks of any param_probe value in the ranks' "end" records:
+    0 when every rank ends with the same model; None if a rank did not record one."""
+    probes = [e.get("param_probe") for e in ends]
+    if None in probes:
+        return None
+    return max(max(values) - min(values) for values in zip(*probes))
+
+
 def names(spec):
     """"all" (every method but PyTorch's hook and the diagnostics), "default", or a comma list
     -> list of names."""

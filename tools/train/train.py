@@ -115,6 +115,8 @@ def summarize(name, ranks, target):
         "final_test_loss": curve[-1]["test_loss"],
         "final_test_acc": curve[-1]["test_acc"],
         "final_test_acc_min_rank": min(e[-1]["test_acc"] for e in evals),
+        # How far apart the ranks' models end (before any final averaging): 0 for exact averaging.
+        "final_param_spread": methods.param_spread(ends),
         "averaged_test_acc": ends[0].get("averaged_test_acc"),
         "time_to_target": reached["time"] if reached else None,
         "steps_to_target": reached["step"] if reached else None,

@@ -179,7 +179,8 @@ def main(argv=None):
                 loss_sum, loss_n = 0.0, 0
         tx = tx_counter()
         end = {"type": "end", "steps": args.steps, "train_time": train_time,
-               "tx_bytes": None if tx is None or tx0 is None else tx - tx0}
+               "tx_bytes": None if tx is None or tx0 is None else tx - tx0,
+               "param_probe": methods.param_probe(module)}  # the trained model, before any final averaging
         if method.average is not None:
             method.average(model)  # after the counters: the final averaging is not a training step
             end["averaged_test_loss"], end["averaged_test_acc"] = evaluate(module, x_test, y_test)
