@@ -1,5 +1,6 @@
 """The examples in torch_backend/python/examples run and learn (so that docs/algorithms.md's
-commands keep working)."""
+commands keep working), and their ranks communicate: each method's ranks end closer than ranks
+that never communicate."""
 import os
 import re
 import subprocess
@@ -12,15 +13,27 @@ def test_train_algorithms_every_method():
     out = subprocess.run([sys.executable, EXAMPLE, "--world-size", "4", "--steps", "40"], capture_output=True,
                          text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
-    rows = {m.group(1): (float(m.group(2)), float(m.group(3)), float(m.group(4)))
-            for m in re.finditer(r"^(\w+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out.stdout, re.M)}
+    rows = {m.group(1): (float(m.group(2)), float(m.group(3)), float(m.group(4)), float(m.group(5)))
+            for m in re.finditer(r"^(\w+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out.stdout, re.M)}
     assert set(rows) == set(METHODS), out.stdout
-    for method, (first, last, acc) in rows.items():
+    for method, (first, last, acc, _) in rows.items():
         assert last < 0.6 * first and acc > 0.6, (method, out.stdout)
+    # The ranks communicated: how far apart their models were before any final averaging, against
+    # "local" (each rank alone on its own data; 0.37 here). Exact averaging: one model (diloco's
+    # step 40 is an outer step); gossip and elastic averaging: apart, but well below local
+    # (0.12-0.33 of it here); Streaming DiLoCo with mix=0.5 between outer steps: 0.64 of it.
+    apart = {method: row[3] for method, row in rows.items()}
+    local = apart.pop("local")
+    assert local > 0.1, out.stdout
+    for method in ("uneven", "allreduce", "powersgd", "powersgd_hook", "diloco"):
+        assert apart[method] == 0.0, (method, out.stdout)
+    for method in ("sgp", "osgp", "dpsgd", "adpsgd", "easgd", "gossip_hook"):
+        assert 0.0 < apart[method] < 0.5 * local, (method, out.stdout)
+    assert apart["streaming_diloco"] < 0.8 * local, out.stdout
 
 
 METHODS = ("sgp", "osgp", "dpsgd", "adpsgd", "easgd", "uneven", "allreduce", "powersgd", "powersgd_hook", "gossip_hook",
-           "diloco", "streaming_diloco")
+           "diloco", "streaming_diloco", "local")
 
 
 def test_train_algorithms_help_lists_every_method():

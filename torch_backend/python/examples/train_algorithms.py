@@ -1,14 +1,16 @@
 """Trains one small classifier with each of gossipcc's training algorithms (docs/algorithms.md).
 
     PYTHONPATH=bazel-bin/torch_backend python3 torch_backend/python/examples/train_algorithms.py \
-        --world-size 4 --steps 60 --methods sgp,osgp,dpsgd,adpsgd,easgd,uneven,allreduce,powersgd,powersgd_hook,gossip_hook,diloco,streaming_diloco
+        --world-size 4 --steps 60 --methods sgp,osgp,dpsgd,adpsgd,easgd,uneven,allreduce,powersgd,powersgd_hook,gossip_hook,diloco,streaming_diloco,local
 
 Standalone it starts --world-size local ranks itself (file:// rendezvous); under torchrun
 (`python3 -m gossipcc.torchrun --nproc_per_node=4 train_algorithms.py`) it uses env://.
 Each rank trains on its own shard of a synthetic task (labels from a fixed linear teacher);
-rank 0 prints, per method, the first and last training loss and the accuracy of the final
-(exactly averaged) model on held-out data. Each `train_<method>` function is the whole
-recipe for that method; `--help` lists the methods.
+rank 0 prints, per method, the first and last training loss, the accuracy of the final
+(exactly averaged) model on held-out data, and how far apart the ranks' models were at the
+end of training, before any final averaging (`spread`: the largest difference of a parameter
+from rank 0's; "local", which never communicates, shows how far apart they drift alone). Each
+`train_<method>` function is the whole recipe for that method; `--help` lists the methods.
 """
 import argparse
 import datetime
@@ -43,6 +45,30 @@ def sgd(model):
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 
+def spread(module):
+    """Collective: the largest difference of any parameter from rank 0's, over the ranks."""
+    flat = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+    first = flat.clone()
+    dist.broadcast(first, 0)
+    apart = (flat - first).abs().max().reshape(1)
+    dist.all_reduce(apart, op=dist.ReduceOp.MAX)
+    return apart.item()
+
+
+def train_local(rank, steps):
+    """No communication: each rank trains alone on its own data (the baseline for spread)."""
+    model = make_model()
+    opt = sgd(model)
+    losses = []
+    for x, y in batches(rank, steps):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return model, losses, spread(model)
+
+
 def train_gossip(algorithm, rank, steps, **options):
     """SGP / OSGP / D-PSGD: wrap, train as usual, average exactly at the end."""
     model = gossipcc.GossipDataParallel(make_model(), algorithm=algorithm, **options)
@@ -54,8 +80,9 @@ def train_gossip(algorithm, rank, steps, **options):
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    apart = spread(model.module)
     model.average_parameters()
-    return model.module, losses
+    return model.module, losses, apart
 
 
 def train_adpsgd(rank, steps):
@@ -70,8 +97,9 @@ def train_adpsgd(rank, steps):
         opt.step()
         losses.append(loss.item())
     model.finish()
+    apart = spread(model.module)
     model.average_parameters()
-    return model.module, losses
+    return model.module, losses, apart
 
 
 def train_easgd(rank, steps, tau=4, alpha=0.3):
@@ -87,8 +115,9 @@ def train_easgd(rank, steps, tau=4, alpha=0.3):
         opt.step()
         ea.step()
         losses.append(loss.item())
+    apart = spread(model)
     ea.load_center_into_model()  # the consensus model
-    return model, losses
+    return model, losses, apart
 
 
 def train_uneven(rank, steps):
@@ -105,7 +134,7 @@ def train_uneven(rank, steps):
         opt.step()
         losses.append(loss.item())
     allreduce_sgd.finish()
-    return model, losses
+    return model, losses, spread(model)
 
 
 def train_diloco(rank, steps, **options):
@@ -123,8 +152,9 @@ def train_diloco(rank, steps, **options):
         inner.step()
         diloco.step()  # synchronises the fragments whose turn it is
         losses.append(loss.item())
+    apart = spread(model)
     diloco.sync()  # the last outer step: every rank holds theta_global, bitwise the same
-    return model, losses
+    return model, losses, apart
 
 
 def train_ddp(rank, steps, policy):
@@ -143,7 +173,7 @@ def train_ddp(rank, steps, policy):
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    return model.module, losses
+    return model.module, losses, spread(model.module)
 
 
 def train_ddp_hook(rank, steps, hook):
@@ -164,12 +194,13 @@ def train_ddp_hook(rank, steps, hook):
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    apart = spread(model.module)
     if hook == "gossip":  # replicas are close, not equal: evaluate their exact average
         with torch.no_grad():
             for p in model.module.parameters():
                 dist.all_reduce(p)
                 p.div_(dist.get_world_size())
-    return model.module, losses
+    return model.module, losses, apart
 
 
 METHODS = {  # name: (recipe, what it is)
@@ -195,6 +226,7 @@ METHODS = {  # name: (recipe, what it is)
     "streaming_diloco": (lambda rank, steps: train_diloco(rank, steps, sync_every=10, fragments=2, overlap=2,
                                                           mix=0.5),
                          "DiLoCo(sync_every=10, fragments=2, overlap=2, mix=0.5): Streaming DiLoCo"),
+    "local": (train_local, "no communication, each rank alone (the baseline for the spread column)"),
 }
 
 
@@ -210,13 +242,13 @@ def run(rank, world_size, init_method, methods, steps):
                             timeout=datetime.timedelta(seconds=120))
     rows = []
     for name in methods:
-        model, losses = METHODS[name][0](rank, steps)
+        model, losses, apart = METHODS[name][0](rank, steps)
         acc = accuracy(model)
-        rows.append((name, losses[0], sum(losses[-5:]) / len(losses[-5:]), acc))
+        rows.append((name, losses[0], sum(losses[-5:]) / len(losses[-5:]), acc, apart))
     if rank == 0:
-        print(f"{'method':<16} {'first loss':>10} {'last loss':>10} {'accuracy':>9}")
-        for name, first, last, acc in rows:
-            print(f"{name:<16} {first:>10.4f} {last:>10.4f} {acc:>9.3f}")
+        print(f"{'method':<16} {'first loss':>10} {'last loss':>10} {'accuracy':>9} {'spread':>9}")
+        for name, first, last, acc, apart in rows:
+            print(f"{name:<16} {first:>10.4f} {last:>10.4f} {acc:>9.3f} {apart:>9.4f}")
         sys.stdout.flush()
     dist.barrier()
     dist.destroy_process_group()
