@@ -51,7 +51,11 @@ if [ -d "$SRC_CACHE" ]; then
   mount_once "$ROOT$SRC_CACHE" --bind "$SRC_CACHE"
   mount -o remount,bind,ro "$ROOT$SRC_CACHE" 2>/dev/null || true
 fi
+# The root is this host seen through another Debian: the same name resolution. Its own hosts file
+# (debootstrap's) lacks this host's name, and torchrun's c10d rendezvous hands the workers the
+# agent's host name: unresolvable, the workers retried until the launch timed out.
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
+cp /etc/hosts "$ROOT/etc/hosts" 2>/dev/null || true
 # In a PID namespace of its own, with its /proc: trixie's `ip netns` reads /proc/1/ns (the
 # "init namespace"), which the host's /proc does not let a chroot read.
 unshare --pid --fork --mount-proc="$ROOT/proc" chroot "$ROOT" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
