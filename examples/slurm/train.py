@@ -9,7 +9,7 @@ loss (this rank's last batch, and the mean over ranks), and a SHA-256 of the par
 bytes. DDP averages the gradients and every rank starts from rank 0's parameters, so every
 rank's checksum must be the same.
 
-    RESULT_DIR=... python3 train.py [--steps 30] [--result-dir DIR]
+    RESULT_DIR=... /usr/bin/python3 train.py [--steps 30] [--result-dir DIR]
 """
 import argparse
 import datetime

@@ -342,3 +342,31 @@ def test_output_comparison_catches_a_changed_number():
     assert not output_matches("a\nb\n", "a\nc\nb\n", 0, set())
     assert output_matches("keys: rank [int >= 1], ...\n", "keys: rank [int >= 1], start_iter [int >= 0]\n", 0, set())
     assert not output_matches("keys: rank [int >= 2], ...\n", "keys: rank [int >= 1], start_iter\n", 0, set())
+
+
+# A command that runs a bare `python`/`python3` (found on PATH: under a pyenv or conda shell,
+# an interpreter without torch) instead of the docs' one convention, `/usr/bin/python3`
+# (docs/getting-started.md, "The interpreter"); a path before it (a venv's bin/python) is fine.
+BARE_INTERPRETER = re.compile(r"(?<![/\w.-])python3?(?=\s+(?:-m\b|-c\b|\S+\.py\b))")
+USER_FACING = DOC_FILES + sorted(
+    os.path.join(d, f) for d in ("examples/getting_started", "torch_backend/python/examples")
+    for f in os.listdir(d) if f.endswith(".py"))
+
+
+def bare_interpreter_lines(paths):
+    return [f"{path}:{i}: {line.strip()}" for path in paths
+            for i, line in enumerate(open(path, encoding="utf-8"), 1) if BARE_INTERPRETER.search(line)]
+
+
+def test_one_interpreter_convention():
+    found = bare_interpreter_lines(USER_FACING)
+    assert not found, ("commands with a bare python/python3 (write /usr/bin/python3, the docs' convention):\n"
+                       + "\n".join(found))
+
+
+def test_interpreter_check_catches_bare_python(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("python3 -m gossipcc.info\nPYTHONPATH=x python train.py\n/usr/bin/python3 -m gossipcc.info\n"
+                    "~/venv/bin/python -m pip install .\nthe python3-torch package\n")
+    assert [line.split(": ", 1)[1] for line in bare_interpreter_lines([str(page)])] == [
+        "python3 -m gossipcc.info", "PYTHONPATH=x python train.py"]

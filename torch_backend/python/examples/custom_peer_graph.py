@@ -1,9 +1,9 @@
 """Gossip over a peer graph of your own: the "edges:" spec (docs/gossip.md, user edge lists).
 
-    PYTHONPATH=bazel-bin/torch_backend python3 torch_backend/python/examples/custom_peer_graph.py
+    PYTHONPATH=bazel-bin/torch_backend /usr/bin/python3 torch_backend/python/examples/custom_peer_graph.py
 
 Starts 4 local ranks itself (file:// rendezvous); under torchrun
-(`python3 -m gossipcc.torchrun --nproc_per_node=4 custom_peer_graph.py`) it uses env://.
+(`/usr/bin/python3 -m gossipcc.torchrun --nproc-per-node=4 custom_peer_graph.py`) it uses env://.
 
 A spec "edges:a>b,c>d,...;e>f,..." lists directed edges src>dst; ';' separates phases and
 step k uses phase k mod (number of phases). Any string accepted by `graph=` works the same way

@@ -1,10 +1,10 @@
 """Trains one small classifier with each of gossipcc's training algorithms (docs/algorithms.md).
 
-    PYTHONPATH=bazel-bin/torch_backend python3 torch_backend/python/examples/train_algorithms.py \
+    PYTHONPATH=bazel-bin/torch_backend /usr/bin/python3 torch_backend/python/examples/train_algorithms.py \
         --world-size 4 --steps 60 --methods sgp,osgp,dpsgd,adpsgd,easgd,uneven,allreduce,powersgd,powersgd_hook,gossip_hook,diloco,streaming_diloco,local
 
 Standalone it starts --world-size local ranks itself (file:// rendezvous); under torchrun
-(`python3 -m gossipcc.torchrun --nproc_per_node=4 train_algorithms.py`) it uses env://.
+(`/usr/bin/python3 -m gossipcc.torchrun --nproc-per-node=4 train_algorithms.py`) it uses env://.
 Each rank trains on its own shard of a synthetic task (labels from a fixed linear teacher);
 rank 0 prints, per method, the first and last training loss, the accuracy of the final
 (exactly averaged) model on held-out data, and how far apart the ranks' models were at the

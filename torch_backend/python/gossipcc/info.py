@@ -1,8 +1,8 @@
-"""`python -m gossipcc.info`: what this gossipcc is, what it was built against, whether CUDA
+"""`/usr/bin/python3 -m gossipcc.info`: what this gossipcc is, what it was built against, whether CUDA
 tensors will work, and the settings it would read from the environment now, each checked as
 creating a process group checks it. Paste its output into bug reports.
 
-`python -m gossipcc.info --json` prints the same as one JSON object (also `gossipcc.info.info()`).
+`/usr/bin/python3 -m gossipcc.info --json` prints the same as one JSON object (also `gossipcc.info.info()`).
 The exit status is 1 when a variable is set to a value that creating a process group would
 refuse, or a GOSSIPCC_* variable is set that gossipcc does not read (a misspelt name), else 0.
 """
