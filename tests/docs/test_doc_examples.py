@@ -370,3 +370,24 @@ def test_interpreter_check_catches_bare_python(tmp_path):
                     "~/venv/bin/python -m pip install .\nthe python3-torch package\n")
     assert [line.split(": ", 1)[1] for line in bare_interpreter_lines([str(page)])] == [
         "python3 -m gossipcc.info", "PYTHONPATH=x python train.py"]
+
+
+def first_line_of(path, pattern):
+    """1-based number of the first line of `path` matching `pattern`, or None."""
+    for i, line in enumerate(open(path, encoding="utf-8"), 1):
+        if re.search(pattern, line):
+            return i
+    return None
+
+
+FIRST_SCREEN = 40  # lines a newcomer sees before scrolling
+
+
+def test_a_newcomer_meets_usage_first():
+    """The README links the getting-started page on its first screen, and docs/pytorch.md shows
+    how to use the backend before how its wheel is built."""
+    link = first_line_of("README.md", r"\(docs/getting-started\.md\)")
+    assert link is not None and link <= FIRST_SCREEN, f"README.md links docs/getting-started.md at line {link}"
+    usage = first_line_of("docs/pytorch.md", r"^```python")
+    assert usage is not None and usage <= FIRST_SCREEN, (
+        f"docs/pytorch.md's first Python example is at line {usage}, after {FIRST_SCREEN} lines of other matter")
