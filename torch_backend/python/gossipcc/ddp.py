@@ -37,7 +37,10 @@ def _requested_policy():
     """(normal form, source) of the policy the user set, or None if it is "exact"."""
     from . import _C, _policy_and_source
     text, source = _policy_and_source()
-    policy = _C.parse_allreduce_policy(text)
+    try:
+        policy = _C.parse_allreduce_policy(text)
+    except ValueError:  # an invalid policy: creating a gossipcc group reports it, naming the source
+        return None
     return None if policy == "exact" else (policy, source)
 
 
