@@ -19,7 +19,7 @@ def test_train_algorithms_every_method():
     for method, (first, last, acc, _) in rows.items():
         assert last < 0.6 * first and acc > 0.6, (method, out.stdout)
     # The ranks communicated: how far apart their models were before any final averaging, against
-    # "local" (each rank alone on its own data; 0.37 here). Exact averaging: one model (diloco's
+    # "local" (each rank alone on its own data). Exact averaging: one model (diloco's
     # step 40 is an outer step); gossip and elastic averaging: apart, but well below local
     # (0.12-0.33 of it here); Streaming DiLoCo with mix=0.5 between outer steps: 0.64 of it.
     apart = {method: row[3] for method, row in rows.items()}
