@@ -38,6 +38,9 @@ from emulated_cluster import free_port
 
 WORLD = 4
 TIMEOUT_S = 3.0          # the group's timeout: a stalled rank is declared dead after it
+# The clean-leave case has no death to detect: a timeout far above any stall of a loaded machine
+# (a rank stalled past it would be dropped as dead, and the case would fail for that alone).
+LEAVE_TIMEOUT_S = 20.0
 STEPS = 60               # training steps (agreed step counter)
 CONSENSUS_ROUNDS = 40    # gossip-only rounds after training
 LR = 0.1
@@ -293,7 +296,7 @@ def _leave_worker(rank, world_size):
     import gossipcc
     from launcher import init_method
     dist.init_process_group("gossipcc", init_method=init_method(), rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
+                            timeout=datetime.timedelta(seconds=LEAVE_TIMEOUT_S))
     torch.manual_seed(rank)
     net = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     model = gossipcc.GossipDataParallel(net, algorithm="sgp", fault_tolerant=True)
