@@ -44,6 +44,7 @@ For Python callers: EmulatedCluster (above), LocalCluster (the same run() over l
 namespaces), rank_tx_bytes() (inside a rank: its NIC's tx counter).
 """
 import argparse
+import contextlib
 import os
 import random
 import re
@@ -185,10 +186,28 @@ def cleanup_stale():
 
 class _Signals:
     """Turns SIGINT/SIGTERM/SIGHUP into KeyboardInterrupt while a cluster is up, so `finally`
-    cleans up (SIGINT too: a shell starts background jobs with SIGINT ignored)."""
+    cleans up (SIGINT too: a shell starts background jobs with SIGINT ignored). Inside
+    `deferred()` (a rank's process being started and recorded) the interrupt waits until the
+    block ends: raised between the fork and the record, it would leave a rank nobody kills,
+    holding the cluster's output pipes open."""
+
+    _deferring = False
+    _pending = None  # the signal that arrived while deferring
 
     def __init__(self):
         self.saved = {}
+
+    @classmethod
+    @contextlib.contextmanager
+    def deferred(cls):
+        cls._deferring = True
+        try:
+            yield
+        finally:
+            cls._deferring = False
+            signum, cls._pending = cls._pending, None
+            if signum is not None:
+                raise KeyboardInterrupt(f"signal {signum}")
 
     def install(self):
         if threading.current_thread() is not threading.main_thread():
@@ -196,8 +215,11 @@ class _Signals:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self.saved[sig] = signal.signal(sig, self._raise)
 
-    @staticmethod
-    def _raise(signum, frame):
+    @classmethod
+    def _raise(cls, signum, frame):
+        if cls._deferring:
+            cls._pending = signum
+            return
         raise KeyboardInterrupt(f"signal {signum}")
 
     def restore(self):
@@ -395,8 +417,9 @@ class EmulatedCluster:
             # A UTS namespace of its own: the process and its children see host<r> as this
             # host's name (gethostname), as on a real host.
             prefix += ["unshare", "--uts", "sh", "-c", f'hostname {self.hostname(rank)} && exec "$@"', "sh"]
-        proc = subprocess.Popen(prefix + list(cmd), env=full_env, start_new_session=True, **kwargs)
-        self._procs.append(proc)
+        with _Signals.deferred():  # recorded before an interrupt can unwind, so kill_all stops it
+            proc = subprocess.Popen(prefix + list(cmd), env=full_env, start_new_session=True, **kwargs)
+            self._procs.append(proc)
         return proc
 
     def kill_all(self):

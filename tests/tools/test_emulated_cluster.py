@@ -144,3 +144,33 @@ def test_delay_without_netem_says_why():
         # Kernels without sch_netem (this machine's): a clear reason.
         assert "no netem qdisc" in str(e), str(e)
     assert ours(cluster.name) == []
+
+
+def test_a_signal_while_a_rank_starts_still_stops_that_rank(monkeypatch):
+    """SIGTERM arriving after a rank's process is forked but before the cluster has recorded it
+    (as a loaded machine can time it) must still stop that rank: a rank left running holds the
+    cluster's output pipes open, and whoever reads them waits for it."""
+    namespaces_or_skip()
+    real_popen = subprocess.Popen
+    ranks = []
+
+    def popen_then_signal(args, *a, **k):
+        proc = real_popen(args, *a, **k)
+        if "sleep" in args:  # a rank's command, not one of the cluster's own `ip` calls
+            ranks.append(proc)
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, before Popen returns
+        return proc
+
+    monkeypatch.setattr(ec.subprocess, "Popen", popen_then_signal)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with ec.EmulatedCluster(2, "none") as cluster:
+                cluster.run([["sleep", "60"]] * 2, timeout=60)
+        assert ranks, "no rank was started"
+        running = [p.pid for p in ranks if p.poll() is None]
+        assert running == [], f"rank processes left running after the interrupt: {running}"
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
