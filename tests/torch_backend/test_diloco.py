@@ -65,6 +65,18 @@ def test_h1_equals_ddp():
 H, FRAGMENTS, OVERLAP, MIX, OUTER_LR, MOMENTUM, STEPS = 4, 2, 1, 0.25, 0.7, 0.9, 13
 
 
+def outer_step(fragment, avg, buf, glob, params, mix):
+    """The simulations' outer step of one fragment on every rank r: Nesterov SGD (OUTER_LR,
+    MOMENTUM) from glob[r] with gradient avg[r], then params[r] <- mix * params + (1 - mix) * glob."""
+    for r in range(len(params)):
+        for i in fragment:
+            g = avg[r][i]
+            buf[r][i] = g.clone() if i not in buf[r] else MOMENTUM * buf[r][i] + g
+            glob[r][i] = glob[r][i] - OUTER_LR * (g + MOMENTUM * buf[r][i])
+            with torch.no_grad():
+                params[r][i].copy_(mix * params[r][i] + (1 - mix) * glob[r][i])
+
+
 def simulate(world_size, transport="exact"):
     """Every rank's flat parameters after every step, from the paper's update, by hand.
     transport "gossip": each rank keeps its own theta_global, and the outer gradient of rank r at
@@ -91,13 +103,7 @@ def simulate(world_size, transport="exact"):
         for f in sorted(pending):
             if pending[f][0] <= t:
                 _, avg = pending.pop(f)
-                for r in range(world_size):
-                    for i in frags[f]:
-                        g = avg[r][i]
-                        buf[r][i] = g.clone() if i not in buf[r] else MOMENTUM * buf[r][i] + g
-                        glob[r][i] = glob[r][i] - OUTER_LR * (g + MOMENTUM * buf[r][i])
-                        with torch.no_grad():
-                            params[r][i].copy_(MIX * params[r][i] + (1 - MIX) * glob[r][i])
+                outer_step(frags[f], avg, buf, glob, params, MIX)
         for f in range(FRAGMENTS):
             if (t + offsets[f]) % H == 0:
                 delta = [{i: glob[r][i] - params[r][i].detach() for i in frags[f]} for r in range(world_size)]
@@ -363,13 +369,7 @@ def simulate_sync(world_size, transport, h, fragments, overlap, mix, steps):
 
     def apply(f):
         _, avg = pending.pop(f)
-        for r in range(world_size):
-            for i in frags[f]:
-                g = avg[r][i]
-                buf[r][i] = g.clone() if i not in buf[r] else MOMENTUM * buf[r][i] + g
-                glob[r][i] = glob[r][i] - OUTER_LR * (g + MOMENTUM * buf[r][i])
-                with torch.no_grad():
-                    params[r][i].copy_(mix * params[r][i] + (1 - mix) * glob[r][i])
+        outer_step(frags[f], avg, buf, glob, params, mix)
 
     for t in range(1, steps + 1):
         for r in range(world_size):
