@@ -110,8 +110,7 @@ const std::vector<Variable>& Variables() {
       {{"GOSSIPCC_SOCKET_IFNAME", "unset", false},
        [](CommunicatorOptions& o, const std::string& t) { o.interface = FirstInterface("GOSSIPCC_SOCKET_IFNAME", t); },
        nullptr},
-      // Used when GOSSIPCC_SOCKET_IFNAME is unset, as gloo uses it (applied first, so that
-      // GOSSIPCC_SOCKET_IFNAME overrides it; see UsedInstead).
+      // Used when GOSSIPCC_SOCKET_IFNAME is unset, as gloo uses it (see UsedInstead).
       {{"GLOO_SOCKET_IFNAME", "unset", false},
        [](CommunicatorOptions& o, const std::string& t) { o.interface = FirstInterface("GLOO_SOCKET_IFNAME", t); },
        nullptr},
@@ -320,25 +319,11 @@ const std::vector<EnvironmentVariable>& EnvironmentVariables() {
 CommunicatorOptions CommunicatorOptionsFromEnvironment(CommunicatorOptions c, std::chrono::milliseconds timeout) {
   c.timeout = timeout;
   std::vector<std::string> errors;
-  // GLOO_SOCKET_IFNAME before GOSSIPCC_SOCKET_IFNAME (which overrides it); a variable made
-  // unused by another is not read (UsedInstead).
-  for (const char* name : {"GLOO_SOCKET_IFNAME", "GOSSIPCC_SOCKET_IFNAME"}) {
-    for (const Variable& v : Variables()) {
-      if (name != std::string(v.doc.name)) continue;
-      const char* text = Env(name);
-      if (text == nullptr || UsedInstead(name) != nullptr) continue;
-      try {
-        v.apply(c, text);
-      } catch (const InvalidArgumentError& e) {
-        errors.push_back(e.what());
-      }
-    }
-  }
+  // A variable made unused by another (UsedInstead: at most one of the listening-address
+  // variables is read) is skipped, so the order of application does not matter.
   for (const Variable& v : Variables()) {
-    const std::string name = v.doc.name;
-    if (v.apply == nullptr || name == "GLOO_SOCKET_IFNAME" || name == "GOSSIPCC_SOCKET_IFNAME") continue;
     const char* text = Env(v.doc.name);
-    if (text == nullptr || UsedInstead(name) != nullptr) continue;
+    if (v.apply == nullptr || text == nullptr || UsedInstead(v.doc.name) != nullptr) continue;
     try {
       v.apply(c, text);
     } catch (const InvalidArgumentError& e) {
