@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "algorithms/async_bilateral_exchange.h"
@@ -392,6 +393,18 @@ PYBIND11_MODULE(_C, m) {
           return d;
         },
         py::arg("spec"), py::arg("world_size"), "Validates a graph spec: {'name', 'period'}.");
+  m.def("peer_graph_directed_step",
+        [](const std::string& spec, int n, int64_t max_steps) -> py::object {
+          auto g = GraphForQuery(spec, n);
+          const int64_t steps = std::min<int64_t>(g->period(), max_steps);
+          for (int64_t step = 0; step < steps; ++step) {
+            if (!g->IsSymmetricAt(step)) return py::int_(step);
+          }
+          return py::none();
+        },
+        py::arg("spec"), py::arg("world_size"), py::arg("max_steps"),
+        "The first step below min(period, max_steps) at which the graph is directed (PeerGraph::IsSymmetricAt), "
+        "or None.");
   m.def("symmetric_gossip_weights",
         [](const std::string& spec, int n, int rank, int64_t step) {
           CheckQuery(n, rank, step);

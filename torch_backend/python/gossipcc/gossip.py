@@ -90,19 +90,19 @@ def _leave_quietly(ft):
 
 def _check_undirected(graph, world_size):
     """ValueError if `graph` (a valid spec) is directed at some step of its period (checked up to
-    4096 steps, every rank's out-peers, as the symmetric gossip round checks its own step).
-    The same answer on every rank: it depends on the spec and the world size only."""
-    period = min(int(_C.peer_graph_info(graph, world_size)["period"]), 4096)
-    for step in range(period):
-        out = [set(_C.peer_graph_out_peers(graph, world_size, r, step)) for r in range(world_size)]
-        for i in range(world_size):
-            for j in out[i]:
-                if j != i and i not in out[j]:
-                    raise ValueError(f"GossipDataParallel: algorithm=\"dpsgd\" needs a symmetric (undirected) graph; "
-                                     f"graph {graph!r} on {world_size} ranks is directed at step {step} (rank {i} "
-                                     f"sends to {j}, not {j} to {i}). Use e.g. graph=\"ring\" (the default), "
-                                     "\"hypercube\" or \"complete\", or algorithm=\"sgp\", which works on directed "
-                                     "graphs")
+    4096 steps with the peer graph's own PeerGraph::IsSymmetricAt, which the symmetric gossip
+    round checks at each step). The same answer on every rank: it depends on the spec and the
+    world size only."""
+    step = _C.peer_graph_directed_step(graph, world_size, 4096)
+    if step is None:
+        return
+    out = [set(_C.peer_graph_out_peers(graph, world_size, r, step)) for r in range(world_size)]
+    i, j = next((i, j) for i in range(world_size) for j in out[i] if j != i and i not in out[j])
+    raise ValueError(f"GossipDataParallel: algorithm=\"dpsgd\" needs a symmetric (undirected) graph; "
+                     f"graph {graph!r} on {world_size} ranks is directed at step {step} (rank {i} "
+                     f"sends to {j}, not {j} to {i}). Use e.g. graph=\"ring\" (the default), "
+                     "\"hypercube\" or \"complete\", or algorithm=\"sgp\", which works on directed "
+                     "graphs")
 
 
 def _graph_spec(algorithm, graph, peers_per_step):
