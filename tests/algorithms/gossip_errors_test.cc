@@ -29,6 +29,7 @@ using ::testing::HasSubstr;
 CommunicatorOptions Quick(int timeout_ms = 3000) {
   CommunicatorOptions o;
   o.timeout = std::chrono::milliseconds(timeout_ms);
+  o.rendezvous_timeout = std::chrono::seconds(60);  // a safety net: connecting may be slow
   return o;
 }
 

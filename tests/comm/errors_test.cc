@@ -72,6 +72,9 @@ std::string ExpectPromptThrow(Fn fn) {
 CommunicatorOptions Quick(int timeout_ms = 2000) {
   CommunicatorOptions o;
   o.timeout = std::chrono::milliseconds(timeout_ms);
+  // Create's rendezvous gets a safety net of its own: connecting (processes, under a sanitizer,
+  // on a loaded machine) can take longer than the short operation timeout under test.
+  o.rendezvous_timeout = std::chrono::seconds(60);
   return o;
 }
 

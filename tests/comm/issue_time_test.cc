@@ -41,6 +41,7 @@ constexpr milliseconds kHeartbeat{50};
 CommunicatorOptions Options(bool verify) {
   CommunicatorOptions o;
   o.timeout = kTimeout;
+  o.rendezvous_timeout = std::chrono::seconds(60);  // a safety net: connecting may be slow
   o.verify_collectives = verify;
   o.heartbeat_interval = kHeartbeat;
   return o;

@@ -435,6 +435,7 @@ TEST(QuantizedAllreduceFailureTest, APeerThatLeavesInTheRingGatherFailsTheOthers
   ASSERT_GT(QuantizedBytes(count, 8, 256), kQuantizedEagerBytes);
   CommunicatorOptions quick;
   quick.timeout = std::chrono::milliseconds(2000);
+  quick.rendezvous_timeout = std::chrono::seconds(60);  // a safety net: connecting may be slow
   RunRanks(n, LaunchMode::kThreads, [&](Communicator& comm) {
     const int me = comm.rank();
     if (me == 2) {

@@ -41,6 +41,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 CommunicatorOptions Quick(int ms = 2000) {
   CommunicatorOptions o;
   o.timeout = Ms(ms);
+  o.rendezvous_timeout = std::chrono::seconds(60);  // a safety net: connecting may be slow
   return o;
 }
 

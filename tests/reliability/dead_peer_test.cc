@@ -175,6 +175,7 @@ std::string SignalName(int sig) { return sig == SIGKILL ? "SIGKILL" : "SIGSTOP";
 int RankMain(int rank, const std::string& dir, const FaultParam& p) {
   CommunicatorOptions options;
   options.timeout = kTimeout;
+  options.rendezvous_timeout = std::chrono::seconds(60);  // a safety net: connecting may be slow
   options.lossless_float32_allreduce = p.op.lossless_float32_allreduce;
   auto comm = Communicator::Create(MakeFileStore(dir), rank, kRanks, options);
   Op op = p.op.make(rank);
