@@ -2,7 +2,7 @@
 """Lists every case of a PyTorch distributed_test.py run (the log of
 //tests/torch_backend:pytorch_distributed_suite_test) with its outcome and skip reason.
 
-  tools/suite_skips.py LOG [--title TEXT] > docs/measurements/pytorch_suite_<torch>.md
+  tools/suite_skips.py LOG [--title TEXT] > results/pytorch_suite_<torch>.md
 
 Prints a markdown page: the totals, one row per skip reason (how many cases, why, which
 cases), and the cases that passed. The "why" column comes from WHY below; a reason not in

@@ -1,7 +1,5 @@
 """Every fenced code block of README.md and docs/*.md is run, checked, or marked not runnable
-with a reason; a docs edit that breaks an example fails here. (docs/measurements/ holds raw
-benchmark logs, no examples, and is not scanned; docs/benchmarks_history.md is, its commands
-marked as the record of past runs.)
+with a reason; a docs edit that breaks an example fails here.
 
 Each block is classified by its info string and by a marker, an HTML comment on the nearest
 non-blank line above its opening fence:

@@ -96,7 +96,7 @@ for _r in (1, 2):
 
 
 # Diagnostics (not in "all"): the floors a PowerSGD step stands on, to tell how much of a
-# step is the compressor's own work (docs/benchmarks_history.md (b)). Each trains with DDP in one bucket
+# step is the compressor's own work (docs/benchmarks.md, (b)). Each trains with DDP in one bucket
 # like the PowerSGD methods, but its comm hook leaves the gradients as they are (every rank
 # follows its own gradient), after `exchanges` all-reduces of 16 floats: the step's compute and
 # DDP cost with no synchronisation (0), or with the synchronisation of a method that needs that

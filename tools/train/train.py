@@ -174,7 +174,7 @@ def main(argv=None):
                         ", or rate=..[,delay=..]")
     p.add_argument("--methods", default="all", help="all (every method except torch-powersgd-*, PyTorch's hook, which "
                         "tools/bench/powersgd_vs_torch.py compares, and the diag-* diagnostics of "
-                        "docs/benchmarks_history.md (b)), or a comma list of: " + ", ".join(methods.REGISTRY))
+                        "docs/benchmarks.md (b)), or a comma list of: " + ", ".join(methods.REGISTRY))
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--target", type=float, default=0.95, help="test accuracy for the time-to-target column")
     p.add_argument("--batch", type=int, default=8, help="per rank")
