@@ -24,8 +24,8 @@ constexpr size_t kHeaderBytes = kFingerprintBytes;
 // Bytes of payload every rank appends at most, summed over the peers it goes to. Direct
 // exchange sends (n-1) x payload per rank where a ring all-reduce sends 2(n-1)/n x payload
 // in 2(n-1) steps: below this the saved latencies are worth more than the extra bytes. Sized
-// for slow links (at 100 Mbit/s 128 KiB take 10 ms, about what the saved ring steps cost on
-// a loaded host); on loopback a larger budget would still pay (docs/benchmarks_history.md).
+// for slow links (at 100 Mbit/s a transfer of this size costs about what the saved ring steps
+// do); on loopback a larger budget would still pay.
 constexpr size_t kEagerFanoutBytes = size_t{128} << 10;
 
 // The bound buffers' slots, per parity (Gloo keeps bound and unbound slots apart; no other

@@ -20,8 +20,7 @@
 // buffers (header + the eager maximum, alternating between handshakes) once, when the lane's
 // signature mesh is connected, and a header is one write into the peer's buffer. Gloo's unbound
 // buffers would need the receiver to announce every receive and the sender to announce every
-// send first: three writes per header instead of one, each a trip through the network stack
-// (on 4 ranks of the emulated network, 70-150 us of CPU per check; docs/benchmarks_history.md (a)).
+// send first: three writes per header instead of one, each a trip through the network stack.
 // No announcement is needed because a rank overwrites a peer's buffer of parity i % 2 (with
 // header i + 2) only after the peer has finished handshake i: this rank must first have
 // received the peer's header i + 1, which the peer sends only once collective i is done,

@@ -5,9 +5,9 @@
 // apart, and ReLU networks leave many exact zeros. PackFloat32 cuts the values into blocks of
 // 64 and stores per block the smallest exponent and each value's exponent above it in as few
 // bits as the block needs; exact zeros are a bit mask and take no other room; sign and
-// mantissa (24 bits) are stored as they are. Measured on the digits MLP's gradients: 0.64-0.66
-// of the raw size; normal random values: 0.87; nothing compressible: raw size + 16 bytes (the
-// packer falls back to storing the values raw). Every bit pattern round-trips exactly (NaNs,
+// mantissa (24 bits) are stored as they are. Nothing compressible: raw size + 16 bytes (the
+// packer falls back to storing the values raw); sizes on gradients: see
+// docs/benchmarks.md#a-exact-all-reduce-backendgossipcc-vs-backendgloo. Every bit pattern round-trips exactly (NaNs,
 // infinities, subnormals, -0.0), so an all-reduce that packs its messages returns the same
 // bits as one that does not.
 //

@@ -47,8 +47,7 @@ void Meshes::Connect(const std::shared_ptr<Store>& store, const CommunicatorOpti
   }
   if (options.p2p_connection_per_direction && size_ > 1) {
     // Two meshes of their own, not lower-to-higher payloads on the first mesh: that connects
-    // faster, but headers then queue behind payloads (docs/benchmarks_history.md, "Figures the
-    // code's comments used to carry").
+    // faster, but headers then queue behind payloads.
     payload_[0] = connect("gloo_p2p_up");
     payload_[1] = connect("gloo_p2p_down");
     meshes_.insert(meshes_.end(), payload_.begin(), payload_.end());

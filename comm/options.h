@@ -2,8 +2,8 @@
 // A header of its own, below both the Communicator (comm/communicator.h, which re-exports it)
 // and the algorithms that read a threshold (direct_allreduce.cc, consistency_check.cc,
 // gloo_collectives.cc), so that no file in comm/ includes the facade for a constant.
-// docs/comm.md has the options as a table (default, values, meaning, must every rank agree?);
-// the measurements behind the defaults are in docs/benchmarks_history.md, not here. Options
+// docs/comm.md has the options as a table (default, values, meaning, must every rank agree?),
+// and docs/benchmarks.md what the defaults measure. Options
 // marked "every rank must agree (checked)" are all-gathered at creation (meshes.h), so that a
 // rank that differs fails Create instead of waiting out the timeout at first use.
 #pragma once
@@ -48,8 +48,8 @@ struct CommunicatorOptions {
   // 0: one message per payload; otherwise in [kMinP2PSegmentBytes, kMaxP2PSegmentBytes].
   size_t p2p_segment_bytes = size_t{256} << 10;
   // Point-to-point payloads on two extra meshes, one per direction, so that a receive's
-  // announcement never queues behind this rank's own payload on one socket (p2p_exchange.h;
-  // what it buys: docs/benchmarks_history.md (c)). Costs two more mesh connects at creation.
+  // announcement never queues behind this rank's own payload on one socket (p2p_exchange.h).
+  // Costs two more mesh connects at creation.
   // Every rank must agree (checked).
   bool p2p_connection_per_direction = true;
   // Collective k (in issue order) runs on lane k % collective_lanes (comm/lanes.h). Each lane
@@ -82,7 +82,7 @@ size_t EagerCollectiveMaxBytes(int size);
 // whose pipelining overlaps reduction with transfer, needs no staging memory and receives from
 // one peer at a time (several streams arriving at one port slow a rate-limited link).
 // float16/bfloat16 go direct at every size (in slices), so they accumulate in float32 without
-// sending float32 on the wire. How both thresholds were measured: docs/benchmarks_history.md.
+// sending float32 on the wire.
 inline constexpr size_t kDirectAllreduceMaxBytes = size_t{512} << 10;
 // The direct algorithm handles larger buffers in slices of this many bytes (reduce-scatter:
 // of all blocks together), which bounds its staging memory to one slice.

@@ -10,8 +10,8 @@
 // A payload larger than the segment size travels as consecutive segments (p2p_wire.h: the
 // header and the segments, moved with their progress). Gloo sends a payload only once its
 // receive is announced, and a pair writes announcements in order with its own payloads on one
-// socket: with whole payloads on the collectives' mesh the two directions of an exchange ran
-// one after the other (docs/benchmarks_history.md (c)). So payloads travel on a mesh per
+// socket: with whole payloads on the collectives' mesh the two directions of an exchange would
+// run one after the other. So payloads travel on a mesh per
 // direction (lower to higher rank, higher to lower): each socket carries payloads one way and
 // announcements the other. Headers stay on the collectives' mesh (a receive from any source
 // waits on one Gloo buffer for every peer's header). Receives on one (peer, tag) take their

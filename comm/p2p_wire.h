@@ -72,8 +72,7 @@ struct Segments {
 // other direction's announcement waits for it and the two directions run one after the
 // other. A small window keeps at most a few segments queued ahead of any announcement. On a
 // connection per direction the announcement waits only in the link's queue, which holds
-// about the other direction's window: wider windows measured no better
-// (docs/benchmarks_history.md, "Figures the code's comments used to carry").
+// about the other direction's window, so a wider window gains nothing.
 constexpr size_t kReceiveWindow = 4;
 
 // A send's payload once posted: the Gloo buffers its segments went out on. Its memory must

@@ -1,9 +1,9 @@
 // All-reduce of a float32 CPU buffer around a ring whose messages are packed losslessly
 // (float32_packing.h): the ring of ring_allreduce.h, with the same order of reductions and so
-// the same result bits, but each segment travels packed. Gradients pack to about two thirds
-// of their size (normal random values to 0.87), so on a link that is the bottleneck the
-// all-reduce takes that much less time; the price is CPU time to pack and unpack each segment
-// (about 1 ns per value each way), which a link slower than memory hides and a fast one
+// the same result bits, but each segment travels packed. Gradients pack to less than their
+// size, so on a link that is the bottleneck the all-reduce takes that much less time (see
+// docs/benchmarks.md#a-exact-all-reduce-backendgossipcc-vs-backendgloo); the price is CPU time
+// to pack and unpack each segment, which a link slower than memory hides and a fast one
 // (loopback, shared memory) does not: CommunicatorOptions::lossless_float32_allreduce turns it
 // on, per communicator.
 //

@@ -9,8 +9,7 @@ namespace gossipcc {
 // A segment is at most this large, and a chunk has at least kRingMinSegmentsPerChunk of them, so
 // that a segment is forwarded while the next one is still arriving and no link waits for a
 // whole chunk. Large enough that per-message costs (a wake-up of the waiting thread each)
-// stay small on loopback (256 KiB took 1.1-1.7x Gloo's time there,
-// docs/benchmarks_history.md), small enough to bound the receive slots to kRingWindow MiB.
+// stay small on loopback, small enough to bound the receive slots to kRingWindow MiB.
 inline constexpr size_t kRingMaxSegmentBytes = size_t{1} << 20;
 inline constexpr size_t kRingMinSegmentsPerChunk = 2;
 // Receives posted ahead of the one being waited for; the reduce-scatter's land in as many

@@ -16,8 +16,7 @@ PACKAGES=(
   # tools/wheel_test.sh: `pip install --no-build-isolation .` into a venv (pyproject.toml).
   python3-pip python3-venv
   # An optimised BLAS for torch (Debian's torch calls the generic BLAS, which is the reference
-  # implementation unless one is installed: the main job's MLP forward took 18 ms instead of
-  # 3.7 ms). The OpenMP build follows torch.set_num_threads / OMP_NUM_THREADS like torch does.
+  # implementation unless one is installed; docs/benchmarks.md, "The machine"). The OpenMP build follows torch.set_num_threads / OMP_NUM_THREADS like torch does.
   libopenblas0-openmp
   # The main job and benchmarks (tools/train.sh, tools/bench/): the digits data set, plots, and
   # iproute2 (ip, tc) for the emulated cluster (tools/emulated_cluster.py).

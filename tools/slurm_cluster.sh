@@ -173,8 +173,8 @@ SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
 ReturnToService=2
 # sbatch --wait polls the job every 2 s, 8 s, 32 s... while the interval is below MinJobAge/2
-# (so a finished job is not purged before it looks): at MinJobAge=30 a 21 s job took 42 s to
-# be reported (polls at 2, 10, 42 s; the default, 300, polls as sparsely); at 5 every 2 s.
+# (so a finished job is not purged before it looks): at MinJobAge=30 it polls at 2, 10, 42 s
+# (the default, 300, as sparsely); at 5 every 2 s.
 MinJobAge=5
 KillWait=5
 NodeName=${HOST} NodeAddr=127.0.0.1 CPUs=${CPUS} State=UNKNOWN

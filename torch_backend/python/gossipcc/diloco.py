@@ -37,9 +37,8 @@ outer_sync (how delta travels; case-insensitive, kept in lower case as .outer_sy
                       each rank then keeps its own theta_global; gossipcc backend only
   "quantized:bits=b"  gossipcc's quantized all-reduce (comm/quantized_allreduce.h), b = 8 or 4:
                       delta travels as b-bit integers with a float32 scale per block of 256
-                      (1.02 or 0.52 bytes per element instead of 4; at 100 Mbit/s on 4 hosts
-                      16 MB took 3.5-3.8x and 6.4-7.3x less time than the exact all-reduce,
-                      docs/benchmarks.md (f)), with error feedback kept per fragment: what
+                      (1.02 or 0.52 bytes per element instead of 4; speed: docs/benchmarks.md,
+                      "(f) Quantized all-reduce"), with error feedback kept per fragment: what
                       quantization dropped from this rank's delta (and from the average of the
                       blocks this rank owns) is added to the next outer step's, so nothing is
                       lost for good. Per element the average is within about 1/(2^(b-1)-1) times
