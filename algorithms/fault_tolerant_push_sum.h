@@ -1,65 +1,13 @@
-// Push-sum that survives dead peers (opt-in): when a rank dies or stalls, the others agree on
-// who is left, re-derive the graph over the survivors, restore the push-sum mass exactly as if
-// the dead ranks had never taken part, and keep going. See docs/reliability.md ("Dropping a dead
-// peer") for the design and its guarantees.
+// Push-sum that survives dead peers (opt-in; docs/reliability.md, "Dropping a dead peer", has
+// the protocol and its proof sketch). A Step whose transfers fail with a timeout or a transport
+// error starts a recovery: the survivors agree through the store on who is left, take part in a
+// new communicator over a graph re-derived for them, and settle the push-sum mass from per-peer
+// float64 records, so that x / w converges to the survivors' own average, as if the dead had never
+// trained. A rank that Leave()s is dropped as departed: nothing exchanged with it is undone.
+// The store must survive; CPU float32/float64 buffers, uniform mixing.
 //
 //   FaultTolerantPushSum ps(store, rank, world_size, {.graph = "exponential"});
 //   for (...) { local_update(x); ps.Step({CpuBuffer(x, n)}); ps.Debias(x_buf, z_buf); }
-//
-// Failure detection: a Step whose transfers fail with a timeout or a transport error (any
-// CommError except MismatchError / InvalidArgumentError) starts a recovery. The communicator
-// is destroyed first, which closes its sockets, so the neighbours' own steps fail at once and
-// they join the recovery too.
-//
-// Agreement (epoch e, keys "ftps/<e>/..." in the store): each rank in recovery writes
-// join/<rank>, waits until every member of epoch e has joined or `join_window` has passed, then
-// publishes the set it saw (view/<rank>) and reads the view of every rank in it. Equal views:
-// that set is epoch e+1's membership. Unequal views (a rank joined at the very end of a window)
-// or a view without this rank (it joined after the others closed the epoch: it was presumed
-// dead): PeerError on the ranks concerned, nothing changed. Survivors get ranks 0..m-1 in
-// ascending order of their original ranks and a new Communicator ("ftps/<e+1>/comm").
-//
-// Mass accounting: every rank records, per peer (original rank), in float64, the mass (x and
-// w) it removed from itself and sent and the mass it received and added: since the last
-// recovery (sent[p], recv[p]) and, as net[p] = sent - received, since the start. So always
-// x_i = x_i(0) + local updates + sum_p (-net_i[p]). A step that fails changes and records
-// nothing. In recovery each survivor i adds
-//   sum over dead d of net_i[d]                       (take back what it gave the dead, give
-//                                                      back what it got from them, ever)
-// + sum over survivors j of (sent_j[i] - recv_i[j])   (mass in flight, or applied by i but not
-//                                                      recorded as sent by j whose step failed)
-// with sent_j[i] fetched from j over the new communicator (net_i[j] is settled likewise).
-// Afterwards the survivors' sum of x equals the sum of their initial values plus their own
-// local updates, and their sum of w is the number of survivors (up to float64 rounding; with
-// float32 buffers, up to the rounding of storing x each step): the de-biased x / w converges to
-// the survivors' average, as if the dead ranks had never been there. Individual weights can be
-// small or negative right after a recovery (a rank gives back mass it received from the dead);
-// push-sum is linear, so the ratio still converges, but x / w is unreliable for a few rounds.
-// Steps and rounds: step() counts this rank's Step calls (training steps), so a loop may be
-// driven by a local count or by step() alike: every survivor makes the same Step calls. The
-// graph is indexed by a separate round counter (settling rounds count there, not as steps).
-// When a failure strikes, survivors can be in different calls (a rank can have completed the
-// round of step s while a neighbour failed in it). The recovery agrees on S, the largest step
-// a survivor was in; a rank whose failed call was at step S still owes that round and does it
-// once recovered (its partners do it in their next call); a rank at step s < S counts its
-// failed call's round as done (the reconciliation settled its mass) and its calls for steps
-// s+1..S-1 take no part in any exchange (the others did those rounds without it). So the calls
-// stay paired: step() equals the number of calls on every survivor. Collectives (Average,
-// MeanOverMembers, comm()) must be called at the same step() on every member: right after a
-// recovering Step a rank that owed a round is one round ahead of those that return at once.
-//
-// Leaving (Leave(), or destroying the object): the rank marks itself as left in the store
-// ("ftps/left/<rank>") before it closes its connections. A recovery that finds a member gone
-// with that mark drops it as departed (departed(), not dead()): nothing exchanged with it is
-// undone; the survivors keep the mass they hold, so their de-biased x / w converges to the
-// weighted average of what they hold (if they were in consensus when it left, they stay
-// there). The join window does not wait for a rank that left. A rank killed by a signal runs
-// no destructor and leaves no mark: it is dead, and its exchanges are undone as above.
-// Memory: three float64 vectors of (elements + 1) per distinct peer exchanged with.
-//
-// Not covered: the store itself must survive (a FileStore, or a TCPStore not hosted by a rank
-// that may die); a failure while the survivors agree is reported (PeerError), a failure while
-// they reconcile starts another recovery. CPU float32/float64 buffers, uniform mixing.
 #pragma once
 
 #include <chrono>
@@ -84,13 +32,8 @@ struct FaultTolerantPushSumOptions {
   CommunicatorOptions comm;
   // How long ranks in recovery wait for the other members to join. Zero: 2 * comm.timeout.
   std::chrono::milliseconds join_window{0};
-  // Settling after a recovery: a recovery can leave single weights far from 1, even zero or
-  // negative (a rank gives back what it received from the dead), so that x / w is useless for
-  // training until push-sum has mixed again. With settle_rounds > 0, the Step that recovered
-  // goes on with rounds without local updates (each counts as a step) until every member's
-  // weight is within settle_tolerance of 1, at most settle_rounds of them. The weights tend to 1
-  // on graphs that are regular at every step with uniform mixing (exponential on any n, ring,
-  // complete, ...); on others they settle elsewhere and every settling takes settle_rounds.
+  // After a recovery, the recovering Step mixes without local updates until every weight is
+  // within settle_tolerance of 1, at most settle_rounds rounds (a weight can come out 0).
   int settle_rounds = 0;
   double settle_tolerance = 0.05;
   uint32_t tag = 0x46545053;  // "FTPS"
@@ -114,36 +57,25 @@ class FaultTolerantPushSum {
   // Leaves (see Leave) unless Leave was called; errors are swallowed.
   ~FaultTolerantPushSum();
 
-  // One push-sum step on `buffers` (this rank's numerator x; CPU, float32 or float64, one
-  // dtype, the same total count on every rank): normally one round. Returns true if no
-  // recovery happened in it; false if a peer failed and this call recovered (x and weight()
-  // then carry the recovery's corrections and the settling rounds' mixing, see settle_rounds;
-  // last_recovery() says what happened). step() grows by one either way. Throws MismatchError
-  // / InvalidArgumentError as PushSum does (nothing changed; also after Leave), PeerError if
-  // the survivors could not agree or this rank was excluded.
+  // One push-sum step on this rank's numerator x (one dtype, the same total count everywhere).
+  // False if a peer failed and this call recovered instead (last_recovery()); step() grows by
+  // one either way. MismatchError / InvalidArgumentError as PushSum (nothing changed),
+  // PeerError if the survivors could not agree or this rank was excluded.
   bool Step(std::vector<Buffer> buffers);
 
-  // Leaves the group on purpose: marks this rank as left in the store, then closes its
-  // connections; the others drop it as departed at their next exchange with it (not as dead,
-  // see "Leaving" above). Idempotent. Step, Average and MeanOverMembers then throw
-  // InvalidArgumentError. Throws the store's error if the mark cannot be written (the
-  // connections are closed all the same: the others then see a death).
+  // Marks this rank as left in the store, then closes its connections (idempotent); later
+  // Step/Average/MeanOverMembers throw InvalidArgumentError. The store's error if the mark
+  // cannot be written (the others then see a death).
   void Leave();
   bool has_left() const { return left_; }
 
   // out <- in / weight().
   void Debias(const Buffer& in, Buffer out) const;
 
-  // Collective over the current members: out <- (sum of every member's x) / (sum of their
-  // weights), the value the de-biased x / w converges to, bitwise equal on every member
-  // (summed in float64 by one all-reduce, whose result has the same bits on every rank). `x` as for Step; `out` a CPU
-  // float32/float64 buffer of the same total count. x and weight() are left unchanged, so the
-  // mass records stay exact. A peer failing during it raises its CommError and leaves the
-  // communicator unusable: the next Step then recovers.
+  // Collective over the members: out <- sum of x / sum of weights (the consensus), bitwise equal
+  // on every member; x and weight() unchanged. A peer failing raises; the next Step recovers.
   void Average(const std::vector<Buffer>& x, Buffer out);
-  // Collective over the current members: each buffer <- the members' mean of it, in place
-  // (float64 sums; CPU float32/float64). For state that is
-  // not push-sum mass (e.g. BatchNorm statistics); errors as Average.
+  // Collective: each buffer <- the members' mean (state that is not mass, e.g. BatchNorm's).
   void MeanOverMembers(const std::vector<Buffer>& buffers);
 
   double weight() const { return weight_; }
@@ -162,8 +94,6 @@ class FaultTolerantPushSum {
   void Connect();
   bool Round(const std::vector<Buffer>& buffers, size_t count);  // one round, or a recovery: false
   void Recover(const std::vector<Buffer>& buffers, size_t count);
-  // `dropped`: the members this recovery dropped; those that left (agreed) are departed, the
-  // others dead.
   void Reconcile(const std::vector<Buffer>& buffers, size_t count, const std::vector<int>& dropped);
   int GroupRank(int original) const;
   void Settle(const std::vector<Buffer>& buffers, size_t count);

@@ -1,7 +1,6 @@
-// Peer graphs for gossip: which ranks each rank sends to (out-peers) and receives from
-// (in-peers) at a given step. Every graph is defined by one out-peer rule; in-peers are
-// derived from it (j is an in-peer of i at step k iff i is an out-peer of j at step k), so the
-// two can never disagree. Peer lists contain no duplicates and never the rank itself.
+// Peer graphs for gossip (docs/gossip.md, "Peer graphs"): each graph defines one out-peer rule;
+// in-peers are derived from it, so the two never disagree. Lists are sorted, without duplicates
+// or the rank itself.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +32,7 @@ class PeerGraph {
   bool IsSymmetricAt(int64_t step) const;
 
  protected:
-  // The rule: raw out-peers of `rank` at `step` (rank and step already range-checked,
-  // step reduced modulo period()). May contain duplicates or the rank itself; they are removed.
+  // The rule, for a checked rank and step mod period(); duplicates and self are removed.
   virtual std::vector<int> RawOutPeers(int rank, int64_t step) const = 0;
 
  private:
@@ -64,23 +62,12 @@ std::unique_ptr<PeerGraph> MakeHypercubeGraph(int world_size);
 
 // A directed edge src -> dst.
 using Edge = std::pair<int, int>;
-// User edge lists: phases[k mod phases.size()] is the edge set of step k (one phase: static).
-// Throws InvalidArgumentError naming the offending edge or rank on: no phases, an out-of-range
-// rank, a self loop, a duplicate edge within a phase, or a union graph that is not strongly
-// connected (some rank is never reached from, or never reaches, rank 0).
+// User edge lists: phases[k mod phases.size()] is step k's edge set. InvalidArgumentError naming
+// the edge or rank: no phases, a rank out of range, a self loop, a duplicate, not strongly connected.
 std::unique_ptr<PeerGraph> MakeEdgeListGraph(int world_size, std::vector<std::vector<Edge>> phases);
 
-// Parses a graph spec "name[:key=value,...]" (or "edges:..."):
-//   exponential[:peers=P]      one-peer (P=1, default) or n-peer exponential
-//   directed_exponential
-//   bipartite_exponential
-//   ring[:directed=0|1]        undirected by default
-//   complete
-//   static_exponential
-//   hypercube
-//   edges:0>1,1>2,2>0          static user edge list
-//   edges:0>1,1>0;1>2,2>1      per-step phases separated by ';'
-// Throws InvalidArgumentError listing the valid names/keys on bad input.
+// Parses "name[:key=value,...]" or "edges:0>1,1>2;..." (the specs: docs/gossip.md);
+// InvalidArgumentError listing the valid names and keys on bad input.
 std::unique_ptr<PeerGraph> MakePeerGraph(const std::string& spec, int world_size);
 
 }  // namespace gossipcc

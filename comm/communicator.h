@@ -1,25 +1,15 @@
-// Communicator: one rank's handle on a group of ranks.
-//
-// Every collective is asynchronous: it validates its arguments on the calling thread
-// (InvalidArgumentError, synchronously), then returns a Work. Collectives must be issued in the
-// same order on every rank; they take effect as if run in that order (collectives on disjoint
-// memory may overlap, CommunicatorOptions::collective_lanes). CPU buffers travel over Gloo's TCP
-// transport, CUDA buffers over NCCL. Before any payload moves, ranks compare what each was
-// asked to do (kind, dtype, element counts, op, root, device); a disagreement fails the Work
-// with a MismatchError on every rank, naming each rank's value, and leaves the communicator
-// usable. A collective's deadline is CommunicatorOptions::timeout after its issue (the call, or
-// the caller's earlier issue time: comm/issue_time.h); a CPU collective fails with TimeoutError
-// by then whatever it waits for (earlier collectives, its signature check, its data), a CUDA
-// one's NCCL stage within the timeout of its wait (nccl_transport.h). A timeout or a failed
-// peer fails the Work and leaves the communicator unusable
-// (later calls raise AbortedError quoting the first failure), as NCCL does after an abort.
-// Such errors end with a "peer check" naming which peers are dead, stalled or shut down
-// (CommunicatorOptions::heartbeat_interval).
-//
-// Point-to-point operations (send, recv, p2p batches) are posted at once and progress in the
-// background, independently of collectives, so a gossip round of sends and receives to
-// different peers cannot deadlock. A receive checks that the sender's element count and
-// dtype equal its own before data lands in the buffer.
+// Communicator: one rank's handle on a group of ranks (docs/comm.md). CPU buffers travel over
+// Gloo's TCP transport, CUDA buffers over NCCL.
+//  - Collectives check their arguments on the calling thread (InvalidArgumentError) and return a
+//    Work. Every rank issues them in one order; they take effect as if run in that order.
+//  - Before any payload moves, the ranks compare what each was asked to do; a disagreement fails
+//    the Work with the same MismatchError on every rank and leaves the communicator usable.
+//  - An operation fails by CommunicatorOptions::timeout after its issue (comm/issue_time.h); a
+//    timeout or a failed peer poisons the communicator (later calls: AbortedError), and the error
+//    ends with a peer check naming the dead or stalled ranks.
+//  - Point-to-point operations are posted at once and progress independently of each other and
+//    of collectives (no order of sends and receives deadlocks); a receive checks the sender's
+//    count and dtype before data lands.
 #pragma once
 
 #include <chrono>
@@ -37,23 +27,19 @@
 
 namespace gossipcc {
 
-// Bytes this rank put on the wire since creation, by operation family (for benchmarks
-// and for checking that an algorithm sends what its formula says).
+// Bytes this rank handed to each operation family since creation.
 struct TrafficCounters {
   uint64_t collective_payload_bytes = 0;  // payload handed to collectives (not wire bytes)
   uint64_t p2p_bytes_sent = 0;            // payload bytes of completed sends
   uint64_t p2p_bytes_received = 0;
-  // Lossless packing (CommunicatorOptions::lossless_float32_allreduce): the float32 bytes the
-  // packed ring sent, and the bytes it put in its messages for them (their ratio is what the
-  // packing saved); both 0 with the option off.
+  // The packed ring's float32 bytes, and the bytes of its messages for them.
   uint64_t packed_allreduce_raw_bytes = 0;
   uint64_t packed_allreduce_wire_bytes = 0;
 };
 
 class Communicator {
  public:
-  // Rendezvous with the other `size - 1` ranks through `store` and connect a full mesh.
-  // Throws TimeoutError if they do not all arrive within options.timeout.
+  // Rendezvous through `store` and connect; TimeoutError if not every rank arrives in time.
   static std::unique_ptr<Communicator> Create(std::shared_ptr<Store> store, int rank, int size,
                                               CommunicatorOptions options = {});
   ~Communicator();
@@ -65,9 +51,8 @@ class Communicator {
   int size() const;
   const CommunicatorOptions& options() const;
 
-  // In place: data <- reduce(data of every rank). float16/bfloat16 CPU buffers are reduced in
-  // float32 and rounded once; CUDA buffers with NCCL's native half-precision arithmetic
-  // (rounded per hop). kAvg needs a floating dtype.
+  // In place: data <- reduce(data of every rank). Half precision on CPU accumulates in float32
+  // (on CUDA, NCCL's own arithmetic). kAvg needs a floating dtype.
   std::shared_ptr<Work> allreduce(Buffer data, ReduceOp op = ReduceOp::kSum);
   // In place: data <- data of `root`.
   std::shared_ptr<Work> broadcast(Buffer data, int root);
@@ -78,8 +63,7 @@ class Communicator {
   std::shared_ptr<Work> allgatherv(Buffer input, Buffer output, std::vector<size_t> counts);
   // input has size() * output.count elements; rank r gets reduce over ranks of chunk r.
   std::shared_ptr<Work> reduce_scatter(Buffer input, Buffer output, ReduceOp op = ReduceOp::kSum);
-  // input and output have size() equal chunks; chunk j of the input goes to rank j, and
-  // chunk i of the output comes from rank i.
+  // size() equal chunks: input chunk j goes to rank j, output chunk i comes from rank i.
   std::shared_ptr<Work> alltoall(Buffer input, Buffer output);
   // As alltoall with per-peer element counts: send_counts[j] to rank j, recv_counts[i] from
   // rank i (which must equal rank i's send_counts[rank()]).
@@ -100,17 +84,14 @@ class Communicator {
   // destructor calls it.
   void shutdown();
 
-  // Keeps `memory` alive until this communicator's connections are gone. For an algorithm
-  // built on these calls whose operation failed part-way: a receive may still be posted on
-  // its buffers, which must then outlive the connections, not the call.
+  // Keeps `memory` alive until the connections are gone: for an algorithm built on these calls
+  // whose operation failed part-way, with a receive perhaps still posted on its buffers.
   void KeepUntilClosed(std::shared_ptr<void> memory);
 
   TrafficCounters traffic() const;
 
-  // Checks every peer's heartbeat now (takes 3-4 heartbeat intervals, see heartbeat_interval)
-  // and returns the ranks that are not responding or have shut down, ascending: only those that
-  // shut down when this rank's own heartbeat and every peer's stalled. Empty with the check
-  // disabled.
+  // Runs the peer check now (3-4 heartbeat intervals): the ranks not responding or shut down,
+  // ascending (only those shut down when every heartbeat stalled; none with the check off).
   std::vector<int> UnresponsivePeers();
 
   class Impl;

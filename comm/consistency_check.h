@@ -1,32 +1,11 @@
-// The handshake that starts every collective: a cross-rank check of its signature, which
-// can carry a small collective's whole payload.
-//
-// Every rank sends a 64-byte header (a fingerprint of its OpSpec, fingerprint.h) to every
-// peer and receives theirs: one message latency. Every rank then holds the whole table, so on
-// a disagreement all ranks raise the same MismatchError listing each rank's value
-// (CompareFingerprints), and none has touched the caller's data: the communicator stays
-// usable. This file moves the headers; fingerprint.h encodes and compares them. Raw Gloo
-// instead aborts the process when a message is longer than the posted receive and silently
-// truncates when it is shorter.
-//
-// Eager collectives: a rank may append up to EagerCollectiveMaxBytes(size) bytes of payload
-// to its header. Every rank posts receives of header + that maximum from every peer, whatever
-// it was asked to do, so no message can overflow a receive even when ranks disagree; the
-// payloads are used only once the headers agree. A small all-reduce, broadcast, all-gather or
-// reduce-scatter then completes in this one exchange (eager_collectives.h) instead of paying
-// the signature round trip plus Gloo's 2(n-1) (ring) or log n (tree) message latencies.
-//
-// The headers travel in Gloo's bound buffers: each rank registers, per peer, two receive
-// buffers (header + the eager maximum, alternating between handshakes) once, when the lane's
-// signature mesh is connected, and a header is one write into the peer's buffer. Gloo's unbound
-// buffers would need the receiver to announce every receive and the sender to announce every
-// send first: three writes per header instead of one, each a trip through the network stack.
-// No announcement is needed because a rank overwrites a peer's buffer of parity i % 2 (with
-// header i + 2) only after the peer has finished handshake i: this rank must first have
-// received the peer's header i + 1, which the peer sends only once collective i is done,
-// payloads read. The handshakes are numbered by this object, not by the collective's
-// sequence number, because not every collective runs one (CommunicatorOptions::
-// verify_collectives).
+// The handshake that starts every collective (docs/comm.md, "How collectives travel"): every
+// rank sends a 64-byte header (the fingerprint of its OpSpec, fingerprint.h), optionally
+// followed by an eager payload of at most EagerCollectiveMaxBytes(size), to every peer. Every
+// rank then holds the whole table: a disagreement raises the same MismatchError on every rank
+// before any payload reaches the caller's memory. Headers land in Gloo bound buffers, two per
+// peer alternating between handshakes, sized for header + the eager maximum so no message can
+// overflow one: a rank writes a peer's buffer of parity i % 2 (header i + 2) only after it has
+// the peer's header i + 1, so no receive is announced.
 #pragma once
 
 #include <chrono>
@@ -50,31 +29,20 @@ namespace gossipcc {
 
 class CollectiveHandshake {
  public:
-  // One per lane of a communicator, on the lane's signature mesh (a mesh that carries nothing
-  // else: a bound send pins its socket's send buffer, docs/comm.md), created as soon as that
-  // mesh is connected (its receive buffers must be registered before any peer's first header
-  // arrives); used by one thread at a time (a lane runs one collective at a time). Every wait
-  // of a check ends at the `deadline` given to Begin (or Run): the communicator passes the
-  // collective's own (its issue + CommunicatorOptions::timeout), so a check started late, or
-  // begun by a collective that ran part of its data path first, waits only what is left.
-  // Every exchange runs on `mesh`, which must outlive this object.
+  // One per lane, on the lane's signature mesh (which carries nothing else and must outlive
+  // it), created as soon as the mesh is connected; one thread at a time. Every wait ends at
+  // the collective's deadline given to Begin or Run.
   explicit CollectiveHandshake(gloo::Context& mesh);
   ~CollectiveHandshake();
 
-  // Sends this rank's header for `spec`, followed by `payload` (at most
-  // EagerCollectiveMaxBytes(size) bytes; may be empty), to every peer and receives theirs.
-  // Throws MismatchError (the same on every rank) when the headers disagree, or Gloo's
-  // exception when the exchange itself fails.
+  // Exchanges this rank's header (+ `payload`, may be empty) with every peer; MismatchError
+  // (the same on every rank) when they disagree, Gloo's exception when the exchange fails.
   void Run(const OpSpec& spec, absl::Span<const uint8_t> payload, std::chrono::steady_clock::time_point deadline);
 
-  // Run in stages, for a collective that sends its first messages while the check is still
-  // in flight (ring_allreduce.h). Begin sends this rank's header (spec must outlive Finish):
-  // to every peer, or with `first` a peer, to that peer only, the others following with
-  // SendRemainingHeaders (at Finish at the latest), so that the collective's own first
-  // message need not queue behind n - 2 headers. PeerAgrees waits for `peer`'s header only
-  // and says whether it is identical to this rank's (then the peer takes the same path with
-  // the same buffer layout); Finish waits for the rest and throws as Run does. Begin, then
-  // any PeerAgrees and SendRemainingHeaders, then Finish, exactly once.
+  // Run in stages, for a collective that sends while the check is in flight (ring_allreduce.h):
+  // Begin sends the header to every peer, or to `first` only until SendRemainingHeaders (or
+  // Finish); PeerAgrees waits for one peer's header and says whether it equals this rank's;
+  // Finish waits for the rest and throws as Run does. Begin, any others, Finish: once each.
   static constexpr int kEveryPeer = -1;
   void Begin(const OpSpec& spec, absl::Span<const uint8_t> payload, std::chrono::steady_clock::time_point deadline,
              int first = kEveryPeer);
@@ -82,17 +50,13 @@ class CollectiveHandshake {
   bool PeerAgrees(int peer);
   void Finish();
 
-  // After a successful Run: rank r's payload and its length (this rank's own is the copy
-  // that was sent, so it stays valid even if the caller's input aliases its output).
+  // After a successful Run: rank r's payload and its length (this rank's own: the copy sent).
   const uint8_t* payload(int rank) const;
   size_t payload_bytes(int rank) const;
 
-  // At shutdown, while the mesh's pairs still exist: takes them off Gloo's device thread
-  // (TakePairsOffTheDeviceThread: Gloo may be half-way through reading a peer's header into a
-  // bound buffer, and would finish on a destroyed one), destroys the bound buffers, and
-  // returns the unbound ones (after a failed exchange Gloo may still reference them; their
-  // memory is this object's), which the owner destroys only once the pairs are gone. Call
-  // once; Run must not be called afterwards.
+  // At shutdown, while the pairs exist: takes them off Gloo's device thread (a peer's header
+  // may be half-way into a bound buffer), destroys the bound buffers and returns the unbound
+  // ones, for the owner to free once the pairs are gone. Once; no Run afterwards.
   std::vector<std::shared_ptr<void>> TakeRetiredBuffers();
 
  private:
@@ -124,18 +88,14 @@ class CollectiveHandshake {
   std::shared_ptr<gloo::transport::UnboundBuffer> verdicts_in_ub_, verdict_out_ub_;
 };
 
-// Fault injection, for tests only: `hook` (null: none, the default) runs on the collective's
-// thread at the end of every signature check that passed, with the checking rank, before the
-// collective's data exchange; a test blocks in it to stall a rank whose header went out (the
-// deferred check of a ring may have sent its first message too). Set it before any check runs.
+// Tests only: `hook` (null: none) runs after every passed signature check, before the data
+// exchange, with the checking rank; set it before any check runs.
 void SetAfterSignatureCheckHookForTesting(void (*hook)(int rank));
 
 // A lane's handshake in stages, bound to one collective: what a collective that runs its own
 // signature check (GlooCall::check) is handed. `handshake` and `spec` must outlive it.
 class StagedHandshake final : public DeferredSignatureCheck {
  public:
-  // `deadline`: the collective's (not counted from Begin, which may come after part of its
-  // data path).
   StagedHandshake(CollectiveHandshake& handshake, const OpSpec& spec, std::chrono::steady_clock::time_point deadline)
       : handshake_(handshake), spec_(spec), deadline_(deadline) {}
   static_assert(kEveryPeer == CollectiveHandshake::kEveryPeer, "Begin passes `first` through");

@@ -1,20 +1,12 @@
-// Which CUDA stream a thread's CUDA collectives follow: gossipcc's "current stream".
-//
-// A CUDA collective reads and writes its buffers on the communicator's own stream. It must see
-// what the caller queued on its stream before the call (a kernel that produced the gradient),
-// and nothing the caller queues after it. So when a CUDA collective is issued, an event is
-// recorded on the issuing thread's current stream (set here; by default the legacy default
-// stream), and the communication stream waits for that event before the collective runs: no
-// host synchronisation, the same ordering as ProcessGroupNCCL's.
-//
-// The caller keeps the buffers alive until the collective's Work completes (the c10d backend
-// holds the tensors until then, instead of recording them on the communication stream).
+// The CUDA stream a thread's CUDA collectives follow (its "current stream"): at issue an event
+// is recorded there and the communication stream waits for it, as in ProcessGroupNCCL, so a
+// collective sees what the caller queued before the call and nothing after. The caller keeps
+// the buffers alive until the Work completes.
 #pragma once
 
 namespace gossipcc {
 
-// Sets the calling thread's current CUDA stream (a cudaStream_t) for the guard's lifetime;
-// nullptr is the legacy default stream. Guards nest.
+// Sets the thread's current stream (a cudaStream_t; nullptr: legacy default) while alive; nests.
 class ScopedCudaStream {
  public:
   explicit ScopedCudaStream(void* stream);

@@ -1,6 +1,5 @@
-// Which address a rank listens on, chosen as PyTorch's ProcessGroupGloo chooses it, so that a
-// job launched the way PyTorch users launch one (torchrun, Slurm, MASTER_ADDR/RANK/WORLD_SIZE
-// and nothing else) works across hosts without naming an interface.
+// Which address a rank listens on, chosen as ProcessGroupGloo chooses it, so that a job launched
+// as PyTorch jobs are (torchrun, Slurm, MASTER_ADDR) works across hosts without naming an interface.
 #pragma once
 
 #include <string>
@@ -18,12 +17,9 @@ struct ListenAddress {
   bool loopback = false;  // only this host can reach it
 };
 
-// `interface` set: that interface, which must exist (InvalidArgumentError listing this host's
-// interfaces otherwise). Else `hostname` set: that name or address, which must resolve to an
-// address this host can bind (InvalidArgumentError naming what it resolved to and this host's
-// addresses otherwise). Else, as ProcessGroupGloo: this host's name if it resolves to an address
-// this host can bind; else the loopback address, with a warning on stderr (once per process)
-// that names the variables to set, since other hosts cannot reach it.
+// `interface` (must exist), else `hostname` (must resolve to an address of this host), else
+// this host's name if it resolves to one, else loopback with a warning once per process.
+// InvalidArgumentError names what was wrong and lists this host's interfaces or addresses.
 ListenAddress ChooseListenAddress(const std::string& interface, const std::string& hostname);
 
 // "lo (127.0.0.1, ::1), eth0 (10.0.0.7)": this host's interfaces that have an address.

@@ -1,14 +1,12 @@
-// Reduce-scatter over a ring of unbound buffers (Gloo 2022 has no unbound-buffer
-// reduce-scatter). n-1 steps; each rank sends and receives one chunk per step, so every
-// rank moves (n-1)/n of the input, the bandwidth-optimal amount.
+// Reduce-scatter around a ring of unbound buffers (Debian's Gloo has none): n-1 steps, each
+// rank moves (n-1)/n of the input.
 #pragma once
 
 #include "comm/gloo_call.h"
 
 namespace gossipcc {
 
-// input: size * output.count elements; output: this rank's reduced chunk. Not for
-// float16/bfloat16 (DirectReduceScatter reduces those wide without widening the wire).
+// input: size * output.count elements; output: this rank's chunk. Not float16/bfloat16.
 void RingReduceScatter(const GlooCall& call, Buffer input, Buffer output, ReduceOp op);
 
 }  // namespace gossipcc

@@ -8,18 +8,11 @@
 namespace gossipcc {
 namespace compression {
 
-// What to do when an input holds NaN or +-Inf on some rank. Every rank learns it during the
-// cross-rank check, before any payload moves, so all ranks take the same branch.
+// NaN or +-Inf in some rank's input, known to every rank from the cross-rank check.
 enum class NonFinitePolicy : uint8_t {
-  // Default. This call averages every tensor exactly (NaN/Inf flow through as in a plain
-  // all-reduce, so e.g. an AMP grad scaler still sees them) and leaves the PowerSGD state
-  // (error memory, Q, step counters) untouched.
-  kPassThrough,
-  // Every rank raises InvalidArgumentError naming the ranks and tensors; inputs and state are
-  // left untouched.
-  kError,
-  // No scan (saves one pass over the inputs). NaN/Inf then enter P, Q and the error memory.
-  kUnchecked,
+  kPassThrough,  // default: this call averages exactly, the PowerSGD state untouched
+  kError,        // InvalidArgumentError on every rank; inputs and state untouched
+  kUnchecked,    // no scan: NaN/Inf enter P, Q and the error memory
 };
 const char* NonFinitePolicyName(NonFinitePolicy policy);
 
@@ -37,11 +30,7 @@ struct PowerSGDOptions {
   double orthogonalization_epsilon = 0;
   // Seeds the initial Q of each tensor (mixed with the tensor's key; identical on every rank).
   uint64_t random_seed = 0;
-  // PyTorch's name, kept so its options carry over; must stay false (Validate() rejects true
-  // with kBatchSameShapeRejected). PyTorch stacks same-shape matrices into batched GEMMs to save
-  // GPU kernel launches; it does not change the number of collectives, and neither would it
-  // here: every call already sends all matrices' P factors in one all-reduce and all their Q
-  // factors in another (docs/powersgd.md).
+  // PyTorch's name, kept so its options carry over; must stay false (kBatchSameShapeRejected).
   bool batch_tensors_with_same_shape = false;
   // Power iterations per step; each one is a P all-reduce and a Q all-reduce.
   int num_iters_per_step = 1;
@@ -53,19 +42,11 @@ struct PowerSGDOptions {
   std::string ToString() const;
 };
 
-// Why batch_tensors_with_same_shape = true is rejected (the message of Validate() and of the
-// parser for batch_same_shape=1).
+// Why batch_tensors_with_same_shape = true is rejected (Validate's and the parser's message).
 extern const char* const kBatchSameShapeRejected;
 
-// Parses comma-separated key=value pairs over the defaults; an empty string gives the
-// defaults. Keys (PyTorch's long names are accepted too):
-//   rank (matrix_approximation_rank), start_iter (start_powerSGD_iter), min_compression_rate,
-//   error_feedback (use_error_feedback), warm_start, epsilon (orthogonalization_epsilon),
-//   seed (random_seed), batch_same_shape (batch_tensors_with_same_shape; only 0: 1 is rejected),
-//   iterations (num_iters_per_step), nonfinite (pass|error|unchecked).
-// Keys and the words among the values (true, false, pass, ...) match whatever their case.
-// Booleans: 0/1/true/false. Unknown keys, duplicates, malformed values and values outside the
-// ranges Validate() checks raise InvalidArgumentError; the message lists the valid keys.
+// Parses comma-separated key=value pairs over the defaults (keys and aliases: docs/powersgd.md,
+// "Options"; case-insensitive). Bad input raises InvalidArgumentError listing the valid keys.
 PowerSGDOptions ParsePowerSGDOptions(const std::string& text);
 
 // The list of valid keys, as the parser's error messages print it.
