@@ -13,8 +13,9 @@ norm and a linear head. Validation loss: mean cross-entropy (nats per byte) on f
 the validation text, the same windows for every method and every evaluation.
 
 Methods: every method of the digits job (methods.REGISTRY: DDP on gloo and on gossipcc,
-PowerSGD, SGP, OSGP, D-PSGD, AD-PSGD, the diagnostics) with the same wrapping, plus the DiLoCo
-variants of DILOCO below (gossipcc.DiLoCo around an AdamW inner optimizer). To add a DiLoCo
+PowerSGD, SGP, OSGP, D-PSGD, AD-PSGD, PyTorch's own alternatives torch-*, the diagnostics) with
+the same wrapping, plus the DiLoCo variants of DILOCO below (gossipcc.DiLoCo around an AdamW
+inner optimizer) and `torch-diloco` (TorchDiLoCo: DiLoCo in plain torch over gloo). To add a DiLoCo
 transport, add a line to DILOCO; one the installed gossipcc rejects (say quantized:bits=4
 before the quantized all-reduce exists) is skipped with the package's reason.
 """
@@ -193,23 +194,91 @@ DILOCO = [
 ]
 DILOCO_METHODS = {name: DiLoCoMethod(name, desc, sync, streaming) for name, desc, sync, streaming in DILOCO}
 
-# What `--methods all` runs, in this order: the no-communication reference, every method of the
-# project, then the DiLoCo variants.
-ALL = ["diag-compute", "allreduce-gloo", "allreduce", "powersgd-r2", "sgp", "osgp", "dpsgd", "adpsgd"] + \
-      [name for name, *_ in DILOCO]
+class TorchDiLoCo:
+    """DiLoCo in plain torch over the process group's all-reduce, as torchft's DiLoCo and the
+    paper's reference do, independent of gossipcc.DiLoCo: the loop steps the inner optimizer;
+    step() counts inner steps and every `sync_every` of them
+      1. delta = theta_global - theta_local for every parameter (theta_global: the parameters
+         at the last synchronisation, kept here), all of them in one flat tensor;
+      2. one all-reduce (sum) of it, divided by the group's size;
+      3. the parameters are reset to theta_global, their .grad set to the averaged delta, and
+         `outer` (an optimizer over the module's parameters) steps once;
+      4. theta_global <- the parameters.
+    Every rank ends a synchronisation with the same parameters."""
+
+    def __init__(self, module, outer, sync_every, group=None):
+        if sync_every < 1:
+            raise ValueError(f"sync_every must be >= 1, got {sync_every}")
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.outer, self.sync_every, self.group = outer, sync_every, group
+        self.saved = [p.detach().clone() for p in self.params]
+        self.inner_steps = 0
+
+    def step(self):
+        import torch.distributed as dist
+        self.inner_steps += 1
+        if self.inner_steps % self.sync_every:
+            return
+        with torch.no_grad():
+            flat = torch.cat([(g - p).reshape(-1) for p, g in zip(self.params, self.saved)])
+            dist.all_reduce(flat, group=self.group)
+            flat /= dist.get_world_size(self.group)
+            offset = 0
+            for p, g in zip(self.params, self.saved):
+                p.copy_(g)
+                p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+        self.outer.step()
+        with torch.no_grad():
+            for p, g in zip(self.params, self.saved):
+                g.copy_(p)
+                p.grad = None  # the outer gradient is not the next inner step's
+
+
+class TorchDiLoCoMethod:
+    """The `torch-diloco` baseline: TorchDiLoCo on backend gloo, inner AdamW, outer SGD (the
+    job's --outer-lr, momentum 0.9, Nesterov), H = the job's --sync-every."""
+
+    backend = "gloo"
+    average = None
+    name = "torch-diloco"
+    description = ("DiLoCo in plain torch over gloo's all-reduce (torchft's way): H inner AdamW steps, then "
+                   "an outer Nesterov step on the averaged parameter delta")
+
+    def configure(self, gossipcc):
+        pass
+
+    def options(self, args):
+        return {"sync_every": args.sync_every, "outer_lr": args.outer_lr}
+
+
+TORCH_DILOCO = TorchDiLoCoMethod()
+
+# What `--methods all` runs, in this order: the no-communication reference, DDP on gloo and
+# PyTorch's own alternatives (fp16 compression, PowerSGD, post-local SGD, DiLoCo in plain torch),
+# every method of the project, then the DiLoCo variants.
+ALL = ["diag-compute", "allreduce-gloo", "torch-fp16", "torch-powersgd-r2", "torch-postlocal", "torch-diloco",
+       "allreduce", "powersgd-r2", "sgp", "osgp", "dpsgd", "adpsgd"] + [name for name, *_ in DILOCO]
 
 
 def resolve(name):
-    """A method by name: a DiLoCo variant or one of methods.REGISTRY."""
+    """A method by name: a DiLoCo variant, torch-diloco, or one of methods.REGISTRY."""
     if name in DILOCO_METHODS:
         return DILOCO_METHODS[name]
+    if name == TORCH_DILOCO.name:
+        return TORCH_DILOCO
     if name in methods.REGISTRY:
         return methods.REGISTRY[name]
     raise ValueError(f"unknown method {name!r}; known: {', '.join(known())}")
 
 
 def known():
-    return list(DILOCO_METHODS) + [n for n in methods.REGISTRY if n not in DILOCO_METHODS]
+    return list(DILOCO_METHODS) + [TORCH_DILOCO.name] + [n for n in methods.REGISTRY if n not in DILOCO_METHODS]
+
+
+def has_outer_lr(method):
+    """Whether the method has an outer learning rate (the DiLoCo variants, torch-diloco)."""
+    return isinstance(method, (DiLoCoMethod, TorchDiLoCoMethod))
 
 
 def names(spec):

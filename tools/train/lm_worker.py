@@ -7,8 +7,11 @@ RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the environment. Writes one JSON ob
 to --out: "start", one "eval" per evaluation (step 0, every --eval-every steps, the last step),
 "end"; or one "skipped" when the installed gossipcc rejects the method's DiLoCo transport.
 
-Clocks and counters as in worker.py: `train_time` counts training steps only (evaluation pauses
-it); `tx_bytes` is the rank's NIC counter since training began (emulated cluster only). Every
+Clocks and counters as in worker.py: `train_time` counts training steps, batch sampling
+included; evaluation and the stop decision pause it, at the same steps for every method
+(communication a method runs in the background, such as an overlapped DiLoCo averaging, goes on
+during the pause); `tx_bytes` is the rank's NIC counter since training began (emulated cluster
+only). Every
 rank stops at the same step: at each evaluation the ranks agree (an all-reduce of one float on
 a separate gloo group, outside the clock) whether the slowest rank's clock has passed
 --time-budget or the step cap is reached.
@@ -46,12 +49,17 @@ def add_model_args(p):
     p.add_argument("--max-steps", type=int, default=100000, help="step cap per method")
     p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--val-windows", type=int, default=64, help="validation windows of --context bytes")
-    p.add_argument("--sync-every", type=int, default=20, help="DiLoCo's H (inner steps per outer step)")
-    p.add_argument("--outer-lr", type=float, default=0.7)
+    p.add_argument("--sync-every", type=int, default=20, help="DiLoCo's H (inner steps per outer step); "
+                   "torch-postlocal's averaging period")
+    p.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo's outer learning rate (every DiLoCo "
+                   "variant, torch-diloco included)")
     p.add_argument("--fragments", type=int, default=4, help="Streaming DiLoCo's fragments")
     p.add_argument("--overlap", type=int, default=1, help="Streaming DiLoCo's tau (inner steps in flight)")
     p.add_argument("--mix", type=float, default=0.5, help="Streaming DiLoCo's alpha")
     p.add_argument("--powersgd-start-iter", type=int, default=methods.POWERSGD_START_ITER)
+    p.add_argument("--local-sgd-start-iter", type=int, default=methods.LOCAL_SGD_START_ITER,
+                   help="post-local SGD (torch-postlocal): steps of DDP's all-reduce before local steps; "
+                        "its averaging period is --sync-every")
     p.add_argument("--data", default=lm.FORTUNES_DIR)
     p.add_argument("--seed", type=int, default=0)
 
@@ -84,6 +92,7 @@ def main(argv=None):
     import torch.distributed as dist
     import gossipcc
     methods.POWERSGD_START_ITER = args.powersgd_start_iter
+    methods.LOCAL_SGD_START_ITER, methods.LOCAL_SGD_PERIOD = args.local_sgd_start_iter, args.sync_every
     method.configure(gossipcc)
     dist.init_process_group(method.backend, init_method=args.init_method,
                             timeout=datetime.timedelta(seconds=args.timeout))
@@ -112,15 +121,23 @@ def main(argv=None):
             dist.destroy_process_group()
             return
         finish = lambda m: diloco.flush()  # noqa: E731
+    elif isinstance(method, lm.TorchDiLoCoMethod):
+        model = module
+        inner = torch.optim.AdamW(module.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        outer = torch.optim.SGD(module.parameters(), lr=args.outer_lr, momentum=0.9, nesterov=True)
+        diloco = lm.TorchDiLoCo(module, outer, args.sync_every)
+        finish = lambda m: None  # noqa: E731 - nothing runs in the background
     else:
         model = method.wrap(module)
-        inner = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        inner = method.optimizer(
+            torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0))
         finish = method.finish
 
     record({"type": "start", "method": args.method, "rank": rank, "world_size": world,
             "backend": method.backend, "params": n_params, "batch": args.batch, "context": args.context,
             "train_bytes": len(train_text), "val_bytes": len(val_text), "val_tokens": windows[1].numel(),
-            "diloco": method.options(args) if diloco is not None else None,
+            "diloco": method.options(args) if diloco is not None else None, "lr": args.lr,
+            "outer_lr": args.outer_lr if lm.has_outer_lr(method) else None,
             "network": os.environ.get("GOSSIPCC_NETWORK", "local"), "torch": torch.__version__})
     dist.barrier()  # every rank starts its clock together
     tx0 = tx_counter()
@@ -139,8 +156,8 @@ def main(argv=None):
     step = 0
     while True:
         step += 1
-        x, y = sampler.next()
         t = time.perf_counter()
+        x, y = sampler.next()
         for g in inner.param_groups:
             g["lr"] = args.lr * min(1.0, step / max(1, args.warmup))
         loss = lm.loss_of(model, x, y)

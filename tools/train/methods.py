@@ -13,12 +13,14 @@ import torch.distributed as dist
 
 class Method:
     """name: registry key; backend: "gossipcc" or "gloo"; configure(gossipcc): called before
-    init_process_group; wrap(module) -> the module to train; finish(wrapped): called after
+    init_process_group; wrap(module) -> the module to train; optimizer(opt) -> the optimizer to
+    step (opt itself, or opt wrapped); finish(wrapped): called after
     the last step, inside its timing (e.g. fold the gossip round in flight); average(wrapped):
     collective that sets every replica to the exact average (gossip methods: the model one
     would deploy; the job reports its accuracy too)."""
 
-    def __init__(self, name, description, backend, wrap, configure=None, finish=None, average=None):
+    def __init__(self, name, description, backend, wrap, configure=None, finish=None, average=None,
+                 optimizer=None):
         self.name = name
         self.description = description
         self.backend = backend
@@ -26,6 +28,9 @@ class Method:
         self.configure = configure or (lambda gossipcc: None)
         self.finish = finish or (lambda wrapped: None)
         self.average = average
+        # optimizer(opt) -> the optimizer the loop steps (post-local SGD: opt wrapped with its
+        # model averager); identity for every other method.
+        self.optimizer = optimizer or (lambda opt: opt)
 
 
 REGISTRY = {}
@@ -93,6 +98,58 @@ for _r in (1, 2):
                         allreduce=f"powersgd:rank={r},start_iter={POWERSGD_START_ITER}")))
     register(Method(f"torch-powersgd-r{_r}", f"PowerSGD rank {_r}: DDP on gloo with PyTorch's powerSGD_hook",
                     "gloo", _torch_powersgd(_r)))
+
+
+# The alternatives a user of PyTorch alone would pick, each on backend gloo with PyTorch's own
+# code: DDP with the fp16 compression hook (gradients cast to float16, divided by the world size,
+# all-reduced in float16, cast back), and post-local SGD (Lin et al., "Don't use large mini-batches,
+# use local SGD"): DDP all-reduces the gradients for the first LOCAL_SGD_START_ITER steps, then
+# every rank steps on its own gradients (the post_localSGD hook with
+# post_local_gradient_allreduce=False: each rank is its own host here, so the intra-host group
+# of PyTorch's default would hold one rank) and PeriodicModelAverager averages the parameters
+# every LOCAL_SGD_PERIOD steps (PostLocalSGDOptimizer steps the optimizer, then the averager).
+# torch-powersgd-r* above is PyTorch's powerSGD_hook. The workers set both constants from their
+# flags (the LM workload's period is DiLoCo's H).
+LOCAL_SGD_START_ITER = 10
+LOCAL_SGD_PERIOD = 20
+
+
+def _torch_fp16(module):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    model = _ddp(module)
+    model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    return model
+
+
+def _torch_postlocal(module):
+    from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as post_local
+    model = _ddp(module)
+    state = post_local.PostLocalSGDState(process_group=None, subgroup=None,
+                                         start_localSGD_iter=LOCAL_SGD_START_ITER,
+                                         post_local_gradient_allreduce=False)
+    model.register_comm_hook(state, post_local.post_localSGD_hook)
+    return model
+
+
+def _postlocal_optimizer(opt):
+    from torch.distributed.algorithms.model_averaging import averagers
+    from torch.distributed.optim import PostLocalSGDOptimizer
+    # warmup_steps = the hook's start: the averager counts optimizer steps from 0, so it first
+    # averages after step LOCAL_SGD_START_ITER + 1 (the first local step), then every period.
+    averager = averagers.PeriodicModelAverager(period=LOCAL_SGD_PERIOD, warmup_steps=LOCAL_SGD_START_ITER)
+    return PostLocalSGDOptimizer(optim=opt, averager=averager)
+
+
+def _average_parameters(model):
+    from torch.distributed.algorithms.model_averaging import utils as averaging
+    averaging.average_parameters(iter(list(model.parameters())), None)
+
+
+register(Method("torch-fp16", "DDP on gloo with PyTorch's fp16_compress_hook (float16 all-reduce)",
+                "gloo", _torch_fp16))
+register(Method("torch-postlocal", "post-local SGD: DDP on gloo with PyTorch's post_localSGD_hook, then "
+                "PeriodicModelAverager (PostLocalSGDOptimizer) every H steps",
+                "gloo", _torch_postlocal, optimizer=_postlocal_optimizer, average=_average_parameters))
 
 
 # Diagnostics (not in "all"): the floors a PowerSGD step stands on, to tell how much of a
@@ -197,10 +254,10 @@ def param_spread(ends):
 
 
 def names(spec):
-    """"all" (every method but PyTorch's hook and the diagnostics), "default", or a comma list
-    -> list of names."""
+    """"all" (every method but the diagnostics: the project's and PyTorch's alternatives,
+    torch-*), "default", or a comma list -> list of names."""
     if spec in ("all", "default"):
-        return [n for n in REGISTRY if not n.startswith(("torch-", "diag-"))]
+        return [n for n in REGISTRY if not n.startswith("diag-")]
     out = []
     for name in spec.split(","):
         name = name.strip()

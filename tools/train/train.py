@@ -172,9 +172,9 @@ def main(argv=None):
     p.add_argument("--network", default="1gbit",
                    help="local, or an emulated_cluster preset: " + ", ".join(emulated_cluster.PRESETS) +
                         ", or rate=..[,delay=..]")
-    p.add_argument("--methods", default="all", help="all (every method except torch-powersgd-*, PyTorch's hook, which "
-                        "tools/bench/powersgd_vs_torch.py compares, and the diag-* diagnostics of "
-                        "docs/benchmarks.md (b)), or a comma list of: " + ", ".join(methods.REGISTRY))
+    p.add_argument("--methods", default="all", help="all (every method except the diag-* diagnostics of "
+                        "docs/benchmarks.md (b); PyTorch's own alternatives torch-* included), or a comma "
+                        "list of: " + ", ".join(methods.REGISTRY))
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--target", type=float, default=0.95, help="test accuracy for the time-to-target column")
     p.add_argument("--batch", type=int, default=8, help="per rank")
@@ -183,6 +183,10 @@ def main(argv=None):
     p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--powersgd-start-iter", type=int, default=methods.POWERSGD_START_ITER,
                    help="exact all-reduce steps before PowerSGD compresses")
+    p.add_argument("--local-sgd-start-iter", type=int, default=methods.LOCAL_SGD_START_ITER,
+                   help="post-local SGD (torch-postlocal): steps of DDP's all-reduce before local steps")
+    p.add_argument("--sync-every", type=int, default=methods.LOCAL_SGD_PERIOD,
+                   help="post-local SGD (torch-postlocal): steps between two model averagings")
     p.add_argument("--timeout", type=float, default=600, help="seconds per method before its ranks are killed")
     p.add_argument("--results", default=None, help="results folder (default results/<date-time>)")
     p.add_argument("--baseline", default="allreduce-gloo")
@@ -212,6 +216,7 @@ def main(argv=None):
             return ([sys.executable, WORKER, "--method", name, "--steps", str(args.steps),
                      "--batch", str(args.batch), "--lr", str(args.lr), "--hidden", str(args.hidden),
                      "--eval-every", str(args.eval_every), "--powersgd-start-iter", str(args.powersgd_start_iter),
+                     "--local-sgd-start-iter", str(args.local_sgd_start_iter), "--sync-every", str(args.sync_every),
                      "--out", out]
                     + (["--progress"] if r == 0 else []))
 

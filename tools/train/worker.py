@@ -114,6 +114,10 @@ def main(argv=None):
     p.add_argument("--init-method", default="env://")
     p.add_argument("--powersgd-start-iter", type=int, default=methods.POWERSGD_START_ITER,
                    help="exact all-reduce steps before PowerSGD compresses (both PowerSGD variants)")
+    p.add_argument("--local-sgd-start-iter", type=int, default=methods.LOCAL_SGD_START_ITER,
+                   help="post-local SGD (torch-postlocal): steps of DDP's all-reduce before local steps")
+    p.add_argument("--sync-every", type=int, default=methods.LOCAL_SGD_PERIOD,
+                   help="post-local SGD (torch-postlocal): steps between two model averagings")
     p.add_argument("--timeout", type=float, default=120, help="seconds for any collective")
     p.add_argument("--out", required=True, help="JSON lines file for this rank")
     p.add_argument("--progress", action="store_true", help="show a progress line (rank 0)")
@@ -126,6 +130,7 @@ def main(argv=None):
     import torch.distributed as dist
     import gossipcc
     methods.POWERSGD_START_ITER = args.powersgd_start_iter
+    methods.LOCAL_SGD_START_ITER, methods.LOCAL_SGD_PERIOD = args.local_sgd_start_iter, args.sync_every
     method = methods.REGISTRY[args.method]
     method.configure(gossipcc)
     dist.init_process_group(method.backend, init_method=args.init_method,
@@ -137,7 +142,7 @@ def main(argv=None):
     module = make_model(args.hidden, args.seed)
     n_params = sum(p.numel() for p in module.parameters())
     model = method.wrap(module)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    opt = method.optimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum))
     progress = Progress(args.method, args.steps, args.progress and rank == 0)
 
     with open(args.out, "w") as out:
