@@ -1,7 +1,5 @@
-// PowerSGD's checkpoints: the byte format of PowerSGDCheckpoint (its Serialize and
-// Deserialize are defined in power_sgd_checkpoint.cc) and the conversion between a
-// checkpoint's tensors and PowerSGD's live per-key state. Internal to compression/:
-// PowerSGD::SaveState, GetTensorState and LoadState call these.
+// PowerSGD's checkpoints (internal to compression/): the byte format of PowerSGDCheckpoint and
+// the conversion between a checkpoint's tensors and the live per-key state.
 #pragma once
 
 #include "compression/power_sgd.h"
@@ -15,11 +13,8 @@ namespace internal {
 // `state` as a checkpoint holds it: its arrays copied to the host (empty where it has none).
 PowerSGDTensorState SaveKeyState(const KeyState& state);
 
-// Every tensor of `checkpoint` checked (the same rank and error feedback as `options`, a valid
-// shape and floating-point dtype, a non-negative step count, error memory and Q of the sizes
-// the shape and rank give) and made a KeyState in `cpu`'s memory. Throws InvalidArgumentError
-// ("PowerSGD::LoadState: ..." naming the key) on the first problem, having built nothing the
-// caller keeps.
+// Every tensor checked against `options` (rank, error feedback, shape, dtype, step, array sizes)
+// and made a KeyState; InvalidArgumentError naming the key on the first problem.
 KeyStates LoadKeyStates(const PowerSGDCheckpoint& checkpoint, const PowerSGDOptions& options, MathBackend& cpu);
 
 }  // namespace internal
