@@ -1,21 +1,8 @@
-// Bilateral exchange (AD-PSGD, Lian et al. 2018), asynchronous mode.
-//
-// Ranks are split into active (odd) and passive (even) halves. An active rank exchanges with
-// one passive peer at a time, without any global step: it sends its x and waits for that
-// peer's answer, then both set x <- (x + x_peer) / 2 (the passive rank answers with its x from
-// before the exchange, so the pair ends bitwise equal and the sum over ranks is conserved).
-// A passive rank answers requests in arrival order, from whichever active rank is ready first
-// (a receive from any source), so no rank waits for a global round.
-// Active rank a's peers are its bipartite-exponential neighbours (offsets +-1, +-(1+2^m),
-// all of opposite parity), taken in turn by a's own exchange counter.
-//
-// Messages: a request is one int64 (the active rank's request number, or -1 for "done") on
-// `tag`, followed by the active rank's x (all buffers packed) on `tag + 2`; the answer is the
-// request number on `tag + 1` and the passive rank's x on `tag + 3`. The request goes ahead
-// on its own so that the passive rank, once it knows who asks, sends its x while the active
-// rank's is still arriving: the two copies cross at once and an exchange takes one message
-// time, not two. The comm layer checks that the sizes agree. CPU buffers only (a
-// receive from any source is a Gloo feature); float32/float64/float16/bfloat16.
+// Bilateral exchange (AD-PSGD, Lian et al. 2018), asynchronous (docs/gossip.md): odd ranks are
+// active, even ranks passive. An active rank exchanges with its bipartite-exponential passive
+// neighbours in turn, each answering whichever active rank asks first; both set
+// x <- (x + x_peer) / 2, ending bitwise equal with the sum conserved. The request number travels
+// ahead of x, so the two copies cross and an exchange costs one message time. CPU float buffers.
 #pragma once
 
 #include <cstdint>

@@ -42,26 +42,16 @@ inline uint64_t MakeSlot(uint8_t prefix, uint32_t tag) {
 // Rethrows a Gloo exception as TimeoutError or PeerError, prefixed with `context`.
 [[noreturn]] void RethrowGlooError(const std::string& context, const std::exception& e);
 
-// Waits for the next receive (kRecv) or send (kSend) completion of a bound buffer (Gloo's
-// createRecvBuffer / createSendBuffer on a TCP pair) as its waitRecv() / waitSend() does, but
-// until `deadline`: Gloo's bound buffers take no timeout of their own, only the pair's, fixed
-// when it connected, so a wait that must end at an operation's deadline cannot be one of
-// theirs. Missing the deadline fails the pair exactly as Gloo's own timeout does (every buffer
-// on it gets the error, the connection closes, so peers waiting on this rank fail too) and
-// throws that error (a gloo::IoException whose message says "timeout" and `what`:
-// RethrowGlooError makes it a TimeoutError). `deadline` must be no later than the pair's
-// timeout from now (the caller's operation has at most its timeout left). A pair in
-// synchronous mode (after TakePairsOffTheDeviceThread) waits as Gloo does.
+// Waits for a bound buffer's next receive or send completion as waitRecv()/waitSend() do, but
+// until `deadline` (no later than the pair's timeout from now). Missing it fails the pair as
+// Gloo's own timeout does and throws that error (RethrowGlooError: a TimeoutError).
 enum class BoundBufferWait { kRecv, kSend };
 void WaitBoundBuffer(gloo::transport::Buffer& buffer, BoundBufferWait which,
                      std::chrono::steady_clock::time_point deadline, const std::string& what);
 
-// Gloo buffers (and the memory they point at) of operations that failed or unwound part-way.
-// Gloo's device thread may still complete or fail operations posted on them, under the pair's
-// lock. A Gloo buffer's destructor waits for that, but the memory it points at must outlive
-// it, and TSan cannot see the wait (docs/reliability.md). So the communicator frees what this
-// holds only after DestroyPairs on every mesh: an ordering through the pair locks. One per
-// communicator, shared by its collectives and point-to-point batches. Thread-safe.
+// Gloo buffers (and their memory) of operations that failed part-way, which Gloo's device
+// thread may still touch: freed only after DestroyPairs on every mesh (docs/architecture.md,
+// "Shutdown"). One per communicator. Thread-safe.
 class RetiredBuffers {
  public:
   void Add(std::shared_ptr<void> owned);
@@ -72,28 +62,15 @@ class RetiredBuffers {
   std::vector<std::shared_ptr<void>> owned_ ABSL_GUARDED_BY(mu_);
 };
 
-// Destroys every pair of `context` (each one a soft close: it takes the pair's lock and takes
-// its socket off the device's event loop), so that Gloo's device thread can no longer touch
-// a buffer posted on them, and whatever it did to one last happened before this returns.
-// The context itself stays usable only for destruction. Retired buffers keep their Gloo
-// context, and so its pairs, alive: without this, the pairs would outlive the buffers.
+// Destroys every pair of `context` under its lock, so Gloo's device thread no longer touches a
+// buffer posted on them; the context is then good for destruction only.
 void DestroyPairs(gloo::Context& context);
 
-// Takes every pair of `context` off Gloo's device thread and leaves its connection open, so
-// that the thread never again reads into or writes from a buffer bound to those pairs (Gloo's
-// createRecvBuffer / createSendBuffer). Call it before destroying such buffers: Gloo finishes
-// a half-read message on the buffer it started it with, through a raw pointer, even if that
-// buffer was destroyed meanwhile; and a bound buffer's destructor needs its pair alive, so
-// DestroyPairs cannot come first. This is Gloo's switch to synchronous mode, the one call that
-// detaches a pair without closing it (Pair::close would reset the connection and drop what
-// this rank still has queued for a peer, such as its last header). Writes Gloo still holds
-// are flushed first: against a peer that stopped reading, with more queued than the two
-// kernels' socket buffers hold, that blocks until the mesh's timeout (Gloo sets the socket's
-// send timeout) and then gives up. At shutdown a signature mesh has at most two headers
-// queued per peer (64 bytes, plus an eager payload of up to 128 KiB / (n - 1)). A pair whose
-// switch fails (it had failed before, or its flush failed) is moved out of `context` and kept
-// for the rest of the process, because Gloo aborts when destroying a pair whose flush failed
-// (gloo_util.cc); getPair(peer) is then null, which DestroyPairs skips.
+// Takes every pair of `context` off Gloo's device thread, leaving the connection open (Gloo's
+// switch to synchronous mode), before bound buffers on them are destroyed: Gloo would finish a
+// half-read message on a destroyed buffer. Queued writes are flushed first, up to the mesh's
+// timeout; a pair whose switch fails is kept for the rest of the process (Gloo aborts when
+// destroying it) and its getPair(peer) becomes null (docs/reliability.md, "Sanitizers").
 void TakePairsOffTheDeviceThread(gloo::Context& context);
 
 // Owns the Gloo buffers (and scratch memory) one collective call posts operations on. On
@@ -125,11 +102,9 @@ struct GlooMeshOptions {
   std::optional<std::chrono::steady_clock::time_point> connect_deadline;
 };
 
-// Gloo writes to its sockets without MSG_NOSIGNAL, so a write to a peer that has died raises
-// SIGPIPE, whose default action kills this process (seen with a SIGKILLed peer mid-broadcast).
-// Ignoring it makes the write fail with EPIPE, which surfaces as a PeerError. Only a default
-// disposition is changed: a handler the application installed is left alone (CPython already
-// ignores SIGPIPE). Once per process; ConnectGlooMesh calls it.
+// Gloo writes without MSG_NOSIGNAL: a write to a dead peer would kill this process with
+// SIGPIPE. Ignores SIGPIPE if its disposition is the default (so the write fails as a
+// PeerError); an application's handler is left alone. Once per process.
 void IgnoreSigpipeUnlessHandled();
 
 // Creates a TCP device and connects every pair of ranks through `store` (after

@@ -1,15 +1,7 @@
-// When a collective was issued, for callers that queue a call themselves before it reaches the
-// Communicator: gossipcc's per-call issue time (set like ScopedCudaStream, cuda_stream.h).
-//
-// A collective's deadline is CommunicatorOptions::timeout after its issue time. By default that
-// is the moment the Communicator's call is made. A caller that held the call back first (the c10d
-// backend: its wait for the completion callbacks of earlier collectives, its queue behind its own
-// algorithm tasks) sets the time its own call began with a ScopedIssueTime around the
-// Communicator call, so that the time it held the call counts against the same timeout: the
-// collective gets only what is left (its signature check and data exchange included), and one
-// with nothing left fails at once when its turn comes, with a TimeoutError that names
-// `waited_for`, as any timeout does (it poisons the communicator, so every rank's collectives
-// stay in step). Only the issue of collectives reads it; point-to-point operations do not.
+// A collective's issue time, for callers that hold a call back before the Communicator (the
+// c10d backend): set with a ScopedIssueTime around the call, the deadline (timeout after the
+// issue) then counts that wait too, and a collective with nothing left fails at once naming
+// `waited_for`. Read by the issue of collectives only.
 #pragma once
 
 #include <chrono>
@@ -18,13 +10,11 @@ namespace gossipcc {
 
 struct IssueTime {
   std::chrono::steady_clock::time_point issued;
-  // What the caller held the call back for, e.g. "earlier callbacks": a string with static
-  // storage (read only when the collective fails; nothing is copied per call).
+  // What the call was held back for, e.g. "earlier callbacks" (static storage).
   const char* waited_for;
 };
 
-// Sets the calling thread's issue time for the guard's lifetime. `issued` must not be in the
-// future. Guards nest (the innermost applies).
+// The thread's issue time while alive (not in the future); nests, the innermost applies.
 class ScopedIssueTime {
  public:
   ScopedIssueTime(std::chrono::steady_clock::time_point issued, const char* waited_for);
@@ -40,8 +30,7 @@ class ScopedIssueTime {
 // The calling thread's issue time; nullptr where no guard is set (a collective issued now).
 const IssueTime* CurrentIssueTime();
 
-// What is left of `deadline`, for one Gloo wait: at least 1 ms (Gloo reads 0 as its default
-// timeout), so a wait that starts past the deadline fails at once.
+// What is left of `deadline` for one Gloo wait, at least 1 ms (Gloo reads 0 as its default).
 inline std::chrono::milliseconds TimeLeft(std::chrono::steady_clock::time_point deadline) {
   const auto left =
       std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());

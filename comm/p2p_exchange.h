@@ -1,29 +1,10 @@
-// Point-to-point messages over Gloo with size and dtype checking.
-//
-// Each message is a 32-byte header (element count, dtype, tag) followed by the payload on
-// a second slot. Sends post both at once. A receive waits for the header, checks it against
-// its own buffer, and only then posts the payload receive with the exact size, so a longer
-// message can never overrun the buffer (raw Gloo aborts the process) and a shorter one
-// cannot pass for a full one (raw Gloo reports success). On a mismatch the payload is
-// drained into scratch memory and the receive fails with a MismatchError naming both sides.
-//
-// A payload larger than the segment size travels as consecutive segments (p2p_wire.h: the
-// header and the segments, moved with their progress). Gloo sends a payload only once its
-// receive is announced, and a pair writes announcements in order with its own payloads on one
-// socket: with whole payloads on the collectives' mesh the two directions of an exchange would
-// run one after the other. So payloads travel on a mesh per
-// direction (lower to higher rank, higher to lower): each socket carries payloads one way and
-// announcements the other. Headers stay on the collectives' mesh (a receive from any source
-// waits on one Gloo buffer for every peer's header). Receives on one (peer, tag) take their
-// payloads in header order (p2p_turns.h), so their segments never interleave. Counters count
-// payload bytes.
-//
-// Batches are posted on the caller's thread; each then progresses on a thread of its own,
-// its receives independently of each other, and completes as soon as its own messages
-// have: no batch or receive waits behind another. Because every send is posted at once
-// and every receive advances on its own, an exchange only ever waits for peers to post,
-// never for this rank to make progress elsewhere: a gossip round cannot deadlock, and
-// neither can nonblocking sends/receives issued in any order (as MPI guarantees).
+// Point-to-point messages over Gloo with size and dtype checking (docs/comm.md): a 32-byte
+// header, then the payload in segments (p2p_wire.h) on a mesh per direction. A receive checks
+// the header against its buffer before posting any payload receive, so no message overruns or
+// passes short (a mismatch: MismatchError naming both sides, the buffer untouched). Batches are
+// posted on the caller's thread and each progresses on its own thread, each receive
+// independently, so an exchange only waits for peers to post: no order of sends and receives
+// deadlocks. Receives on one (peer, tag) take their payloads in header order (p2p_turns.h).
 #pragma once
 
 #include <array>
@@ -54,12 +35,9 @@ class P2PExchange {
   // p2p message stream out of step; the batch fails with the error it returns (the same,
   // or one with more detail).
   using FailureHandler = std::function<std::exception_ptr(std::exception_ptr)>;
-  // `segment_bytes`: payloads larger than this are sent as segments of this size (0: whole).
-  // Headers travel on `context`. Payloads from a lower to a higher rank travel on
-  // `payload_contexts[0]`, from higher to lower on `payload_contexts[1]` (both null: on
-  // `context`); see PayloadContext.
-  // The buffers of batches that fail (or fail to post) go to `retired`, which must outlive
-  // this exchange.
+  // Headers on `context`, payloads (segments of `segment_bytes`, 0: whole) on
+  // payload_contexts[0] upwards and [1] downwards (null: `context`). Failed batches' buffers go
+  // to `retired`, which must outlive this exchange.
   P2PExchange(std::shared_ptr<gloo::Context> context,
               std::array<std::shared_ptr<gloo::Context>, 2> payload_contexts, std::chrono::milliseconds timeout,
               size_t segment_bytes, RetiredBuffers& retired, FailureHandler on_failure);
@@ -77,9 +55,7 @@ class P2PExchange {
   struct Message;
   struct Batch;
   struct ReceiveOutcome;
-  // Where the payload from `from` to `to` travels: the mesh of its direction (see above: on
-  // one connection per pair, an announcement queues behind the receiver's own payload to the
-  // same peer, so the two directions of an exchange take turns), or `context_` if none.
+  // The mesh of the payload's direction, or `context_` if none.
   gloo::Context& PayloadContext(int from, int to) const;
 
   ReceiveOutcome ReceiveOne(Message& m, Clock::time_point deadline, const std::string& description);

@@ -1,15 +1,7 @@
-// A point-to-point message on the wire (p2p_exchange.h sends and receives them): a 32-byte
-// header, which the receiver checks against its own buffer before any payload byte moves,
-// then the payload in segments. This file owns the format and the moving of a payload's
-// segments, with their progress (TransferProgress); which receive takes which message is
-// p2p_exchange.h's (and p2p_turns.h's) job.
-//
-// A payload larger than the segment size travels as consecutive segments: offset/length
-// operations on one Gloo buffer, all posted at once by the sender; the header carries the
-// segment size, and the receiver posts the same cuts, from the header's sender only, a few at
-// a time (kReceiveWindow). Gloo matches a pair's operations on one slot in order, so the
-// receiver's segments line up with the sender's, and a buffer's operations complete in the
-// order they were posted.
+// A point-to-point message on the wire: a 32-byte header the receiver checks against its buffer
+// before any payload byte moves, then the payload in segments (offset/length operations on one
+// Gloo buffer, the sender's cuts in the header, so both sides post the same ones in order), with
+// their progress. Which receive takes which message is p2p_exchange.h's and p2p_turns.h's job.
 #pragma once
 
 #include <algorithm>
@@ -65,14 +57,8 @@ struct Segments {
   size_t end(size_t i) const { return offset(i) + length(i); }
 };
 
-// Segments a receive keeps announced at once. Gloo sends a payload only once the receiver
-// has announced the matching receive. When payloads in both directions share a connection,
-// that announcement queues behind whatever the receiver's own side is already writing to the
-// same peer: announcing every segment at once lets each side queue its whole payload, so the
-// other direction's announcement waits for it and the two directions run one after the
-// other. A small window keeps at most a few segments queued ahead of any announcement. On a
-// connection per direction the announcement waits only in the link's queue, which holds
-// about the other direction's window, so a wider window gains nothing.
+// Segments a receive keeps announced at once: a small window keeps an announcement from queuing
+// behind a whole payload going the other way (docs/comm.md).
 constexpr size_t kReceiveWindow = 4;
 
 // A send's payload once posted: the Gloo buffers its segments went out on. Its memory must
@@ -84,16 +70,11 @@ class SentPayload {
   SentPayload(SentPayload&&) noexcept;
   SentPayload& operator=(SentPayload&&) noexcept;
 
-  // Posts every segment of `send`'s payload (bytes > 0) to its peer on `slot` of `context`,
-  // cut as `segments`: from the caller's buffer, or with P2POp::gather from the pieces'
-  // memory, where a segment inside one piece goes out from that piece and one that straddles
-  // two is copied first (one copy per boundary between pieces at most, each at most a
-  // segment long).
+  // Posts every segment of `send`'s payload, from the caller's memory (with P2POp::gather, only
+  // the segments that straddle two pieces are copied).
   void Post(const P2POp& send, gloo::Context& context, uint64_t slot, const Segments& segments);
 
-  // Waits for the segments of every payload in `sends`, segment by segment, round robin
-  // over them (all in flight at once, to different peers in a gossip round), so each one's
-  // TransferProgress (`progress`, may be null) advances as its segments go out.
+  // Waits for every payload's segments round robin, advancing each one's `progress` (may be null).
   static void WaitAll(absl::Span<SentPayload* const> sends, std::chrono::steady_clock::time_point deadline);
 
   TransferProgress* progress = nullptr;

@@ -1,22 +1,13 @@
-// PowerSGD compressed all-reduce (Vogels et al., NeurIPS 2019) as a collective over a
-// Communicator: averages a list of gradient tensors across ranks, sending two low-rank factors
-// per matrix instead of the matrix. See docs/powersgd.md.
+// PowerSGD compressed all-reduce (Vogels et al., NeurIPS 2019) over a Communicator: averages
+// gradient tensors, sending two low-rank factors per matrix (docs/powersgd.md). Tensors that do
+// not pay are averaged exactly. AllReduce reads as the paper's algorithm, one call per step
+// (power_sgd_steps.h; the cross-rank check: power_sgd_check.h). Not thread-safe; every rank makes
+// the same calls with the same keys and shapes.
 //
 //   gossipcc::compression::PowerSGD psgd(ParsePowerSGDOptions("rank=2,start_iter=10"));
 //   std::vector<GradientTensor> grads = {{"layer1.weight", CpuBuffer(w, 64 * 27), {64, 3, 3, 3}},
 //                                        {"layer1.bias", CpuBuffer(b, 64), {64}}};
 //   psgd.AllReduce(*comm, grads);   // in place: each buffer now holds the (approximate) average
-//
-// Per call: tensors with one dimension, too small to be worth compressing, or whose key has
-// had fewer than start_iter calls are averaged exactly, in one packed all-reduce per dtype.
-// The rest (viewed as shape[0] x numel/shape[0]) go through PowerSGD: their P factors in one
-// packed float32 all-reduce, their Q factors in another (per power iteration).
-//
-// AllReduce reads as the paper's algorithm, one call per step; each step's contract is in
-// power_sgd_steps.h, the cross-rank check's in power_sgd_check.h.
-//
-// Not thread-safe: one thread per PowerSGD object, and (as for every collective) the same
-// sequence of calls with the same keys and shapes on every rank.
 #pragma once
 
 #include <cstdint>
@@ -40,9 +31,8 @@ class PackCache;
 struct KeyState;
 }  // namespace internal
 
-// One tensor to average: a view of its memory (updated in place) plus its shape and a key
-// that identifies it stably across steps (e.g. the parameter's name). Float dtypes only
-// (float32, float64, float16, bfloat16); all tensors of one call on the same device.
+// One tensor: its memory (updated in place), shape and stable key (e.g. the parameter's name);
+// a float dtype; all tensors of a call on one device.
 struct GradientTensor {
   std::string key;
   Buffer data;
@@ -64,8 +54,7 @@ struct PowerSGDStats {
   uint64_t elements_after = 0;   // elements handed to the comm layer (exact + P + Q)
   uint64_t bytes_before = 0;     // bytes of the tensors, in their dtypes
   uint64_t bytes_after = 0;      // bytes of exact data, P and Q handed to the comm layer (P, Q: float32)
-  // The cross-rank consistency check: an allgather of 40 bytes a call, plus padding to 8 bytes
-  // when a small exact part (within the eager limit) travels in it instead of in an all-reduce.
+  // The cross-rank check's bytes (40 a call, plus padding when data rides in it).
   uint64_t check_bytes = 0;
   uint64_t allreduce_calls = 0;  // data all-reduces issued (the exact part's, unless it rode with the check)
   uint64_t nonfinite_calls = 0;  // calls that met NaN/Inf (pass-through: averaged exactly)
@@ -77,9 +66,8 @@ struct PowerSGDStats {
   std::string ToString() const;
 };
 
-// The state of one tensor key, as saved in checkpoints. `error` (n*m floats, row-major) and
-// `q` (m*r floats, row-major) are empty until the key's first compressed step (error also
-// stays empty without error feedback).
+// One key's state as checkpoints hold it; `error` (n*m) and `q` (m*r) empty until its first
+// compressed step (error: always without error feedback).
 struct PowerSGDTensorState {
   std::vector<int64_t> shape;
   DType dtype = DType::kFloat32;
@@ -92,8 +80,7 @@ struct PowerSGDCheckpoint {
   PowerSGDOptions options;
   std::map<std::string, PowerSGDTensorState> tensors;
 
-  // A self-describing little-endian byte string ("GSPSGD01" ...) and back. Deserialize
-  // throws InvalidArgumentError on anything malformed or truncated.
+  // A little-endian byte string ("GSPSGD01" ...) and back (InvalidArgumentError if malformed).
   std::string Serialize() const;
   static PowerSGDCheckpoint Deserialize(const std::string& bytes);
 };
@@ -106,29 +93,15 @@ class PowerSGD {
   PowerSGD(const PowerSGD&) = delete;
   PowerSGD& operator=(const PowerSGD&) = delete;
 
-  // Averages `tensors` across the ranks of `comm` in place and returns this call's stats.
-  // Synchronous. Errors:
-  //  - InvalidArgumentError (this rank, before any communication): bad shape/count (also a
-  //    negative dimension or an element count that overflows int64), empty or duplicate key,
-  //    non-float dtype, mixed devices, null data.
-  //  - MismatchError (every rank, before any payload moves): ranks passed different keys,
-  //    shapes, dtypes, options or per-key step counts (a fingerprint of all of them is
-  //    compared), naming each rank's tensor count, element count and fingerprint.
-  //  - InvalidArgumentError on every rank for NaN/Inf when options.nonfinite == kError.
-  //  - Whatever the Communicator raises (TimeoutError, PeerError, AbortedError).
-  // On an error no state changes; after a transport failure mid-call the tensors are undefined.
+  // Averages `tensors` in place, synchronously. InvalidArgumentError on this rank for bad
+  // tensors; MismatchError on every rank when ranks disagree (keys, shapes, dtypes, options,
+  // step counts); the comm layer's errors. No state changes on an error (docs/powersgd.md).
   PowerSGDStats AllReduce(Communicator& comm, absl::Span<const GradientTensor> tensors);
 
-  // For callers that only have flat buffers (a c10d ProcessGroup sees DDP's flattened
-  // buckets, which as 1-D tensors would all be averaged exactly): each buffer of `count`
-  // elements is compressed as a side x side matrix, side = ceil(sqrt(count)), zero-padded, as
-  // PyTorch's batched_powerSGD_hook does; buffers whose square would never be worth
-  // compressing stay 1-D (exact, unpadded). Costs a copy into and out of a padded scratch
-  // (none when count is a perfect square). Keys and state as in AllReduce (shape {side, side}).
+  // For flat buffers (DDP's buckets): each compressed as a zero-padded side x side matrix,
+  // side = ceil(sqrt(count)), as batched_powerSGD_hook does; one never worth it stays exact.
   PowerSGDStats AllReduceFlat(Communicator& comm, absl::Span<const FlatGradient> buffers);
-  // The square shape AllReduceFlat uses for `count` elements. InvalidArgumentError when the
-  // square's element count would overflow int64 (count > 3037000499^2); AllReduceFlat checks
-  // each buffer first and names its key.
+  // AllReduceFlat's square shape for `count`; InvalidArgumentError if it overflows int64.
   static std::vector<int64_t> FlatMatrixShape(size_t count);
 
   const PowerSGDOptions& options() const { return options_; }
@@ -137,17 +110,13 @@ class PowerSGD {
 
   // State of every key seen (copied to host memory for CUDA tensors).
   PowerSGDCheckpoint SaveState() const;
-  // Replaces every key's state. The checkpoint's options must match this object's in rank and
-  // error feedback, each shape must have no negative dimension and an element count within
-  // int64, and each state's sizes must fit its shape (else InvalidArgumentError, naming the key
-  // and the shape; the state is then unchanged).
+  // Replaces every key's state; InvalidArgumentError naming the key (state unchanged) if the
+  // rank or error feedback differ or a shape or size does not fit.
   void LoadState(const PowerSGDCheckpoint& checkpoint);
   // One key's state (host copy); nullopt-like: returns false if the key is unknown.
   bool GetTensorState(const std::string& key, PowerSGDTensorState* out) const;
 
-  // The Q (m x r, row-major) a key starts from: standard normal draws from a generator seeded
-  // with random_seed and the key (and `step`, only without warm start), then orthonormalised.
-  // A pure function: identical on every rank without communication.
+  // A key's initial Q (m x r): seeded normal draws, orthonormalised; the same on every rank.
   static std::vector<float> InitialQ(const PowerSGDOptions& options, const std::string& key, int64_t m, int r,
                                      int64_t step);
 

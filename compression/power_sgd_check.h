@@ -1,19 +1,8 @@
-// CrossRankCheck: PowerSGD's agreement across ranks (not in the paper), one all-gather before
-// any payload moves. Each rank sends a fingerprint of what it was asked (keys, order, shapes,
-// dtypes, per-key step counts, what is compressed), a hash of its options, its tensor and
-// element counts, and how many of its tensors hold NaN/Inf. Every rank then raises the same
-// MismatchError naming each rank's values when they differ, and sees the same NaN/Inf verdict.
-//
-// On the CPU, when the message stays within the eager limit (EagerCollectiveMaxBytes), data
-// rides in the same all-gather and every rank reduces the gathered copies itself, in rank
-// order (an eager all-reduce sends its payload to every peer too, so this costs no bytes, only
-// saves exchanges):
-//  - the exact part (one dtype), instead of its own all-reduce (ReduceGatheredExact);
-//  - the first power iteration's P = M Q, computed before the check from the gradient and the
-//    error memory without writing either (nothing may change before the check passes), instead
-//    of the first P all-reduce (SumGatheredP). A call then takes 2 exchanges (check + exact + P,
-//    then Q), not 4.
-//
+// CrossRankCheck: PowerSGD's agreement across ranks, one all-gather before any payload moves
+// (docs/powersgd.md, "The algorithm, per call"): a fingerprint of keys, order, shapes, dtypes,
+// step counts and decisions, an options hash, counts and NaN/Inf counts; every rank raises the
+// same MismatchError when they differ. On the CPU, within the eager limit, the exact part and
+// the first P ride along and every rank reduces the gathered copies in rank order.
 // Use: construct, ScanNonFinite, ComputeFirstP when carries_first_p(), Exchange, Verify.
 #pragma once
 
@@ -37,24 +26,15 @@ class CrossRankCheck {
   bool carries_exact() const { return exact_bytes_ > 0; }
   bool carries_first_p() const { return first_p_; }
 
-  // Finds the tensors holding NaN/Inf (unless options.nonfinite is kUnchecked): one pass per
-  // tensor, except float32 matrices whose first P is computed for the check, which
-  // ComputeFirstP scans in its own pass.
+  // Finds the tensors holding NaN/Inf (unless kUnchecked); ComputeFirstP scans its own.
   void ScanNonFinite(MathBackend& backend, const PowerSGDOptions& options);
-  // P = M Q of the first iteration into this rank's message, on the CPU (`cpu`; states an
-  // earlier call left on a GPU move there). Writes neither the gradient nor the error memory;
-  // non-float32 matrices are loaded into their scratch (M = grad + error), kept for the
-  // steps that follow.
+  // The first P = M Q into this rank's message, on the CPU, writing neither gradient nor error.
   void ComputeFirstP(MathBackend& cpu, KeyStates& states, InitialQs& initial_q, const PowerSGDOptions& options,
                      Selection& selection);
-  // The all-gather. When ranks sent messages of different sizes (their tensor lists differ),
-  // the communicator raised MismatchError on every rank alike and exchanged nothing: every rank
-  // then runs the bare check, which names what differs (or, if nothing does, goes on with
-  // nothing riding along).
+  // The all-gather; if the ranks' message sizes differ, the bare check names what differs.
   void Exchange(Communicator& comm, const PowerSGDOptions& options);
-  // Throws MismatchError (options or tensor lists differ) or, for NaN/Inf under kError,
-  // InvalidArgumentError, the same on every rank. Returns whether any rank met NaN/Inf (the
-  // call is then averaged exactly, state untouched). Counts the check's bytes into `stats`.
+  // MismatchError, or InvalidArgumentError for NaN/Inf under kError, alike on every rank;
+  // returns whether any rank met NaN/Inf. Counts the check's bytes into `stats`.
   bool Verify(const std::string& where, const PowerSGDOptions& options, PowerSGDStats& stats) const;
 
   // The gathered messages, for ReduceGatheredExact and SumGatheredP.

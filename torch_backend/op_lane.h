@@ -1,18 +1,8 @@
-// OpLane: runs gossipcc's own (blocking) algorithm calls asynchronously, one at a time and in
-// issue order, on a worker thread of the process group, and keeps the group's plain
-// collectives in program order with them.
-//
-// Why: the algorithms (push-sum, PowerSGD, ...) are blocking calls that issue Communicator
-// operations. Run on a thread of their own they would interleave their collectives with the
-// plain collectives the caller keeps issuing, in an order that can differ between ranks. So:
-//  - Submit() queues a task; tasks run strictly one after another, in submission order.
-//  - Issue() is how the process group issues a plain collective: straight to the communicator
-//    when no collective-issuing task is queued or running (the common case, no extra latency),
-//    else queued behind them, so every rank issues its communicator collectives in program order.
-//    A queued one still waiting at its deadline fails then (a watch thread, started with the
-//    first such deadline), whatever the tasks ahead of it wait for.
-// Point-to-point traffic (gossip rounds) uses its own tags and needs no such ordering.
-// Torch-free.
+// OpLane: runs gossipcc's own blocking algorithm calls (push-sum, PowerSGD, ...) one at a time,
+// in issue order, off the caller's thread, and keeps the group's plain collectives in program
+// order with them: a plain collective goes straight to the communicator unless a task that
+// issues collectives is queued or running, else it queues behind it, so every rank issues its
+// communicator collectives in the same order. Torch-free.
 #pragma once
 
 #include <chrono>
@@ -37,38 +27,24 @@ class OpLane {
   OpLane(const OpLane&) = delete;
   OpLane& operator=(const OpLane&) = delete;
 
-  // Queues `task`; it runs on the lane's thread after every earlier task. The returned Work
-  // completes (on that thread) with the task's exception, or success. `uses_collectives`: the
-  // task issues Communicator collectives (plain collectives issued later wait for it).
-  // Throws AbortedError after Stop().
+  // Queues `task` after every earlier one; its Work completes with the task's outcome.
+  // `uses_collectives`: later plain collectives wait for it. AbortedError after Stop().
   std::shared_ptr<Work> Submit(std::string description, std::function<void()> task, bool uses_collectives);
 
-  // Issues a plain collective (`issue` calls the communicator and returns its Work): at once
-  // when no collective-issuing task is queued or running, else queued behind them; the
-  // returned Work completes with the collective. `issue` (and so whatever it captured, e.g.
-  // the tensors behind the communicator's views) is kept until the collective completes.
-  // Queued, the returned Work fails with TimeoutError at `deadline` if `issue` has not started
-  // by then (naming the task it queued behind); `issue` still runs in its turn, so that every
-  // rank's communicator sees the same collectives: the caller gives it the same deadline
-  // (comm/issue_time.h), and the communicator then fails it at once, without touching its
-  // buffers (which `issue` keeps alive meanwhile).
+  // Issues a plain collective, at once or queued behind collective-issuing tasks; `issue` is
+  // kept until it completes. Queued past `deadline`, the Work fails (TimeoutError naming the
+  // task ahead), and `issue` still runs in its turn so every rank sees the same collectives.
   std::shared_ptr<Work> Issue(std::string description, std::chrono::steady_clock::time_point deadline,
                               std::function<std::shared_ptr<Work>()> issue);
   std::shared_ptr<Work> Issue(std::string description, std::function<std::shared_ptr<Work>()> issue) {
     return Issue(std::move(description), std::chrono::steady_clock::time_point::max(), std::move(issue));
   }
 
-  // Runs `task` in its turn and waits for it, rethrowing its error. When the lane is idle
-  // (nothing queued or running) the task runs at once on the calling thread, with the lane
-  // held for it exactly as for a queued task; otherwise it is queued and the caller waits.
-  // (A blocking call that finds the lane idle, the usual case of a training step, then costs
-  // no hand-off to the lane's thread and back.) Must not be called from a lane task (on the
-  // lane's thread, e.g. from a future callback of a lane task, or from a task run inline):
-  // InvalidArgumentError, since it would wait for itself.
+  // Runs `task` in its turn and waits, rethrowing its error; on an idle lane on this thread,
+  // holding the lane. From a lane task: InvalidArgumentError (it would wait for itself).
   void Run(std::string description, std::function<void()> task, bool uses_collectives);
 
-  // Refuses new tasks, fails queued ones with AbortedError (naming `reason`) and waits for the
-  // running one (queued or inline) to return. Idempotent.
+  // Fails queued tasks (AbortedError naming `reason`), waits for the running one. Idempotent.
   void Stop(const std::string& reason);
 
  private:
@@ -83,9 +59,7 @@ class OpLane {
     Clock::time_point deadline = Clock::time_point::max();
     Clock::time_point queued_at;
   };
-  // Shared with the worker thread, so that a lane stopped from its own thread (the last
-  // reference to the process group dropped inside a completion callback) can let the thread
-  // finish on its own after the OpLane is gone.
+  // Shared with the worker thread, which may outlive a lane stopped from that thread.
   struct State {
     std::mutex mu;
     std::condition_variable cv;
