@@ -1,10 +1,6 @@
-// Elastic averaging (synchronous EASGD; torch-distlearn's AllReduceEA).
-//
-// Each rank keeps its parameters x and a copy of the center c. Every `tau` local steps:
-//   d = alpha * (x - c);   x <- x - d;   c <- c + allreduce_sum(d)
-// (one all-reduce of the parameters' size, in their dtype). sum_i x_i + c is conserved by each
-// averaging (up to one rounding of x - d per element), and every rank's copy of c stays
-// identical (they add the same all-reduced sum). The center is held in float64.
+// Elastic averaging (synchronous EASGD; torch-distlearn's AllReduceEA): every `tau` local steps
+// d = alpha * (x - c); x <- x - d; c <- c + allreduce_sum(d). sum_i x_i + c is conserved and every
+// rank's center (float64) stays identical.
 #pragma once
 
 #include <cstdint>
@@ -24,12 +20,8 @@ class ElasticAveraging {
   // center <- those parameters. Resets step() to 0.
   void Initialize(Communicator& comm, std::vector<Buffer> params);
 
-  // Once per local step, after the optimizer step: advances step(), and when it reaches a
-  // multiple of tau, averages (a collective every rank must join at the same step). Returns
-  // true if it averaged. Buffers: float32/float64/float16/bfloat16, one dtype and device (CUDA
-  // staged through host memory), total size equal to the center's.
-  // Ranks averaging at different step numbers: MismatchError naming the steps, before anything
-  // is modified (a step number is all-reduced alongside d).
+  // Once per local step, after the optimizer's: at multiples of tau averages (collective) and
+  // returns true. One float dtype and device. Ranks at different steps: MismatchError, nothing modified.
   bool Step(Communicator& comm, std::vector<Buffer> params);
 
   // One averaging now (collective), independent of tau.

@@ -1,8 +1,6 @@
-// MassLedger: FaultTolerantPushSum's mass accounting (fault_tolerant_push_sum.h, "Mass
-// accounting"). Per peer (original rank), in float64, the mass (x elements, then w) this rank
-// sent and received since the last recovery, and the net flow (sent - received) since the
-// start; and the corrections a recovery derives from them, which make the survivors' mass
-// what it would be had the dead never taken part.
+// MassLedger: FaultTolerantPushSum's mass accounting (docs/reliability.md, "Mass"): per peer, in
+// float64, what this rank sent and received since the last recovery and the net flow since the
+// start, and the corrections a recovery derives from them.
 #pragma once
 
 #include <cstddef>
@@ -24,12 +22,9 @@ class MassLedger {
   // What was sent to each peer since the last recovery, by original rank.
   const std::map<int, std::vector<double>>& sent() const { return sent_; }
 
-  // A recovery's corrections (`words` values, to add to x, then w): + net[d] for every peer
-  // in `dead` (then forgotten), + what each survivor j sent this rank since the last recovery
-  // (`sent_to_me`: (original rank, its record)), - what this rank received from each of
-  // `survivors` (original ranks, this rank excluded); the last two are settled in net[j] too,
-  // so that a later death of j undoes them. Added in that order (the same bits on every run).
-  // The records since the last recovery are cleared.
+  // A recovery's corrections to add to x, then w: + net[d] per dead d, + what each survivor sent
+  // this rank (`sent_to_me`), - what this rank received from it (settled into net[j] too); the
+  // records since the last recovery are then cleared.
   std::vector<double> Settle(const std::vector<int>& dead,
                              const std::vector<std::pair<int, std::vector<double>>>& sent_to_me,
                              const std::vector<int>& survivors, size_t words);

@@ -1,8 +1,6 @@
-// Lossless packing of float32 values for the wire: per block of 64 values the smallest exponent
-// and each value's offset from it in as few bits as the block needs, exact zeros as bit masks,
-// sign and mantissa as they are; a message that would not shrink goes raw (+16 bytes). Every bit
-// pattern round-trips (NaN payloads, infinities, subnormals, -0.0). The message layout:
-// docs/comm.md, "Lossless packing".
+// Lossless packing of float32 values for the wire (format: docs/comm.md, "Lossless packing"):
+// per block of 64 values a base exponent and k-bit offsets, zero masks, sign and mantissa as
+// they are; a message that would not shrink goes raw. Every bit pattern round-trips.
 #pragma once
 
 #include <cstddef>

@@ -15,28 +15,22 @@ struct CommunicatorOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
   // Bound on Create as a whole (every mesh's rendezvous and connection); zero: `timeout`.
   std::chrono::milliseconds rendezvous_timeout{0};
-  // Where to listen: an existing interface, else a name or address of this host, else as
-  // ProcessGroupGloo chooses (comm/listen_address.h).
+  // Where to listen (comm/listen_address.h): an interface, else a name or address of this host.
   std::string interface;
   std::string hostname;
-  // Compare each collective's signature across ranks before data moves; off trusts the caller
-  // (eager collectives check either way). Checked.
+  // Compare each collective's signature across ranks before data moves. Checked.
   bool verify_collectives = true;
   // CUDA device for CUDA buffers; -1: the first CUDA buffer's. Point-to-point on CUDA needs it.
   int cuda_device = -1;
-  // Heartbeat period of the peer check (comm/peer_health.h); zero: timeout / 10 in [50 ms, 1 s];
-  // negative: no heartbeat and no check.
+  // Peer check's heartbeat (comm/peer_health.h); 0: timeout / 10 in [50 ms, 1 s]; < 0: off.
   std::chrono::milliseconds heartbeat_interval{0};
-  // Segment size of point-to-point payloads; 0: unsegmented, else in [kMinP2PSegmentBytes,
-  // kMaxP2PSegmentBytes]. The receiver follows the sender's (it travels in the header).
+  // Point-to-point segment size (0: unsegmented); the receiver follows the sender's.
   size_t p2p_segment_bytes = size_t{256} << 10;
   // Point-to-point payloads on a mesh per direction (p2p_exchange.h). Checked.
   bool p2p_connection_per_direction = true;
-  // Collective k runs on lane k % collective_lanes (comm/lanes.h), in [1, kMaxCollectiveLanes].
-  // Checked.
+  // Collective k runs on lane k % collective_lanes (comm/lanes.h). Checked.
   int collective_lanes = 2;
-  // float32 all-reduces above kDirectAllreduceMaxBytes on the packed ring
-  // (packed_ring_allreduce.h). Checked.
+  // Large float32 all-reduces on the packed ring (packed_ring_allreduce.h). Checked.
   bool lossless_float32_allreduce = false;
 };
 

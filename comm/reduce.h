@@ -1,7 +1,5 @@
-// Element-wise reduction kernels for CPU buffers, and float16/bfloat16 conversions.
-//
-// float16 and bfloat16 are never reduced in their own precision: collectives widen them
-// to float32, reduce, and round once at the end (ReduceInRankOrder, comm/direct_allreduce.h).
+// Element-wise reduction kernels for CPU buffers, and float16/bfloat16 conversions; half
+// precision is reduced in float32 and rounded once.
 #pragma once
 
 #include <cstddef>
@@ -15,8 +13,7 @@ namespace gossipcc {
 // out[i] = op(a[i], b[i]); out may alias a or b. kAvg reduces as a sum (the caller divides).
 using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t count);
 
-// Kernel for a non-half dtype. Throws InvalidArgumentError for half dtypes (widen first) and
-// for kAvg on integer dtypes (integer division would silently truncate).
+// Kernel for a non-half dtype; InvalidArgumentError for half dtypes and integer kAvg.
 ReduceFn GetReduceFn(DType dtype, ReduceOp op);
 
 // Throws InvalidArgumentError naming the combination when `op` cannot apply to `dtype`.
@@ -40,10 +37,8 @@ struct WideScratch {
   std::vector<float> acc, next;
 };
 
-// out <- op over r = 0, 1, ..., n-1 of sources[r] (out.count elements of out.dtype each),
-// combined in that order, so every rank that reduces the same sources gets the same bits.
-// kAvg divides by n. float16/bfloat16 accumulate in float32 and round once. `out` may alias
-// sources[0] or sources[1] (any source for half dtypes), not a later one.
+// out <- op over sources in rank order (the same bits on every rank; kAvg divides by n; half
+// types in float32). `out` may alias sources[0] or [1] (any one for half types).
 void ReduceInRankOrder(const std::vector<const void*>& sources, Buffer out, ReduceOp op, WideScratch& scratch);
 
 }  // namespace gossipcc

@@ -1,5 +1,5 @@
-// What both ring all-reduces share beyond their RingPlan: the kept receive slots and their
-// part of the overlapped signature check (docs/comm.md, "The ring").
+// What both ring all-reduces share beyond their RingPlan: kept receive slots and their part of
+// the overlapped signature check (docs/comm.md, "The ring").
 #pragma once
 
 #include <cstddef>
@@ -10,8 +10,7 @@
 
 namespace gossipcc {
 
-// ring(slots) on call.scratch->ring grown to `bytes`, kept between calls; if ring throws the
-// slots go to call.retired (a message may still be posted on them).
+// ring(slots) on kept slots of `bytes`; if ring throws they go to call.retired.
 void WithRingSlots(const GlooCall& call, size_t bytes, const std::function<void(uint8_t* slots)>& ring);
 
 // If call.check is set: the header to the left neighbour; send_ahead() once the right one's

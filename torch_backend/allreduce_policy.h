@@ -1,6 +1,5 @@
-// How the gossipcc backend all-reduces DDP's gradient buckets, parsed from a string such as
-// "exact" or "powersgd:rank=2,start_iter=10" (the GOSSIPCC_ALLREDUCE environment variable or
-// the backend's options). Torch-free so it can be fuzzed and tested without LibTorch.
+// How the gossipcc backend averages DDP's buckets: "exact" or "powersgd[:key=value,...]"
+// (GOSSIPCC_ALLREDUCE or the backend's options). Torch-free, so it can be fuzzed.
 #pragma once
 
 #include <string>
@@ -18,9 +17,7 @@ struct AllreducePolicy {
   // ranges and error messages are PowerSGD's.
   compression::PowerSGDOptions powersgd;
 
-  // Parses "exact" or "powersgd[:key=value,...]", names and keys in any case ("POWERSGD:Rank=2").
-  // Throws InvalidArgumentError that quotes the bad part and lists the valid policies and keys.
-  // Unset PowerSGD options keep PyTorch's PowerSGDState defaults (rank=1, start_iter=1000, ...).
+  // Case-insensitive; InvalidArgumentError quoting the bad part and listing the valid ones.
   static AllreducePolicy Parse(const std::string& text);
   // The normal form, every option spelt out: "powersgd:rank=2,start_iter=1000,...".
   std::string ToString() const;
