@@ -15,3 +15,21 @@ def load(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def harness():
+    """tools/bench/harness.py as the benchmarks import it (one module object for both)."""
+    sys.path.insert(0, os.path.join(TOOLS, "bench"))
+    import harness as module
+    return module
+
+
+def harness_args(**kw):
+    """The harness's flags at their defaults (tools/bench/harness.py add_arguments), with kw set."""
+    import argparse
+    p = argparse.ArgumentParser()
+    harness().add_arguments(p)
+    a = p.parse_args([])
+    for k, v in kw.items():
+        setattr(a, k, v)
+    return a

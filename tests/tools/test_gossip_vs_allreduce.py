@@ -2,8 +2,9 @@
 push-sum round: over loopback, with ranks as threads and the project's own peer graphs, every
 rank receives exactly what each of its in-peers sent, step after step. The push-sum round's
 correctness check (its exact result on every rank from the peer schedule): on the real benchmark
-over 3 local processes, and refusing a no-op round, results on the wrong rank and an unmixed
-weight."""
+over 3 local processes (2 trials), and refusing a no-op round, results on the wrong rank and an
+unmixed weight. The table's figures (the slowest rank per iteration, the median over a trial, then
+the median and min-max over trials, ratios within each trial) and the plot, on made-up timings."""
 import threading
 
 import bench_script
@@ -77,60 +78,83 @@ def test_every_rank_receives_each_in_peers_bytes(graph, n, monkeypatch):
     assert len(checked) == edges
 
 
-def doc(round_times, plain, gossipcc, gloo, tx=(1000.0, 1500.0, 1500.0, 1000.0)):
-    ops = ("push-sum round", "all-reduce gossipcc", "all-reduce gloo", "plain TCP exchange")
-    return {"times": dict(zip(ops, (round_times, gossipcc, gloo, plain))), "tx_per_op": dict(zip(ops, tx))}
+LOAD = {"loadavg_before": [0.5, 0.5, 0.5], "loadavg_after": [0.6, 0.5, 0.5], "wall_s": 9.0, "busy_cores": 1.0,
+        "own_cores": 1.0, "other_cores": 0.0}
+OPS = ("push-sum round", "all-reduce gossipcc", "all-reduce gloo", "plain TCP exchange")
 
 
-# Two ranks, three iterations. Slowest rank per iteration, round: 2, 5, 3 -> median 3 (rank 1's
-# 5 is iteration 2's slowest, not an outlier dropped); plain TCP 2, 2, 2; all-reduces 4 and 6.
-DOCS = [doc([2.0, 1.0, 3.0], [2.0] * 3, [4.0] * 3, [6.0] * 3),
-        doc([1.0, 5.0, 2.0], [1.0] * 3, [3.0] * 3, [5.0] * 3, tx=(3000.0, 2500.0, 1500.0, 1000.0))]
+def trial(round_times, plain, gossipcc, gloo, tx=(1000.0, 1500.0, 1500.0, 1000.0)):
+    return {"times": dict(zip(OPS, (round_times, gossipcc, gloo, plain))), "tx_per_op": dict(zip(OPS, tx)),
+            "order": list(OPS), "load": LOAD}
 
 
-def test_summary_takes_the_slowest_rank_per_iteration_then_the_median():
+# Two ranks, two trials of three iterations. Trial 1, slowest rank per iteration, round: 2, 5,
+# 3 -> median 3 (rank 1's 5 is iteration 2's slowest, not an outlier dropped); plain TCP 2, 2,
+# 2; all-reduces 4 and 6. Trial 2: the round 4, plain TCP 2, all-reduces 6 and 6.
+DOCS = [{"trials": [trial([2.0, 1.0, 3.0], [2.0] * 3, [4.0] * 3, [6.0] * 3),
+                    trial([4.0] * 3, [2.0] * 3, [6.0] * 3, [6.0] * 3)]},
+        {"trials": [trial([1.0, 5.0, 2.0], [1.0] * 3, [3.0] * 3, [5.0] * 3, tx=(3000.0, 2500.0, 1500.0, 1000.0)),
+                    trial([1.0] * 3, [1.0] * 3, [1.0] * 3, [1.0] * 3, tx=(3000.0, 2500.0, 1500.0, 1000.0))]}]
+
+
+def recorded(ns=(4,), nbytes=1000, bps=500.0, docs=DOCS):
     m = bench_script.load("gossip_vs_allreduce")
-    r = m.summarize(DOCS, n=4, nbytes=1000, bps=500.0)
-    assert (r["push-sum round"], r["plain TCP exchange"], r["all-reduce gossipcc"], r["all-reduce gloo"]) == \
-        (3.0, 2.0, 4.0, 6.0)
-    assert r["message_time"] == 2.0  # 1000 bytes at 500 B/s
-    assert r["ring_bound"] == 3.0  # 2(n-1)/n = 1.5 message times at n = 4
-    assert r["tx"]["push-sum round"] == 2000.0  # averaged over the ranks
-    row = m.table_row(r, r["message_time"])
-    # n, round ms, round / message time, plain ms, plain / message time, round / plain, ...
-    assert row[:6] == [4, "3000.0", "1.50", "2000.0", "1.00", "1.50"]
-    # all-reduce ms, gossipcc / round, gloo / round, ring bound / round, bytes per op ÷ size
-    assert row[6:] == ["4000.0", "6000.0", "1.33", "2.00", "1.00", "2.000", "2.000", "1.500", "1.000"]
+    run = bench_script.harness().Run("gossip_vs_allreduce", bench_script.harness_args(trials=2),
+                                     m.OPS_IN_TABLE_ORDER, "push-sum round", "time")
+    for n in ns:
+        m.record(run, docs, n, nbytes, bps)
+    d = run.document()
+    d["args"].update(graph="exponential:peers=1", bytes=nbytes, network="1gbit", iters=3)
+    return m, d
+
+
+def test_summary_takes_the_slowest_rank_per_iteration_then_the_median_then_over_trials():
+    m, d = recorded()
+    s = d["summary"]["cells"]["n=4"]["methods"]
+    assert [t["samples"]["n=4"]["push-sum round"]["time"] for t in d["trials"]] == [3.0, 4.0]
+    assert s["push-sum round"]["time"] == {"median": 3.5, "min": 3.0, "max": 4.0, "n": 2}
+    assert d["cells"]["n=4"]["message_time"] == 2.0  # 1000 bytes at 500 B/s
+    assert d["cells"]["n=4"]["ring_bound"] == 3.0  # 2(n-1)/n = 1.5 message times at n = 4
+    assert s["push-sum round"]["tx"]["median"] == 2000.0  # averaged over the ranks
+    row = m.table_row(d, "n=4")
+    # n, round ms, round / message time, plain ms, plain / message time, round / plain (per trial: 1.5, 2)
+    assert row[:6] == [4, "3500.0 (3000.0-4000.0)", "1.75 (1.50-2.00)", "2000.0 (2000.0-2000.0)",
+                       "1.00 (1.00-1.00)", "1.75 (1.50-2.00)"]
+    # all-reduce ms; gossipcc / round per trial 4/3, 6/4 -> 1.42; gloo / round 2, 1.5 -> 1.75;
+    # ring bound / round (of the medians); bytes per op ÷ size
+    assert row[6:] == ["5000.0 (4000.0-6000.0)", "6000.0 (6000.0-6000.0)", "1.42 (1.33-1.50)", "1.75 (1.50-2.00)",
+                       "0.86", "2.000", "2.000", "1.500", "1.000"]
 
 
 def test_unshaped_summary_has_no_message_time():
-    m = bench_script.load("gossip_vs_allreduce")
-    r = m.summarize(DOCS, n=2, nbytes=1000, bps=None)
-    assert r["message_time"] is None and r["ring_bound"] is None
-    assert m.table_row(r, None)[2] == "-"
+    m, d = recorded(ns=(2,), bps=None)
+    assert d["cells"]["n=2"]["message_time"] is None and d["cells"]["n=2"]["ring_bound"] is None
+    assert m.table_row(d, "n=2")[2] == "-"
 
 
 @pytest.mark.parametrize("bps", [500.0, None])
 def test_plot_writes_a_png(tmp_path, bps):
-    m = bench_script.load("gossip_vs_allreduce")
-    results = [m.summarize(DOCS, n, 1000, bps) for n in (2, 4, 8)]
+    m, d = recorded(ns=(2, 4, 8), bps=bps)
     path = tmp_path / "round.png"
-    m.plot(results, str(path), "test")
+    m.plot(d, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| 8 |" in m.report(d)
 
 
 def test_round_check_runs_the_benchmark_on_local_ranks(tmp_path):
-    """The benchmark itself on 3 local processes (no emulated network), tiny tensor: its worker
-    checks the push-sum round's result on every rank against push_sum_expected."""
+    """The benchmark itself on 3 local processes (no emulated network), tiny tensor, 2 trials: its
+    worker checks the push-sum round's result on every rank against push_sum_expected."""
     import os
     import subprocess
     import sys
     script = os.path.join(bench_script.TOOLS, "bench", "gossip_vs_allreduce.py")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([bench_script.TOOLS] + sys.path))
     out = subprocess.run([sys.executable, script, "--network", "local", "--sizes-n", "3", "--bytes", "4096",
-                          "--iters", "1"], env=env, capture_output=True, text=True, timeout=300)
+                          "--iters", "1", "--trials", "2", "--allow-load", "--results-dir", str(tmp_path)],
+                         env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "n = 3: round" in out.stdout
+    assert "n = 3: round" in out.stdout and "(medians of 2 trials)" in out.stdout
+    assert "| 3 |" in out.stdout
 
 
 @pytest.mark.parametrize("graph", ["exponential:peers=1", "edges:0>1,1>2,2>3,3>0,0>2"])

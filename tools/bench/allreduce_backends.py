@@ -6,10 +6,15 @@ unshaped emulated network and at 1 Gbit/s per host; and gossipcc with its lossle
 
     tools/bench/run.sh allreduce_backends [--ranks 4] [--networks none,1gbit] [--max-bytes 268435456] [--plot PNG]
                                           [--iterations K] [--quantiles] [--data gradients|constant]
+                                          [--trials 5] [--max-load 0.5] [--allow-load] [--results-dir DIR]
 
-Every rank is its own host (tools/emulated_cluster.py). Per size, the two backends alternate
-iteration by iteration (which goes first alternates too), each op preceded by an untimed
-barrier; a cell is the median over iterations of the slowest rank's time. Bytes are the ranks'
+Every rank is its own host (tools/emulated_cluster.py). On tools/bench/harness.py: per network,
+one run of the ranks: an untimed warm-up op per size and backend, then --trials trials, each
+going through every size; at each size a trial runs K iterations (--iterations; default by
+size), and in each iteration the three backends run in rotating order (iteration i of trial t
+starts at backend t + i), each op preceded by an untimed barrier. A trial's sample is the median
+over its iterations of the slowest rank's time; a cell is the median over the trials with its
+min-max, and the ratios to gloo are the medians of the per-trial ratios. Bytes are the ranks'
 NIC tx counters (frames with headers, TCP ACKs included) from just before the op to after the
 barrier that follows it (so the op's last queued segments count; the barrier adds a few
 hundred bytes), averaged over ranks. Link bound: the
@@ -34,14 +39,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import harness  # noqa: E402
 
 
 def iterations(nbytes, override=None):
+    """Iterations per trial at a size: --iterations, or 10 up to 16 MB, 3 up to 64 MB, then 1
+    (with the default 5 trials: 50, 15 and 5 ops per backend)."""
     if override:
         return override
-    # 1-16 MB unshaped vary most from op to op (CPU-bound veths): at 5-10 iterations a median
-    # moved by 20% between runs, at 30 by a few percent.
-    return 30 if nbytes <= (16 << 20) else 10 if nbytes <= (64 << 20) else 3
+    return 10 if nbytes <= (16 << 20) else 3 if nbytes <= (64 << 20) else 1
 
 
 BACKENDS = ("gloo", "gossipcc", "gossipcc packed")
@@ -89,46 +95,62 @@ def worker(args):
         sizes.append(nbytes)
         nbytes *= 4
     source = gradient_source(rank, n, sizes[-1]) if args.data == "gradients" else None
-    out = []
-    for nbytes in sizes:
+
+    def fill(t):
+        if source is None:
+            t.fill_(rank + 1)
+        else:
+            t.copy_(source[:t.numel()])
+
+    def one(name, t):
+        fill(t)
+        dist.barrier()
+        c0 = common.rank_tx_bytes()
+        t0 = time.perf_counter()
+        dist.all_reduce(t, group=groups[name])
+        dt = time.perf_counter() - t0
+        dist.barrier()  # the op's last segments may still sit in the rank's queue
+        c1 = common.rank_tx_bytes()
+        if source is None and (t[0].item() != expected or t[-1].item() != expected):
+            raise AssertionError(f"{name} all-reduce of {t.numel() * 4} bytes: got {t[0].item()}, "
+                                 f"{t[-1].item()}, expected {expected}")
+        return dt, None if c0 is None else c1 - c0
+
+    for nbytes in sizes:  # warm-up, not timed: its results are the ones checked
         t = torch.empty(nbytes // 4, dtype=torch.float32)
-        k = iterations(nbytes, args.iterations)
-        times = {name: [] for name in groups}
-        sent = {name: 0 for name in groups}
         results = {}
-        for i in range(-1, k):  # i = -1: warm-up, not recorded
-            # Each backend goes first, second and last in turn.
-            order = list(groups)[i % 3:] + list(groups)[:i % 3]
-            for name in order:
-                if source is None:
-                    t.fill_(rank + 1)
-                else:
-                    t.copy_(source[:t.numel()])
-                dist.barrier()
-                c0 = common.rank_tx_bytes()
-                t0 = time.perf_counter()
-                dist.all_reduce(t, group=groups[name])
-                dt = time.perf_counter() - t0
-                dist.barrier()  # the op's last segments may still sit in the rank's queue
-                c1 = common.rank_tx_bytes()
-                if source is None and (t[0].item() != expected or t[-1].item() != expected):
-                    raise AssertionError(f"{name} all-reduce of {nbytes} bytes: got {t[0].item()}, "
-                                         f"{t[-1].item()}, expected {expected}")
-                if i == -1:
-                    results[name] = t.clone()
-                if i >= 0:
-                    times[name].append(dt)
-                    if c0 is not None:
-                        sent[name] += c1 - c0
+        for name in groups:
+            one(name, t)
+            results[name] = t.clone()
         check_results(results, nbytes)
-        del results
-        out.append({"bytes": nbytes, "k": k, "times": times,
-                    "tx_per_op": {name: sent[name] / k for name in groups}})
-        del t
+        del results, t
+    names = list(groups)
+    probe = harness.LoadProbe()
+    trials = []
+    for trial in range(args.trials):
+        dist.barrier()
+        probe.start()
+        out = []
+        for nbytes in sizes:
+            t = torch.empty(nbytes // 4, dtype=torch.float32)
+            k = iterations(nbytes, args.iterations)
+            times = {name: [] for name in names}
+            sent = {name: 0 for name in names}
+            for i in range(k):
+                for name in harness.trial_order(names, trial, i):
+                    dt, tx = one(name, t)
+                    times[name].append(dt)
+                    if tx is not None:
+                        sent[name] += tx
+            out.append({"bytes": nbytes, "k": k, "times": times,
+                        "tx_per_op": {name: sent[name] / k for name in names}})
+            del t
+        dist.barrier()
+        trials.append({"sizes": out, "order": harness.trial_order(names, trial), "load": probe.stop()})
     dist.barrier()
     dist.destroy_process_group()
     with open(args.out, "w") as f:
-        json.dump(out, f)
+        json.dump({"trials": trials}, f)
 
 
 def check_results(results, nbytes):
@@ -152,89 +174,152 @@ def link_bytes_per_second(network):
     return emulated_cluster.rate_bits_per_second(rate) / 8 if rate else None
 
 
-def backends_of(rows):
-    """The backends the rows have times for, in BACKENDS' order."""
-    return [name for name in BACKENDS if rows and name in rows[0]]
+def cell_name(network, nbytes):
+    return f"{network} {common.human_bytes(nbytes)}"
 
 
-def summarize(docs, n, bps):
-    """Per size: the median over iterations of the slowest rank's time per backend (s), the
-    ring's link bound (s; None when unshaped) and the tx bytes per op averaged over ranks."""
-    rows = []
-    for i, entry in enumerate(docs[0]):
-        nbytes, k = entry["bytes"], entry["k"]
-        row = {"bytes": nbytes, "k": k, "bound": 2 * (n - 1) / n * nbytes / bps if bps else None}
+def trial_samples(docs, trial, network):
+    """One trial's samples at every size from every rank's document: per backend the median over
+    the trial's iterations of the slowest rank's time (s) and the tx bytes per op averaged over
+    the ranks; and per size and backend the slowest rank's time per iteration (for --quantiles)."""
+    samples, slowest = {}, {}
+    runs = [d["trials"][trial]["sizes"] for d in docs]
+    for i, entry in enumerate(runs[0]):
+        cell = cell_name(network, entry["bytes"])
+        samples[cell], slowest[cell] = {}, {}
         for name in (b for b in BACKENDS if b in entry["times"]):
-            row["slowest_" + name] = [max(doc[i]["times"][name][j] for doc in docs) for j in range(k)]
-            row[name] = common.median(row["slowest_" + name])
-            row["tx_" + name] = sum(doc[i]["tx_per_op"][name] for doc in docs) / len(docs)
-        rows.append(row)
-    return rows
+            per_iteration = [max(r[i]["times"][name][j] for r in runs) for j in range(entry["k"])]
+            slowest[cell][name] = per_iteration
+            samples[cell][name] = {"time": common.median(per_iteration),
+                                   "tx": sum(r[i]["tx_per_op"][name] for r in runs) / len(runs)}
+    return samples, slowest
 
 
-def table(rows, network):
-    names = backends_of(rows)
+def record(run, docs, network, n, bps):
+    """One network's documents into the harness run: a cell per size (its bytes, k, the ring's
+    link bound), a trial per trial (rank 0's load probe)."""
+    for entry in docs[0]["trials"][0]["sizes"]:
+        run.cell(cell_name(network, entry["bytes"]), network=network, bytes=entry["bytes"], k=entry["k"],
+                 bound=2 * (n - 1) / n * entry["bytes"] / bps if bps else None)
+    for trial in range(len(docs[0]["trials"])):
+        samples, slowest = trial_samples(docs, trial, network)
+        run.add_trial(samples, docs[0]["trials"][trial]["load"], docs[0]["trials"][trial]["order"],
+                      group=network, detail={"slowest": slowest})
+
+
+def backends_in(doc, network):
+    cells = [c for c, info in doc["cells"].items() if info["network"] == network]
+    have = doc["summary"]["cells"][cells[0]]["methods"] if cells else {}
+    return [b for b in BACKENDS if b in have]
+
+
+def networks_of(doc):
+    out = []
+    for info in doc["cells"].values():
+        if info["network"] not in out:
+            out.append(info["network"])
+    return out
+
+
+def table(doc, network):
+    """One network's table: per size the median time of every backend (min-max), each gossipcc
+    variant's time over gloo's (the median of the per-trial ratios), the link bound and each
+    backend's time over it where the link is shaped, and each backend's bytes sent per rank per op
+    over the size."""
+    names = backends_in(doc, network)
     others = [b for b in names if b != "gloo"]
+    cells = [(c, info) for c, info in doc["cells"].items() if info["network"] == network]
+    shaped = bool(cells and cells[0][1]["bound"])
     body = []
-    for r in rows:
-        nbytes = r["bytes"]
-        row = [common.human_bytes(nbytes), r["k"]] + [f"{1e3 * r[b]:.2f}" for b in names]
-        row += [f"{r[b] / r['gloo']:.2f}" for b in others]
-        if r["bound"]:
-            row += [f"{1e3 * r['bound']:.2f}"] + [f"{r[b] / r['bound']:.2f}" for b in names]
-        row += [f"{r['tx_' + b] / nbytes:.3f}" if network != "local" else "-" for b in names]
+    for c, info in cells:
+        s = doc["summary"]["cells"][c]
+        nbytes = info["bytes"]
+        row = [common.human_bytes(nbytes), info["k"]] + [harness.cell_text(s["methods"][b]["time"], 1e3, 2)
+                                                          for b in names]
+        row += [harness.cell_text(s["ratios"][b], 1, 2) for b in others]
+        if shaped:
+            row += [f"{1e3 * info['bound']:.2f}"] + [f"{s['methods'][b]['time']['median'] / info['bound']:.2f}"
+                                                    for b in names]
+        row += [f"{s['methods'][b]['tx']['median'] / nbytes:.3f}" if network != "local" else "-" for b in names]
         body.append(row)
-    header = ["size", "k"] + [f"{b} (ms)" for b in names] + [f"ratio {b}/gloo" for b in others]
-    if rows and rows[0]["bound"]:
+    header = ["size", "k per trial"] + [f"{b} (ms)" for b in names] + [f"ratio {b}/gloo" for b in others]
+    if shaped:
         header += ["link bound (ms)"] + [f"{b}/bound" for b in names]
     header += [f"sent/rank/op ÷ size, {b}" for b in names]
-    return common.markdown_table(header, body)
+    return harness.markdown_table(header, body)
 
 
 QUANTILES = (("p10", 2), ("p25", 5), ("median", 10), ("p75", 15), ("p90", 18))  # 5% cut points
 
 
-def quantile_table(rows):
+def quantile_table(doc, network):
     """Per size and backend: quantiles (linear interpolation between the sorted times) and the
-    mean of the slowest rank's time per iteration, in ms."""
+    mean of the slowest rank's time per iteration, over every iteration of every trial, in ms."""
     body = []
-    for r in rows:
-        for name in backends_of(rows):
-            xs = r["slowest_" + name]
+    for c, info in doc["cells"].items():
+        if info["network"] != network:
+            continue
+        for name in backends_in(doc, network):
+            xs = [x for t in doc["trials"] if c in t["detail"]["slowest"] for x in t["detail"]["slowest"][c][name]]
             cuts = statistics.quantiles(xs, n=20, method="inclusive") if len(xs) > 1 else [xs[0]] * 19
-            body.append([common.human_bytes(r["bytes"]), name, len(xs)]
+            body.append([common.human_bytes(info["bytes"]), name, len(xs)]
                         + [f"{1e3 * cuts[i - 1]:.2f}" for _, i in QUANTILES]
                         + [f"{1e3 * statistics.mean(xs):.2f}"])
-    return common.markdown_table(["size", "backend", "k"] + [q for q, _ in QUANTILES] + ["mean"], body)
+    return harness.markdown_table(["size", "backend", "iterations"] + [q for q, _ in QUANTILES] + ["mean"], body)
 
 
-def plot(results, path, title):
-    """results: {network: summarize() rows}. Left: each backend's time per size (and the link
-    bound where shaped), log-log; right: each gossipcc variant's time over gloo's per size,
-    1.0 marked."""
+def title(args):
+    return (f"all-reduce, backend gossipcc (plain and packed) vs gloo, {args['ranks']} ranks, "
+            f"{common.human_bytes(args['min_bytes'])}..{common.human_bytes(args['max_bytes'])}, "
+            f"float32 {args['data']}")
+
+
+def report(doc):
+    parts = [harness.preamble(doc), title(doc["args"])]
+    for network in networks_of(doc):
+        parts.append(f"network {network}:\n\n{table(doc, network)}")
+        if doc["args"].get("quantiles"):
+            parts.append(f"per-iteration distribution, network {network} (ms, slowest rank per iteration, "
+                         f"every trial):\n\n{quantile_table(doc, network)}")
+    parts.append(harness.trials_table(doc))
+    return "\n\n".join(parts)
+
+
+def plot(doc, path):
+    """Left: each backend's median time per size (and the link bound where shaped), log-log;
+    right: each gossipcc variant's time over gloo's per size (median of the per-trial ratios,
+    min-max as error bars), 1.0 marked."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (times, ratios) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for network, rows in results.items():
-        sizes = [r["bytes"] for r in rows]
-        line, = times.plot(sizes, [1e3 * r["gossipcc"] for r in rows], "o-", label=f"gossipcc, {network}")
-        times.plot(sizes, [1e3 * r["gloo"] for r in rows], "s--", color=line.get_color(), label=f"gloo, {network}")
-        ratios.plot(sizes, [r["gossipcc"] / r["gloo"] for r in rows], "o-", color=line.get_color(),
-                    label=f"gossipcc, {network}")
-        if "gossipcc packed" in backends_of(rows):
-            times.plot(sizes, [1e3 * r["gossipcc packed"] for r in rows], "^-.", color=line.get_color(),
-                       label=f"gossipcc packed, {network}")
-            ratios.plot(sizes, [r["gossipcc packed"] / r["gloo"] for r in rows], "^-.", color=line.get_color(),
-                        label=f"gossipcc packed, {network}")
-        if rows and rows[0]["bound"]:
-            times.plot(sizes, [1e3 * r["bound"] for r in rows], ":", color="gray", label=f"ring link bound, {network}")
-    times.set(xscale="log", yscale="log", xlabel="all-reduce size (bytes)", ylabel="time (ms, slowest rank, median)")
+    for network in networks_of(doc):
+        cells = [(c, info) for c, info in doc["cells"].items() if info["network"] == network]
+        sizes = [info["bytes"] for _, info in cells]
+        summ = [doc["summary"]["cells"][c] for c, _ in cells]
+        color = None
+        for name, style in zip(BACKENDS, ("s--", "o-", "^-.")):
+            if name not in backends_in(doc, network):
+                continue
+            line, = times.plot(sizes, [1e3 * s["methods"][name]["time"]["median"] for s in summ], style, color=color,
+                               label=f"{name}, {network}")
+            color = line.get_color()
+            if name != "gloo":
+                med = [s["ratios"][name]["median"] for s in summ]
+                err = [[m - s["ratios"][name]["min"] for m, s in zip(med, summ)],
+                       [s["ratios"][name]["max"] - m for m, s in zip(med, summ)]]
+                ratios.errorbar(sizes, med, yerr=err, fmt=style, color=color, capsize=2, label=f"{name}, {network}")
+        if cells and cells[0][1]["bound"]:
+            times.plot(sizes, [1e3 * info["bound"] for _, info in cells], ":", color="gray",
+                       label=f"ring link bound, {network}")
+    times.set(xscale="log", yscale="log", xlabel="all-reduce size (bytes)",
+              ylabel="time (ms, slowest rank, median of trials)")
     ratios.axhline(1.0, color="gray", linewidth=1)
-    ratios.set(xscale="log", xlabel="all-reduce size (bytes)", ylabel="time / gloo's time (below 1: faster)")
+    ratios.set(xscale="log", xlabel="all-reduce size (bytes)",
+               ylabel="time / gloo's, median of per-trial ratios (below 1: faster)")
     times.legend(fontsize=8)
     ratios.legend(fontsize=8)
-    fig.suptitle(title)
+    fig.suptitle(title(doc["args"]))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -249,39 +334,33 @@ def main():
     p.add_argument("--min-bytes", type=int, default=4096)
     p.add_argument("--max-bytes", type=int, default=256 << 20)
     p.add_argument("--plot", metavar="PNG", help="also write a plot of the tables (time and ratio per size) here")
-    p.add_argument("--iterations", type=int, help="timed iterations per size and backend (default: 30 up to 16 MB, "
-                   "10 up to 64 MB, then 3)")
+    p.add_argument("--iterations", type=int, help="timed iterations per size and backend in each trial (default: 10 up "
+                   "to 16 MB, 3 up to 64 MB, then 1)")
     p.add_argument("--data", choices=("gradients", "constant"), default="gradients",
                    help="what the tensors hold (see the module's doc; packing's gain depends on it)")
     p.add_argument("--quantiles", action="store_true",
                    help="also print the per-iteration distribution of the slowest rank's time")
+    harness.add_arguments(p)
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    title = (f"all-reduce, backend gossipcc (plain and packed) vs gloo, {args.ranks} ranks, "
-             f"{common.human_bytes(args.min_bytes)}..{common.human_bytes(args.max_bytes)}, float32 {args.data}")
-    print(title)
-    results = {}
+    run = harness.Run("allreduce_backends", args, BACKENDS, "gloo", "time")
     for network in args.networks.split(","):
-        load0 = common.load_average()
         try:
             with common.make_cluster(args.ranks, network) as cluster:
                 docs = common.run_ranks(cluster, os.path.abspath(__file__),
                                         ["--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
-                                         "--data", args.data]
+                                         "--data", args.data, "--trials", str(args.trials)]
                                         + (["--iterations", str(args.iterations)] if args.iterations else []),
-                                        timeout=1200)
+                                        timeout=3600)
         except common.NamespacesUnavailable as e:
             common.fail(f"allreduce_backends: emulated network not available: {e}")
-        print(f"\nnetwork {network} (load average before {load0}, after {common.load_average()}):\n")
-        results[network] = summarize(docs, args.ranks, link_bytes_per_second(network))
-        print(table(results[network], network), flush=True)
-        if args.quantiles:
-            print(f"\nper-iteration distribution, network {network} (ms, slowest rank per iteration):\n")
-            print(quantile_table(results[network]), flush=True)
+        record(run, docs, network, args.ranks, link_bytes_per_second(network))
+        print(f"network {network}: done", flush=True)
+    doc = run.finish(report)
     if args.plot:
-        plot(results, args.plot, title)
-        print(f"\nplot: {args.plot}")
+        plot(doc, args.plot)
+        print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":

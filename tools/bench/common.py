@@ -15,13 +15,9 @@ import tempfile
 TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, TOOLS)
 import emulated_cluster  # noqa: E402,F401  (re-exported for the benchmarks)
+import harness  # noqa: E402
 from emulated_cluster import (ClusterError, EmulatedCluster, LocalCluster, NamespacesUnavailable,  # noqa: E402,F401
                               rank_tx_bytes)
-
-
-def load_average():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 def make_cluster(n, network):
@@ -38,7 +34,9 @@ def run_ranks(cluster, script, args, timeout=600, env=None):
         logs = [open(os.path.join(tmp, f"rank{r}.log"), "w") for r in range(cluster.n)]
         cmds = [[sys.executable, script, "--worker", "--out", outs[r]] + list(args) for r in range(cluster.n)]
         try:
-            cluster.run(cmds, env=dict({"OMP_NUM_THREADS": "1"}, **(env or {})), timeout=timeout,
+            # The ranks' load probes (harness.LoadProbe) count this process's tree as the benchmark's.
+            cluster.run(cmds, env=dict({"OMP_NUM_THREADS": "1", harness.ROOT_PID_ENV: str(os.getpid())}, **(env or {})),
+                        timeout=timeout,
                         stdout=logs, stderr=logs)
         except ClusterError as e:
             for f in logs:
@@ -75,10 +73,7 @@ def human_bytes(n):
     return f"{n} B"
 
 
-def markdown_table(header, rows):
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+markdown_table = harness.markdown_table
 
 
 def fail(message):

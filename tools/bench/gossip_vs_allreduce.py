@@ -3,16 +3,21 @@
 does each step) vs an exact all-reduce of the same tensor, at n = 2, 4, 8 ranks, each rank its
 own host with a 1 Gbit/s link; compared with one message time, bytes / rate.
 
-    tools/bench/run.sh gossip_vs_allreduce [--sizes-n 2,4,8] [--network 1gbit] [--bytes 16777216]
+    tools/bench/run.sh gossip_vs_allreduce [--sizes-n 2,4,8] [--network 1gbit] [--bytes 16777216] [--iters 1]
+                                           [--trials 5] [--max-load 0.5] [--allow-load] [--results-dir DIR]
 
 Per n, in the same processes and on the same tensor: gossipcc's push_sum_round on the process
 group, all-reduce through backend gossipcc and through gloo, and the round's exchange done
 with plain TCP sockets (the same graph and peers, a connection per edge and direction, nothing
-else: what this machine's network stack gives a round with no library at all), alternating iteration by
-iteration, each op preceded by an untimed barrier; a cell is the median over --iters of the
-slowest rank's time. Bytes: NIC tx counters per rank per op (until after the next barrier).
-A push-sum round must send every rank's share to its peer and receive one: its floor is one
-message time, flat in n; a ring all-reduce's is 2(n-1)/n message times.
+else: what this machine's network stack gives a round with no library at all). On
+tools/bench/harness.py: per n one run of the ranks, an untimed warm-up of every op, then
+--trials trials of --iters iterations; in each iteration the four ops run in rotating order
+(iteration i of trial t starts at op t + i), each preceded by an untimed barrier. A trial's sample
+is the median over its iterations of the slowest rank's time; a cell is the median over the
+trials with its min-max, and every ratio the median of the per-trial ratios. Bytes: NIC tx
+counters per rank per op (until after the next barrier). A push-sum round must send every rank's
+share to its peer and receive one: its floor is one message time, flat in n; a ring all-reduce's
+is 2(n-1)/n message times.
 """
 import argparse
 import json
@@ -25,6 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import harness  # noqa: E402
 
 OPS = ("push-sum round", "all-reduce gossipcc", "all-reduce gloo", "plain TCP exchange")
 
@@ -114,53 +120,102 @@ class PlainTcpExchange:
 OPS_IN_TABLE_ORDER = ("push-sum round", "plain TCP exchange", "all-reduce gossipcc", "all-reduce gloo")
 
 
-def summarize(docs, n, nbytes, bps):
-    """One world size's figures from its ranks' documents: per op, the median over iterations
-    of the slowest rank's time (s) and the tx bytes per op averaged over ranks ("tx", None
-    where counters were unavailable); the message time nbytes / bps and the ring all-reduce's
-    link bound 2(n-1)/n of it (None unshaped)."""
-    iters = len(docs[0]["times"][OPS[0]])
-    result = {"n": n, "bytes": nbytes,
-              "message_time": nbytes / bps if bps else None,
-              "ring_bound": 2 * (n - 1) / n * nbytes / bps if bps else None, "tx": {}}
+def cell_name(n):
+    return f"n={n}"
+
+
+def trial_samples(docs, trial, n):
+    """One trial's samples from its ranks' documents: per op the median over the trial's
+    iterations of the slowest rank's time (s) and the tx bytes per op averaged over the ranks
+    (None where counters were unavailable)."""
+    runs = [d["trials"][trial] for d in docs]
+    iters = len(runs[0]["times"][OPS[0]])
+    samples = {}
     for op in OPS:
-        result[op] = common.median([max(d["times"][op][j] for d in docs) for j in range(iters)])
-        result["tx"][op] = (sum(d["tx_per_op"][op] for d in docs) / len(docs)) if docs[0]["tx_per_op"][op] else None
-    return result
+        samples[op] = {"time": common.median([max(r["times"][op][j] for r in runs) for j in range(iters)]),
+                       "tx": (sum(r["tx_per_op"][op] for r in runs) / len(runs)) if runs[0]["tx_per_op"][op] else None}
+    return {cell_name(n): samples}
 
 
-def table_row(r, msg):
-    """The table's cells for one summarize() result, load average excluded."""
-    g, t, a, b = (r[op] for op in OPS_IN_TABLE_ORDER)
-    row = [r["n"], f"{1e3 * g:.1f}", f"{g / msg:.2f}" if msg else "-"]
-    row += [f"{1e3 * t:.1f}", f"{t / msg:.2f}" if msg else "-", f"{g / t:.2f}"]
-    row += [f"{1e3 * a:.1f}", f"{1e3 * b:.1f}", f"{a / g:.2f}", f"{b / g:.2f}"]
-    row += [f"{r['ring_bound'] / g:.2f}" if msg else "-"]
-    row += [f"{r['tx'][op] / r['bytes']:.3f}" if r["tx"][op] is not None else "-" for op in OPS]
+def record(run, docs, n, nbytes, bps):
+    """One world size's documents into the harness run: its cell (n, bytes, one message time
+    nbytes / bps and the ring all-reduce's link bound 2(n-1)/n of it, None unshaped) and a trial
+    per trial (rank 0's load probe)."""
+    run.cell(cell_name(n), n=n, bytes=nbytes, message_time=nbytes / bps if bps else None,
+             ring_bound=2 * (n - 1) / n * nbytes / bps if bps else None)
+    for trial in range(len(docs[0]["trials"])):
+        r = docs[0]["trials"][trial]
+        run.add_trial(trial_samples(docs, trial, n), r["load"], r["order"], group=cell_name(n))
+
+
+HEADER = ["n", "push-sum round (ms)", "round / message time", "plain TCP exchange (ms)", "plain TCP / message time",
+          "round / plain TCP", "all-reduce gossipcc (ms)", "all-reduce gloo (ms)", "gossipcc all-reduce / round",
+          "gloo all-reduce / round", "ring bound / round", "sent/rank ÷ size: round", "all-reduce gossipcc",
+          "all-reduce gloo", "plain TCP"]
+
+
+def table_row(doc, cell):
+    """The table's cells for one world size: times (median of the trials, min-max), each time over
+    one message time, and the ratios between ops (medians of the per-trial ratios)."""
+    info, s, trials = doc["cells"][cell], doc["summary"]["cells"][cell]["methods"], doc["trials"]
+    msg = info["message_time"]
+
+    def ms(op):
+        return harness.cell_text(s[op]["time"], 1e3, 1)
+
+    def per_msg(op):
+        return harness.cell_text(s[op]["time"], 1 / msg, 2) if msg else "-"
+
+    def ratio(a, b):
+        return harness.cell_text(harness.ratio_stats(trials, cell, a, b, "time"), 1, 2)
+
+    g = "push-sum round"
+    row = [info["n"], ms(g), per_msg(g), ms("plain TCP exchange"), per_msg("plain TCP exchange"),
+           ratio(g, "plain TCP exchange"), ms("all-reduce gossipcc"), ms("all-reduce gloo"),
+           ratio("all-reduce gossipcc", g), ratio("all-reduce gloo", g),
+           f"{info['ring_bound'] / s[g]['time']['median']:.2f}" if msg else "-"]
+    row += [f"{s[op]['tx']['median'] / info['bytes']:.3f}" if s[op]["tx"] is not None else "-" for op in OPS]
     return row
 
 
-def plot(results, path, title, goal=1.10):
-    """results: summarize() per world size. Each op's time against n, in message times where
-    the link is shaped (ms otherwise), with the round's goal and the ring's link bound."""
+def report(doc):
+    a = doc["args"]
+    msg = next(iter(doc["cells"].values()))["message_time"] if doc["cells"] else None
+    head = (f"gossip round (push_sum_round, graph {a['graph']}) vs exact all-reduce, {common.human_bytes(a['bytes'])} "
+            f"float32, network {a['network']}" + (f", one message time {1e3 * msg:.1f} ms" if msg else "")
+            + f", {a['iters']} iteration(s) per trial")
+    rows = [table_row(doc, c) for c in doc["cells"]]
+    return "\n\n".join([harness.preamble(doc), head, harness.markdown_table(HEADER, rows), harness.trials_table(doc)])
+
+
+def plot(doc, path, goal=1.10):
+    """Each op's median time against n (min-max as error bars), in message times where the link
+    is shaped (ms otherwise), with the round's goal and the ring's link bound."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    shaped = all(r["message_time"] for r in results)
-    unit = (lambda r: r["message_time"]) if shaped else (lambda r: 1e-3)
-    ns = [r["n"] for r in results]
+    infos = list(doc["cells"].items())
+    shaped = all(info["message_time"] for _, info in infos)
+    ns = [info["n"] for _, info in infos]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for op, style in zip(OPS_IN_TABLE_ORDER, ("o-", "^:", "s--", "d--")):
-        ax.plot(ns, [r[op] / unit(r) for r in results], style, label=op)
+        unit = [info["message_time"] if shaped else 1e-3 for _, info in infos]
+        st = [doc["summary"]["cells"][c]["methods"][op]["time"] for c, _ in infos]
+        med = [s["median"] / u for s, u in zip(st, unit)]
+        err = [[m - s["min"] / u for m, s, u in zip(med, st, unit)],
+               [s["max"] / u - m for m, s, u in zip(med, st, unit)]]
+        ax.errorbar(ns, med, yerr=err, fmt=style, capsize=2, label=op)
     if shaped:
-        ax.plot(ns, [r["ring_bound"] / r["message_time"] for r in results], ":", color="gray",
+        ax.plot(ns, [info["ring_bound"] / info["message_time"] for _, info in infos], ":", color="gray",
                 label="ring all-reduce link bound 2(n-1)/n")
         ax.axhline(goal, color="red", linewidth=1, label=f"goal for the round: {goal:.2f} message times")
         ax.axhline(1.0, color="gray", linewidth=1)
     ax.set(xticks=ns, xlabel="ranks (n)", ylabel="time per op / one message time (bytes / rate)" if shaped
            else "time per op (ms)")
     ax.legend(fontsize=8)
-    ax.set_title(title, fontsize=9)
+    a = doc["args"]
+    ax.set_title(f"{common.human_bytes(a['bytes'])} float32 per rank, network {a['network']}, graph {a['graph']}, "
+                 f"median of {a['trials']} trials", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -210,37 +265,50 @@ def worker(args):
     plain = PlainTcpExchange(dist, rank, args.bytes, _C.peer_graph_info(args.graph, n)["period"],
                              lambda step: _C.peer_graph_out_peers(args.graph, n, rank, step),
                              lambda step: _C.peer_graph_in_peers(args.graph, n, rank, step))
-    plain_step = 0
-    times = {op: [] for op in OPS}
-    sent = {op: 0 for op in OPS}
-    step = 0
-    for i in range(-1, args.iters):  # -1: warm-up
-        order = OPS if i % 2 == 0 else OPS[::-1]
-        for op in order:
-            x.fill_(rank + 1)
-            w.fill_(1.0)
-            dist.barrier()
-            c0 = common.rank_tx_bytes()
-            t0 = time.perf_counter()
-            if op == "push-sum round":
-                backend.push_sum_round([x], w, step, args.graph).wait()
-                step += 1
-            elif op == "all-reduce gossipcc":
-                dist.all_reduce(x, group=gcc)
-            elif op == "all-reduce gloo":
-                dist.all_reduce(x, group=gloo)
-            else:
-                plain.exchange(plain_step, memoryview(x.numpy()).cast("B"))
-                plain_step += 1
-            dt = time.perf_counter() - t0
-            dist.barrier()
-            c1 = common.rank_tx_bytes()
-            if op.startswith("all-reduce") and x[0].item() != n * (n + 1) / 2:
-                raise AssertionError(f"{op}: got {x[0].item()}, expected {n * (n + 1) / 2}")
-            if i >= 0:
+    steps = {"push-sum round": 0, "plain TCP exchange": 0}
+
+    def one(op):
+        x.fill_(rank + 1)
+        w.fill_(1.0)
+        dist.barrier()
+        c0 = common.rank_tx_bytes()
+        t0 = time.perf_counter()
+        if op == "push-sum round":
+            backend.push_sum_round([x], w, steps[op], args.graph).wait()
+            steps[op] += 1
+        elif op == "all-reduce gossipcc":
+            dist.all_reduce(x, group=gcc)
+        elif op == "all-reduce gloo":
+            dist.all_reduce(x, group=gloo)
+        else:
+            plain.exchange(steps[op], memoryview(x.numpy()).cast("B"))
+            steps[op] += 1
+        dt = time.perf_counter() - t0
+        dist.barrier()
+        c1 = common.rank_tx_bytes()
+        if op.startswith("all-reduce") and x[0].item() != n * (n + 1) / 2:
+            raise AssertionError(f"{op}: got {x[0].item()}, expected {n * (n + 1) / 2}")
+        return dt, None if c0 is None else c1 - c0
+
+    for op in OPS:  # warm-up, not timed
+        one(op)
+    probe = harness.LoadProbe()
+    trials = []
+    for trial in range(args.trials):
+        dist.barrier()
+        probe.start()
+        times = {op: [] for op in OPS}
+        sent = {op: 0 for op in OPS}
+        for i in range(args.iters):
+            for op in harness.trial_order(OPS, trial, i):
+                dt, tx = one(op)
                 times[op].append(dt)
-                if c0 is not None:
-                    sent[op] += c1 - c0
+                if tx is not None:
+                    sent[op] += tx
+        dist.barrier()
+        trials.append({"times": times, "order": harness.trial_order(OPS, trial),
+                       "tx_per_op": {op: sent[op] / args.iters for op in OPS}, "load": probe.stop()})
+    step = steps["push-sum round"]
     # One more round, checked against its exact result computed here (and for conservation).
     x.fill_(rank + 1)
     w.fill_(1.0)
@@ -254,7 +322,7 @@ def worker(args):
     plain.close()
     dist.destroy_process_group()
     with open(args.out, "w") as f:
-        json.dump({"times": times, "tx_per_op": {op: sent[op] / args.iters for op in OPS}}, f)
+        json.dump({"trials": trials}, f)
 
 
 def main():
@@ -264,44 +332,38 @@ def main():
     p.add_argument("--sizes-n", default="2,4,8", help="world sizes")
     p.add_argument("--network", default="1gbit")
     p.add_argument("--bytes", type=int, default=16 << 20, help="tensor size")
-    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--iters", type=int, default=1, help="iterations per trial")
     p.add_argument("--graph", default="exponential:peers=1")
     p.add_argument("--plot", metavar="PNG", help="also write a plot (time per op in message times against n) here")
+    harness.add_arguments(p)
     args = p.parse_args()
     if args.worker:
         return worker(args)
+    if args.iters < 1:
+        common.fail(f"gossip_vs_allreduce: --iters must be at least 1, got {args.iters}")
     import emulated_cluster
     rate, _ = emulated_cluster.parse_network(args.network) if args.network != "local" else (None, None)
     bps = emulated_cluster.rate_bits_per_second(rate) / 8 if rate else None
-    msg = args.bytes / bps if bps else None
-    print(f"gossip round (push_sum_round, graph {args.graph}) vs exact all-reduce, {common.human_bytes(args.bytes)} "
-          f"float32, network {args.network}" + (f", one message time {1e3 * msg:.1f} ms" if msg else ""))
-    rows, results = [], []
+    run = harness.Run("gossip_vs_allreduce", args, OPS_IN_TABLE_ORDER, "push-sum round", "time")
     for n in [int(v) for v in args.sizes_n.split(",")]:
-        load0 = common.load_average()
         try:
             with common.make_cluster(n, args.network) as cluster:
                 docs = common.run_ranks(cluster, os.path.abspath(__file__),
-                                        ["--bytes", str(args.bytes), "--iters", str(args.iters), "--graph", args.graph],
-                                        timeout=900)
+                                        ["--bytes", str(args.bytes), "--iters", str(args.iters), "--graph", args.graph,
+                                         "--trials", str(args.trials)],
+                                        timeout=1800)
         except common.NamespacesUnavailable as e:
             common.fail(f"gossip_vs_allreduce: emulated network not available: {e}")
-        result = summarize(docs, n, args.bytes, bps)
-        results.append(result)
-        rows.append(table_row(result, msg) + [f"{load0} -> {common.load_average()}"])
-        g, t, a, b = (result[op] for op in OPS_IN_TABLE_ORDER)
-        print(f"  n = {n}: round {1e3 * g:.1f} ms, plain TCP exchange {1e3 * t:.1f} ms, "
-              f"all-reduce gossipcc {1e3 * a:.1f} ms, gloo {1e3 * b:.1f} ms", flush=True)
-    print()
-    print(common.markdown_table(
-        ["n", "push-sum round (ms)", "round / message time", "plain TCP exchange (ms)", "plain TCP / message time",
-         "round / plain TCP", "all-reduce gossipcc (ms)", "all-reduce gloo (ms)",
-         "gossipcc all-reduce / round", "gloo all-reduce / round", "ring bound / round",
-         "sent/rank ÷ size: round", "all-reduce gossipcc", "all-reduce gloo", "plain TCP", "load average"], rows))
+        record(run, docs, n, args.bytes, bps)
+        s = harness.summarize(run.trials, [cell_name(n)], run.methods, run.baseline, "time")[cell_name(n)]["methods"]
+        print(f"  n = {n}: round {1e3 * s['push-sum round']['time']['median']:.1f} ms, plain TCP exchange "
+              f"{1e3 * s['plain TCP exchange']['time']['median']:.1f} ms, all-reduce gossipcc "
+              f"{1e3 * s['all-reduce gossipcc']['time']['median']:.1f} ms, gloo "
+              f"{1e3 * s['all-reduce gloo']['time']['median']:.1f} ms (medians of {args.trials} trials)", flush=True)
+    doc = run.finish(report)
     if args.plot:
-        plot(results, args.plot, f"{common.human_bytes(args.bytes)} float32 per rank, network {args.network}, "
-             f"graph {args.graph}")
-        print(f"\nplot: {args.plot}")
+        plot(doc, args.plot)
+        print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,15 @@
 gossip round does) through c10d gloo's isend/irecv, whole or cut into segments, at 1 Gbit/s.
 Shows whether Gloo overlaps the two directions of one large message.
 
-    tools/bench/run.sh p2p_segments [--bytes 16777216] [--segments 16777216,1048576,262144]
+    tools/bench/run.sh p2p_segments [--bytes 16777216] [--segments 16777216,1048576,262144] [--iters 1]
+                                    [--trials 5] [--max-load 0.5] [--allow-load] [--results-dir DIR]
+
+On tools/bench/harness.py, the segment sizes being the methods: an untimed warm-up exchange per
+segment size, then --trials trials of --iters iterations, the sizes in rotating order within
+each (iteration i of trial t starts at size t + i), a barrier before each exchange. A trial's
+sample is the median over its iterations of the slower rank's time; the table shows the median
+over the trials with its min-max, and each size's time over the whole message's (the first
+size) as the median of the per-trial ratios.
 """
 import argparse
 import json
@@ -13,6 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import harness  # noqa: E402
 
 
 def worker(args):
@@ -28,28 +37,96 @@ def worker(args):
     peer = 1 - rank
     x = torch.full((args.bytes // 4,), float(rank + 1))
     y = torch.empty(args.bytes // 4)
-    out = {}
-    for seg in [int(s) for s in args.segments.split(",")]:
-        n = seg // 4
-        times = []
-        for it in range(args.iters + 1):
-            dist.barrier()
-            t = time.perf_counter()
-            works = []
-            for off in range(0, x.numel(), n):
-                works.append(dist.isend(x[off:off + n], peer, group=group))
-                works.append(dist.irecv(y[off:off + n], peer, group=group))
-            for w in works:
-                w.wait()
-            if it > 0:
-                times.append(time.perf_counter() - t)
-            if y[0].item() != peer + 1 or y[-1].item() != peer + 1:
-                raise AssertionError("wrong data received")
-        out[seg] = times
+    segments = args.segments.split(",")
+
+    def one(seg):
+        n = int(seg) // 4
+        dist.barrier()
+        t = time.perf_counter()
+        works = []
+        for off in range(0, x.numel(), n):
+            works.append(dist.isend(x[off:off + n], peer, group=group))
+            works.append(dist.irecv(y[off:off + n], peer, group=group))
+        for w in works:
+            w.wait()
+        dt = time.perf_counter() - t
+        if y[0].item() != peer + 1 or y[-1].item() != peer + 1:
+            raise AssertionError("wrong data received")
+        y.zero_()
+        return dt
+
+    for seg in segments:  # warm-up, not timed
+        one(seg)
+    probe = harness.LoadProbe()
+    trials = []
+    for trial in range(args.trials):
+        dist.barrier()
+        probe.start()
+        times = {seg: [] for seg in segments}
+        for i in range(args.iters):
+            for seg in harness.trial_order(segments, trial, i):
+                times[seg].append(one(seg))
+        dist.barrier()
+        trials.append({"times": times, "order": harness.trial_order(segments, trial), "load": probe.stop()})
+    out = {"trials": trials}
     dist.barrier()
     dist.destroy_process_group()
     with open(args.out, "w") as f:
         json.dump(out, f)
+
+
+CELL = "exchange"  # the benchmark's one configuration
+
+
+def record(run, docs, msg):
+    run.cell(CELL, message_time=msg)
+    for trial in range(len(docs[0]["trials"])):
+        runs = [d["trials"][trial] for d in docs]
+        samples = {seg: {"time": common.median([max(r["times"][seg][j] for r in runs)
+                                                for j in range(len(runs[0]["times"][seg]))])}
+                   for seg in runs[0]["times"]}
+        run.add_trial({CELL: samples}, runs[0]["load"], runs[0]["order"])
+
+
+def report(doc):
+    a = doc["args"]
+    msg = doc["cells"][CELL]["message_time"]
+    s = doc["summary"]["cells"][CELL]
+    rows = []
+    for seg in doc["methods"]:
+        rows.append([common.human_bytes(int(seg)), harness.cell_text(s["methods"][seg]["time"], 1e3, 1),
+                     harness.cell_text(s["methods"][seg]["time"], 1 / msg, 2),
+                     "1.00" if seg == doc["baseline"] else harness.cell_text(s["ratios"][seg], 1, 2)])
+    backend = a["backend"] if a["backend"] == "gloo" else \
+        f"gossipcc (GOSSIPCC_P2P_SEGMENT_BYTES={doc['info']['segment_env']})"
+    head = (f"{backend}: 2 ranks, {common.human_bytes(a['bytes'])} each way at once, network {a['network']}, "
+            f"one message time {1e3 * msg:.1f} ms, {a['iters']} iteration(s) per trial")
+    table = harness.markdown_table(["segment", "exchange (ms)", "/ message time",
+                                    f"/ whole message ({common.human_bytes(int(doc['baseline']))})"], rows)
+    return "\n\n".join([harness.preamble(doc), head, table, harness.trials_table(doc)])
+
+
+def plot(doc, path):
+    """Each segment size's exchange time in message times: every trial (points), the median (bar)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    msg = doc["cells"][CELL]["message_time"]
+    s = doc["summary"]["cells"][CELL]["methods"]
+    segs = doc["methods"]
+    xs = list(range(len(segs)))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar(xs, [s[g]["time"]["median"] / msg for g in segs], color="lightsteelblue", label="median of trials")
+    for x, g in zip(xs, segs):
+        ys = [v / msg for v in harness.samples_of(doc["trials"], CELL, g, "time")]
+        ax.plot([x] * len(ys), ys, "k.", label="trials" if x == 0 else None)
+    ax.axhline(1.0, color="gray", linewidth=1)
+    ax.set(xticks=xs, ylabel="exchange time / one message time")
+    ax.set_xticklabels([common.human_bytes(int(g)) for g in segs])
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main():
@@ -57,31 +134,45 @@ def main():
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--bytes", type=int, default=16 << 20)
-    p.add_argument("--segments", default=f"{16 << 20},{1 << 20},{256 << 10}")
+    p.add_argument("--segments", default=f"{16 << 20},{1 << 20},{256 << 10}",
+                   help="segment sizes in bytes, comma-separated; the first is the ratios' baseline")
     p.add_argument("--network", default="1gbit")
-    p.add_argument("--iters", type=int, default=4)
+    p.add_argument("--iters", type=int, default=1, help="iterations per trial")
     p.add_argument("--backend", default="gloo", choices=["gloo", "gossipcc"],
                    help="whose isend/irecv (gossipcc cuts messages itself: GOSSIPCC_P2P_SEGMENT_BYTES)")
+    p.add_argument("--plot", metavar="PNG", help="also write a plot (exchange time per segment size) here")
+    harness.add_arguments(p)
     args = p.parse_args()
     if args.worker:
         return worker(args)
+    segments = args.segments.split(",")
+    bad = [seg for seg in segments if not seg.isdigit() or int(seg) <= 0 or int(seg) % 4]
+    if bad or len(set(segments)) != len(segments):
+        common.fail(f"p2p_segments: --segments must be distinct positive multiples of 4 bytes, got {args.segments}")
+    if args.iters < 1:
+        common.fail(f"p2p_segments: --iters must be at least 1, got {args.iters}")
     import emulated_cluster
-    bps = emulated_cluster.rate_bits_per_second(emulated_cluster.parse_network(args.network)[0]) / 8
-    load0 = common.load_average()
-    with common.make_cluster(2, args.network) as cluster:
-        docs = common.run_ranks(cluster, os.path.abspath(__file__),
-                                ["--bytes", str(args.bytes), "--segments", args.segments, "--iters", str(args.iters),
-                                 "--backend", args.backend])
-    msg = args.bytes / bps
-    rows = []
-    for seg in args.segments.split(","):
-        t = common.median([max(d[seg][j] for d in docs) for j in range(args.iters)])
-        rows.append([common.human_bytes(int(seg)), f"{1e3 * t:.1f}", f"{t / msg:.2f}"])
-    seg_env = os.environ.get("GOSSIPCC_P2P_SEGMENT_BYTES", "default")
-    backend = args.backend if args.backend == "gloo" else f"gossipcc (GOSSIPCC_P2P_SEGMENT_BYTES={seg_env})"
-    print(f"{backend}: 2 ranks, {common.human_bytes(args.bytes)} each way at once, network {args.network}, one message time "
-          f"{1e3 * msg:.1f} ms, load average {load0} -> {common.load_average()}\n")
-    print(common.markdown_table(["segment", "exchange (ms)", "/ message time"], rows))
+    if args.network == "local":
+        common.fail("p2p_segments: --network must be a shaped emulated_cluster preset (the table is in message times)")
+    rate = emulated_cluster.parse_network(args.network)[0]
+    if not rate:
+        common.fail(f"p2p_segments: --network {args.network} is unshaped; the table is in message times")
+    bps = emulated_cluster.rate_bits_per_second(rate) / 8
+    run = harness.Run("p2p_segments", args, segments, segments[0], "time")
+    run.info["segment_env"] = os.environ.get("GOSSIPCC_P2P_SEGMENT_BYTES", "default")
+    try:
+        with common.make_cluster(2, args.network) as cluster:
+            docs = common.run_ranks(cluster, os.path.abspath(__file__),
+                                    ["--bytes", str(args.bytes), "--segments", args.segments,
+                                     "--iters", str(args.iters), "--backend", args.backend,
+                                     "--trials", str(args.trials)])
+    except common.NamespacesUnavailable as e:
+        common.fail(f"p2p_segments: emulated network not available: {e}")
+    record(run, docs, args.bytes / bps)
+    doc = run.finish(report)
+    if args.plot:
+        plot(doc, args.plot)
+        print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":

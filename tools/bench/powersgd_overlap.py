@@ -5,7 +5,8 @@ against backward alone and the compressed all-reduce alone, in one run (issue 30
 
     tools/bench/run.sh powersgd_overlap [--ranks 2] [--network 100mbit] [--width 256] [--layers 32]
                                         [--batch 128] [--bucket-cap-mb 1] [--psgd-rank 2]
-                                        [--steps 20] [--repeats 5] [--wait 1800] [--json FILE]
+                                        [--steps 20] [--wait 1800] [--wait-load 1.5]
+                                        [--trials 5] [--max-load 0.5] [--allow-load] [--results-dir DIR]
 
 Every rank is its own host (tools/emulated_cluster.py), one torch thread per rank. The model is
 an MLP of --layers square Linear(W, W) + ReLU layers and a Linear(W, 10) head, on random
@@ -36,10 +37,13 @@ and the references, same model, batch and gradients:
             them), all issued, then waited for.
 
 Each variant first runs start_iter + 3 untimed steps (DDP's bucket rebuild after step 1,
-PowerSGD's exact warm-up), then --repeats rounds, each running every variant for --steps timed
-steps in turn (the order rotates from round to round); an untimed barrier (gloo) precedes each
-step so that the ranks start together. A step's time is the slowest rank's; a variant's figure
-is the median over its rounds of the round's median step. "bwd+comm" is the time of
+PowerSGD's exact warm-up), then --trials trials (tools/bench/harness.py), each running every
+variant for --steps timed steps in turn (trial t starts at variant t: the order rotates from
+trial to trial), the load recorded around each trial; an untimed barrier (gloo) precedes each
+step so that the ranks start together. A step's time is the slowest rank's; a trial's sample is
+the median over its steps; a variant's figure is the median over the trials with its min-max,
+and every ratio (bwd+comm / max(backward, comm) and the others) the median of the ratios
+computed within each trial. "bwd+comm" is the time of
 loss.backward() (DDP returns from it once every bucket's future has completed): the part of a
 step that communication can overlap; "computing" is its part until the first layer's weight
 gradient exists (a tensor hook), after which backward only waits for the buckets. The goal:
@@ -56,6 +60,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import harness  # noqa: E402
 
 VARIANTS = ("overlap", "blocking", "torch")
 REFERENCES = ("backward", "ddp-nocomm", "comm", "comm-buckets")
@@ -216,9 +221,12 @@ def worker(args):
             if name == "blocking":
                 buckets = list(bucket_params)
     rounds = []
-    for rep in range(args.repeats):
-        order = names[rep % len(names):] + names[:rep % len(names)]
+    probe = harness.LoadProbe()
+    for trial in range(args.trials):
+        order = harness.trial_order(names, trial)
         got = {}
+        dist.barrier()
+        probe.start()
         for name in order:
             times, tx0 = [], common.rank_tx_bytes()
             for i in range(args.steps):
@@ -226,7 +234,8 @@ def worker(args):
                 times.append(run(name, i))
             tx1 = common.rank_tx_bytes()
             got[name] = {"times": times, "tx_per_step": None if tx0 is None else (tx1 - tx0) / args.steps}
-        rounds.append(got)
+        dist.barrier()
+        rounds.append({"order": list(order), "load": probe.stop(), "runs": got})
     dist.barrier()
     with open(args.out, "w") as f:
         json.dump({"rank": rank, "rounds": rounds, "params": sum(p.numel() for p in modules["backward"].parameters()),
@@ -235,75 +244,87 @@ def worker(args):
     dist.destroy_process_group()
 
 
-def summarize(docs):
-    """Per variant and reference: the median over rounds of each round's median (over steps) of
-    the slowest rank's time, for the whole step and for backward (s); the spread of the round
-    medians; bytes sent per rank per step (None without tx counters)."""
+CELL = "overlap"  # the benchmark's one configuration
+METRICS = ("step", "bwd", "computed")
+
+
+def trial_samples(docs, trial):
+    """One trial's samples from its ranks' documents: per variant and reference the median over
+    the trial's steps of the slowest rank's time, for the whole step, backward ("bwd") and its
+    computing part (s; comm has the step only); bytes sent per rank per step (None without tx
+    counters); and for each variant the trial's own ratios: bwd / max(backward, comm),
+    bwd / (backward + comm) and step / step bound (see table_rows)."""
     out = {}
-    names = list(docs[0]["rounds"][0])
-    for name in names:
-        per_round = {"step": [], "bwd": [], "computed": []}
-        tx = []
-        for r in range(len(docs[0]["rounds"])):
-            runs = [doc["rounds"][r][name] for doc in docs]
-            steps = len(runs[0]["times"])
-            for key in per_round:
-                if key in runs[0]["times"][0]:
-                    per_round[key].append(common.median([max(run["times"][i][key] for run in runs)
-                                                         for i in range(steps)]))
-            if runs[0]["tx_per_step"] is not None:
-                tx.append(sum(run["tx_per_step"] for run in runs) / len(runs))
-        out[name] = {key: common.median(v) for key, v in per_round.items() if v}
-        out[name]["round_medians"] = per_round
-        out[name]["tx_per_step"] = common.median(tx) if tx else None
-    return out
+    runs_of = {name: [doc["rounds"][trial]["runs"][name] for doc in docs] for name in docs[0]["rounds"][trial]["runs"]}
+    for name, runs in runs_of.items():
+        steps = len(runs[0]["times"])
+        sample = {key: common.median([max(run["times"][i][key] for run in runs) for i in range(steps)])
+                  for key in METRICS if key in runs[0]["times"][0]}
+        sample["tx_per_step"] = (sum(run["tx_per_step"] for run in runs) / len(runs)
+                                 if runs[0]["tx_per_step"] is not None else None)
+        out[name] = sample
+    if "backward" in out and "comm" in out:
+        backward, comm = out["backward"]["bwd"], out["comm"]["step"]
+        bound = max(backward, comm)
+        step_bound = out["backward"]["step"] - backward + bound
+        for name in VARIANTS:
+            if name in out:
+                v = out[name]
+                v["bwd_over_bound"] = v["bwd"] / bound
+                v["bwd_over_sum"] = v["bwd"] / (backward + comm)
+                v["step_over_step_bound"] = v["step"] / step_bound
+    return {CELL: out}
 
 
-def table_rows(s, bytes_per_second=None):
-    """The table's rows (figures in ms): one per variant (step; bwd+comm, the spread of its
-    round medians, and how long backward computed (until the first layer's weight gradient);
-    bwd+comm / max(backward, comm) and the goal; bwd+comm / (backward + comm),
-    1.0 where nothing overlaps; step / step bound; KB sent per rank per step), then the
-    references. The step bound is the step without DDP with its backward replaced by
-    max(backward, comm): forward and optimizer step overlap nothing. Also returns
-    max(backward, comm) and the step bound (s)."""
-    backward, comm = s["backward"]["bwd"], s["comm"]["step"]
-    bound = max(backward, comm)
-    step_bound = s["backward"]["step"] - backward + bound
+def record(run, docs):
+    run.cell(CELL)
+    run.info.update(params=docs[0]["params"], buckets=docs[0]["buckets"])
+    for trial in range(len(docs[0]["rounds"])):
+        r = docs[0]["rounds"][trial]
+        run.add_trial(trial_samples(docs, trial), r["load"], r["order"])
+
+
+def table_rows(doc, bytes_per_second=None):
+    """The table's rows (figures in ms, each the median over the trials): one per variant (step;
+    bwd+comm with its min-max over the trials, and how long backward computed (until the first
+    layer's weight gradient); bwd+comm / max(backward, comm) and the goal; bwd+comm / (backward
+    + comm), 1.0 where nothing overlaps; step / step bound; KB sent per rank per step), then the
+    references. Every ratio is the median of the per-trial ratios. The step bound is the step
+    without DDP with its backward replaced by max(backward, comm): forward and optimizer step
+    overlap nothing."""
+    s = doc["summary"]["cells"][CELL]["methods"]
 
     def ms(x):
-        return f"{1e3 * x:.1f}"
+        return harness.cell_text(x, 1e3, 1)
+
+    def med(x):
+        return "-" if x is None else f"{1e3 * x['median']:.1f}"
 
     def kb(x):
-        return "-" if x is None else f"{x / 1e3:.1f}"
-
-    def spread(xs):
-        return f"{1e3 * min(xs):.1f}-{1e3 * max(xs):.1f}"
+        return "-" if x is None else f"{x['median'] / 1e3:.1f}"
 
     rows = []
     for name in (v for v in VARIANTS if v in s):
         v = s[name]
-        ratio = v["bwd"] / bound
-        rows.append([name, ms(v["step"]), ms(v["bwd"]), spread(v["round_medians"]["bwd"]), ms(v["computed"]),
-                     f"{ratio:.2f}",
-                     "yes" if ratio <= GOAL else "no", f"{v['bwd'] / (backward + comm):.2f}",
-                     f"{v['step'] / step_bound:.2f}", kb(v["tx_per_step"])])
+        ratio = v["bwd_over_bound"]
+        rows.append([name, med(v["step"]), ms(v["bwd"]), med(v["computed"]), harness.cell_text(ratio, 1, 2),
+                     "yes" if ratio["median"] <= GOAL else "no", harness.cell_text(v["bwd_over_sum"], 1, 2),
+                     harness.cell_text(v["step_over_step_bound"], 1, 2), kb(v["tx_per_step"])])
     for name, label in (("backward", "backward alone (no DDP)"), ("ddp-nocomm", "DDP, no communication")):
         if name in s:
-            rows.append([label, ms(s[name]["step"]), ms(s[name]["bwd"]), spread(s[name]["round_medians"]["bwd"]),
-                         ms(s[name]["computed"]), "", "", "", "", kb(s[name]["tx_per_step"])])
+            rows.append([label, med(s[name]["step"]), ms(s[name]["bwd"]), med(s[name]["computed"]),
+                         "", "", "", "", kb(s[name]["tx_per_step"])])
     for name, label in (("comm", "comm alone (powersgd_allreduce)"), ("comm-buckets", "comm alone, in DDP's buckets")):
         if name not in s:
             continue
         wire = ""
         if bytes_per_second and s[name]["tx_per_step"] is not None:
-            wire = f" (its bytes at the link rate: {1e3 * s[name]['tx_per_step'] / bytes_per_second:.1f})"
-        rows.append([label, "", ms(s[name]["step"]) + wire, spread(s[name]["round_medians"]["step"]),
-                     "", "", "", "", "", kb(s[name]["tx_per_step"])])
-    return rows, bound, step_bound
+            wire = f" (its bytes at the link rate: {1e3 * s[name]['tx_per_step']['median'] / bytes_per_second:.1f})"
+        rows.append([label, "", ms(s[name]["step"]) + wire, "", "", "", "", "", kb(s[name]["tx_per_step"])])
+    return rows
 
 
-HEADER = ["variant", "step (ms)", "**bwd+comm (ms)**", "bwd+comm, round medians (ms)", "of it, computing (ms)",
+HEADER = ["variant", "step (ms)", "**bwd+comm (ms)**", "of it, computing (ms)",
           "**bwd+comm / max(backward, comm)**", f"<= {GOAL:.2f}?", "bwd+comm / (backward + comm)",
           "step / step bound", "KB sent/rank/step"]
 
@@ -315,18 +336,62 @@ def link_bytes_per_second(network):
     return emulated_cluster.rate_bits_per_second(rate) / 8 if rate else None
 
 
-def verdict(s, bound):
-    """The closing lines: the bound, the goal for the overlapping hook, the other ratios."""
-    backward, comm = s["backward"]["bwd"], s["comm"]["step"]
-    o = s["overlap"]["bwd"] / bound
-    lines = [f"max(backward {1e3 * backward:.1f}, comm {1e3 * comm:.1f}) = {1e3 * bound:.1f} ms; "
-             f"backward + comm = {1e3 * (backward + comm):.1f} ms",
+def verdict(doc):
+    """The closing lines: the bound, the goal for the overlapping hook, the other ratios (medians
+    of the per-trial ratios)."""
+    s = doc["summary"]["cells"][CELL]["methods"]
+    trials = doc["trials"]
+    backward, comm = s["backward"]["bwd"]["median"], s["comm"]["step"]["median"]
+    o = s["overlap"]["bwd_over_bound"]["median"]
+
+    def per_trial(a, b, metric):
+        return harness.ratio_stats(trials, CELL, a, b, metric)["median"]
+
+    lines = [f"max(backward {1e3 * backward:.1f}, comm {1e3 * comm:.1f}) = {1e3 * max(backward, comm):.1f} ms "
+             f"(medians over the trials); backward + comm = {1e3 * (backward + comm):.1f} ms",
              f"goal, overlap's bwd+comm <= {GOAL:.2f} x max(backward, comm): {o:.2f}: "
              f"{'met' if o <= GOAL else 'NOT met'}",
-             f"overlap / blocking: {s['overlap']['bwd'] / s['blocking']['bwd']:.2f} (bwd+comm), "
-             f"{s['overlap']['step'] / s['blocking']['step']:.2f} (step); torch / overlap: "
-             f"{s['torch']['step'] / s['overlap']['step']:.2f} (step)"]
+             f"overlap / blocking: {per_trial('overlap', 'blocking', 'bwd'):.2f} (bwd+comm), "
+             f"{per_trial('overlap', 'blocking', 'step'):.2f} (step); torch / overlap: "
+             f"{per_trial('torch', 'overlap', 'step'):.2f} (step)"]
     return "\n".join(lines)
+
+
+def report(doc):
+    a = doc["args"]
+    head = (f"PowerSGD overlap: {a['ranks']} ranks, network {a['network']}, MLP {a['layers']} x {a['width']}^2 + head, "
+            f"batch {a['batch']}/rank, PowerSGD rank {a['psgd_rank']}, start_iter {a['start_iter']}, "
+            f"{a['steps']} steps per variant per trial; {doc['info']['params']} parameters "
+            f"({doc['info']['params'] * 4 / (1 << 20):.1f} MiB of gradients), {doc['info']['buckets']} DDP buckets")
+    rows = table_rows(doc, link_bytes_per_second(a["network"]))
+    return "\n\n".join([harness.preamble(doc), head, harness.markdown_table(HEADER, rows), verdict(doc),
+                         harness.trials_table(doc)])
+
+
+def plot(doc, path):
+    """bwd+comm per variant and reference: each trial's sample (points) and the median (bar),
+    with max(backward, comm) and the goal as lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    s = doc["summary"]["cells"][CELL]["methods"]
+    names = [n for n in VARIANTS + REFERENCES if n in s]
+    key = {n: "step" if n.startswith("comm") else "bwd" for n in names}
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    xs = list(range(len(names)))
+    ax.bar(xs, [1e3 * s[n][key[n]]["median"] for n in names], color="lightsteelblue", label="median of trials")
+    for x, n in zip(xs, names):
+        ys = [1e3 * v for v in harness.samples_of(doc["trials"], CELL, n, key[n])]
+        ax.plot([x] * len(ys), ys, "k.", label="trials" if x == 0 else None)
+    bound = max(s["backward"]["bwd"]["median"], s["comm"]["step"]["median"])
+    ax.axhline(1e3 * bound, color="gray", linewidth=1, label="max(backward, comm)")
+    ax.axhline(1e3 * GOAL * bound, color="red", linewidth=1, label=f"goal: {GOAL:.2f} x max(backward, comm)")
+    ax.set(xticks=xs, ylabel="bwd+comm (ms; comm: the call)")
+    ax.set_xticklabels(names, fontsize=8)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def wait_for_quiet(max_load, wait_s):
@@ -354,45 +419,38 @@ def main():
     p.add_argument("--psgd-rank", type=int, default=2, help="PowerSGD matrix approximation rank")
     p.add_argument("--start-iter", type=int, default=10, help="PowerSGD's exact warm-up steps (all variants)")
     p.add_argument("--bucket-cap-mb", type=float, default=1.0, help="DDP's bucket cap, its first bucket's too")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per variant per round")
-    p.add_argument("--repeats", type=int, default=5, help="rounds, the variants' order rotating")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per variant per trial")
     p.add_argument("--timeout", type=float, default=120, help="seconds for any collective")
-    p.add_argument("--max-load", type=float, default=1.5, help="wait for the 1-min load average to drop below this")
-    p.add_argument("--wait", type=float, default=0, help="seconds to wait for --max-load before measuring anyway")
-    p.add_argument("--json", metavar="FILE", help="also write the summary here")
+    p.add_argument("--wait-load", type=float, default=1.5,
+                   help="with --wait: wait for the 1-min load average to drop below this")
+    p.add_argument("--wait", type=float, default=0, help="seconds to wait for --wait-load before measuring anyway")
+    p.add_argument("--plot", metavar="PNG", help="also write a plot (bwd+comm per variant, every trial) here")
+    harness.add_arguments(p)
     args = p.parse_args()
     if args.worker:
         worker(args)
         return
     if args.wait > 0:
-        load, quiet = wait_for_quiet(args.max_load, args.wait)
-        print(f"load {load:.2f}: {'below' if quiet else 'still not below'} {args.max_load}, measuring", flush=True)
+        load, quiet = wait_for_quiet(args.wait_load, args.wait)
+        print(f"load {load:.2f}: {'below' if quiet else 'still not below'} {args.wait_load}, measuring", flush=True)
     print(f"PowerSGD overlap: {args.ranks} ranks, network {args.network}, MLP {args.layers} x {args.width}^2 + head, "
           f"batch {args.batch}/rank, PowerSGD rank {args.psgd_rank}, start_iter {args.start_iter}, "
-          f"{args.steps} steps x {args.repeats} rounds per variant", flush=True)
-    load0 = common.load_average()
-    t0 = time.time()
+          f"{args.steps} steps x {args.trials} trials per variant", flush=True)
+    run = harness.Run("powersgd_overlap", args, VARIANTS + REFERENCES, "overlap", "bwd")
     flags = ["--width", str(args.width), "--layers", str(args.layers), "--batch", str(args.batch),
              "--psgd-rank", str(args.psgd_rank), "--start-iter", str(args.start_iter),
              "--bucket-cap-mb", str(args.bucket_cap_mb), "--steps", str(args.steps),
-             "--repeats", str(args.repeats), "--timeout", str(args.timeout)]
+             "--trials", str(args.trials), "--timeout", str(args.timeout)]
     try:
         with common.make_cluster(args.ranks, args.network) as cluster:
             docs = common.run_ranks(cluster, os.path.abspath(__file__), flags, timeout=1800)
     except common.NamespacesUnavailable as e:
         common.fail(f"powersgd_overlap: emulated network not available: {e}")
-    load1 = common.load_average()
-    s = summarize(docs)
-    rows, bound, step_bound = table_rows(s, link_bytes_per_second(args.network))
-    print(f"\n{docs[0]['params']} parameters ({docs[0]['params'] * 4 / (1 << 20):.1f} MiB of gradients), "
-          f"{docs[0]['buckets']} DDP buckets, torch {docs[0]['torch']}; {time.time() - t0:.0f} s; "
-          f"load average {load0} -> {load1}\n")
-    print(common.markdown_table(HEADER, rows))
-    print()
-    print(verdict(s, bound))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "summary": s, "load": [load0, load1]}, f, indent=1)
+    record(run, docs)
+    doc = run.finish(report)
+    if args.plot:
+        plot(doc, args.plot)
+        print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":

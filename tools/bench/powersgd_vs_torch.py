@@ -4,13 +4,17 @@ powersgd) vs PyTorch's powerSGD_hook on backend gloo: same model, rank and start
 1 Gbit/s and 100 Mbit/s per host, N ranks (default 4).
 
     tools/bench/run.sh powersgd_vs_torch [--ranks 4] [--networks 1gbit,100mbit] [--ranks-psgd 1,2]
+                                         [--trials 5] [--max-load 0.5] [--allow-load] [--results-dir DIR]
 
 Each run is the main job's worker (tools/train/worker.py) training the digits MLP
 (64-H-H-10, default H = 1024: 1.1 M parameters, 4.3 MiB of gradients) for --steps steps; the
 first start_iter = 10 steps are exact all-reduce in both (PyTorch's warm-up), and the figures
 cover only the compressed steps after them: time per step (slowest rank's training clock,
-evaluation excluded) and bytes sent per rank per step (NIC tx counters). The two methods run
---repeats times in alternating order; a cell is the median.
+evaluation excluded) and bytes sent per rank per step (NIC tx counters). On
+tools/bench/harness.py: per network and PowerSGD rank, --trials trials, each one run of both
+methods (trial t starts with method t mod 2: the order alternates), the load recorded around
+each trial; a cell is the median over the trials with its min-max, and the speed-up (the hook's
+time over gossipcc's) the median of the per-trial speed-ups.
 """
 import argparse
 import json
@@ -19,6 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import harness  # noqa: E402
 
 WORKER = os.path.join(common.TOOLS, "train", "worker.py")
 sys.path.insert(0, os.path.join(common.TOOLS, "train"))
@@ -62,31 +67,59 @@ def run_method(cluster, method, args, start_iter):
             "test_acc": sum(p[2] for p in per_rank) / len(per_rank)}
 
 
-def cell(network, rank, gossipcc_runs, torch_runs):
-    """One table cell from its runs (run_method's results): per variant the median of each
-    figure over the runs (None where tx counters were unavailable)."""
-    def med(runs):
-        return {k: None if runs[0][k] is None else common.median([x[k] for x in runs]) for k in runs[0]}
-    return {"network": network, "rank": rank, "gossipcc": med(gossipcc_runs), "torch": med(torch_runs)}
+METHODS = ("gossipcc", "torch")  # gossipcc's policy powersgd; PyTorch's powerSGD_hook on gloo
 
 
-def table_row(c):
-    """The table's cells for one cell(), load average excluded."""
-    g, t = c["gossipcc"], c["torch"]
-    return [c["network"], c["rank"], f"{1e3 * g['time_per_step']:.1f}", f"{1e3 * t['time_per_step']:.1f}",
-            f"{t['time_per_step'] / g['time_per_step']:.2f}x",
-            "-" if g["bytes_per_step"] is None else f"{g['bytes_per_step'] / 1e3:.1f}",
-            "-" if t["bytes_per_step"] is None else f"{t['bytes_per_step'] / 1e3:.1f}",
-            f"{100 * g['test_acc']:.1f}% / {100 * t['test_acc']:.1f}%"]
+def cell_name(network, rank):
+    return f"{network} rank {rank}"
 
 
-def plot(cells, path, title):
-    """Left: time per step of both variants per (network, rank), the speed-up above each pair;
-    right: bytes sent per rank per step (where counters were available)."""
+def worker_method(method, rank):
+    """The main job's method name of a variant at a PowerSGD rank."""
+    return f"powersgd-r{rank}" if method == "gossipcc" else f"torch-powersgd-r{rank}"
+
+
+def report_rows(doc):
+    """The table's rows: per (network, rank) both variants' ms per step, the speed-up (the
+    median of the per-trial speed-ups, PyTorch's time over gossipcc's), KB sent per rank per
+    step, and the test accuracy reached (medians of the trials)."""
+    rows = []
+    for c, info in doc["cells"].items():
+        s = doc["summary"]["cells"][c]
+        g, t = s["methods"]["gossipcc"], s["methods"]["torch"]
+        rows.append([info["network"], info["rank"], harness.cell_text(g["time_per_step"], 1e3, 1),
+                     harness.cell_text(t["time_per_step"], 1e3, 1),
+                     harness.cell_text(s["speedups"]["gossipcc"], 1, 2, "x"),
+                     harness.cell_text(g["bytes_per_step"], 1e-3, 1), harness.cell_text(t["bytes_per_step"], 1e-3, 1),
+                     f"{100 * g['test_acc']['median']:.1f}% / {100 * t['test_acc']['median']:.1f}%"])
+    return rows
+
+
+HEADER = ["network", "rank", "gossipcc (ms/step)", "PyTorch hook (ms/step)", "speed-up (PyTorch/gossipcc)",
+          "gossipcc KB sent/rank/step", "PyTorch KB sent/rank/step", "test acc gossipcc / PyTorch"]
+
+
+def title(doc):
+    a = doc["args"]
+    return (f"PowerSGD: gossipcc (policy powersgd) vs PyTorch powerSGD_hook on gloo; {a['ranks']} ranks, "
+            f"MLP 64-{a['hidden']}-{a['hidden']}-10, batch {a['batch']}/rank, start_iter {doc['info']['start_iter']}, "
+            f"figures over steps {doc['info']['start_iter'] + 1}..{a['steps']}")
+
+
+def report(doc):
+    return "\n\n".join([harness.preamble(doc), title(doc), harness.markdown_table(HEADER, report_rows(doc)),
+                         harness.trials_table(doc)])
+
+
+def plot(doc, path):
+    """Left: the median time per step of both variants per (network, rank), the speed-up above
+    each pair and the trials' min-max as error bars; right: bytes sent per rank per step (where
+    counters were available)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    labels = [f"{c['network']}\nrank {c['rank']}" for c in cells]
+    cells = [(doc["cells"][c], doc["summary"]["cells"][c]) for c in doc["cells"]]
+    labels = [f"{info['network']}\nrank {info['rank']}" for info, _ in cells]
     xs = list(range(len(cells)))
     width = 0.38
     fig, (times, sent) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -94,18 +127,20 @@ def plot(cells, path, title):
                                      (sent, "bytes_per_step", 1e-3, "KB sent per rank per step")):
         for offset, variant, name in ((-width / 2, "gossipcc", "gossipcc (policy powersgd)"),
                                       (width / 2, "torch", "PyTorch powerSGD_hook on gloo")):
+            st = [s["methods"][variant][key] for _, s in cells]
             # No bar where the figure is missing (no tx counters), not a bar of height 0.
-            values = [float("nan") if c[variant][key] is None else c[variant][key] * scale for c in cells]
-            side.bar([x + offset for x in xs], values, width, label=name)
+            values = [float("nan") if x is None else x["median"] * scale for x in st]
+            err = [[0 if x is None else (x["median"] - x["min"]) * scale for x in st],
+                   [0 if x is None else (x["max"] - x["median"]) * scale for x in st]]
+            side.bar([x + offset for x in xs], values, width, yerr=err, capsize=2, label=name)
         side.set(xticks=xs, ylabel=ylabel)
         side.set_xticklabels(labels)
-    for x, c in zip(xs, cells):
-        speedup = c["torch"]["time_per_step"] / c["gossipcc"]["time_per_step"]
-        top = 1e3 * max(c["torch"]["time_per_step"], c["gossipcc"]["time_per_step"])
-        times.annotate(f"{speedup:.2f}x", (x, top), ha="center", va="bottom", fontsize=9)
+    for x, (_, s) in zip(xs, cells):
+        top = 1e3 * max(s["methods"][v]["time_per_step"]["max"] for v in METHODS)
+        times.annotate(f"{s['speedups']['gossipcc']['median']:.2f}x", (x, top), ha="center", va="bottom", fontsize=9)
     times.margins(y=0.15)
     fig.legend(*times.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=9)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title(doc) + f", median of {doc['args']['trials']} trials", fontsize=9)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -119,42 +154,36 @@ def main():
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--plot", metavar="PNG", help="also write a plot (time per step per cell, with the speed-up) here")
+    harness.add_arguments(p)
     args = p.parse_args()
     import methods
     start_iter = methods.POWERSGD_START_ITER
     if args.steps <= start_iter:
         common.fail(f"--steps must exceed start_iter = {start_iter}")
-    print(f"PowerSGD: gossipcc (policy powersgd) vs PyTorch powerSGD_hook on gloo; {args.ranks} ranks, "
-          f"MLP 64-{args.hidden}-{args.hidden}-10, batch {args.batch}/rank, start_iter {start_iter}, "
-          f"figures over steps {start_iter + 1}..{args.steps}, median of {args.repeats}")
-    rows, cells = [], []
+    run = harness.Run("powersgd_vs_torch", args, METHODS, "torch", "time_per_step")
+    run.info["start_iter"] = start_iter
+    probe = harness.LoadProbe()
     for network in args.networks.split(","):
         try:
             with common.make_cluster(args.ranks, network) as cluster:
                 for r in args.ranks_psgd.split(","):
-                    pair = [f"powersgd-r{r}", f"torch-powersgd-r{r}"]
-                    got = {m: [] for m in pair}
-                    load0 = common.load_average()
-                    for rep in range(args.repeats):
-                        for m in (pair if rep % 2 == 0 else pair[::-1]):
-                            got[m].append(run_method(cluster, m, args, start_iter))
-                            print(f"  {network} {m} run {rep + 1}: {1e3 * got[m][-1]['time_per_step']:.1f} ms/step",
-                                  flush=True)
-                    cells.append(cell(network, r, got[pair[0]], got[pair[1]]))
-                    rows.append(table_row(cells[-1]) + [f"{load0} -> {common.load_average()}"])
+                    cell = run.cell(cell_name(network, r), network=network, rank=r)
+                    for trial in range(args.trials):
+                        order = harness.trial_order(METHODS, trial)
+                        probe.start()
+                        got = {}
+                        for m in order:
+                            got[m] = run_method(cluster, worker_method(m, r), args, start_iter)
+                            print(f"  {network} rank {r} {m}, trial {trial + 1}: "
+                                  f"{1e3 * got[m]['time_per_step']:.1f} ms/step", flush=True)
+                        run.add_trial({cell: got}, probe.stop(), order, group=cell)
         except common.NamespacesUnavailable as e:
             common.fail(f"powersgd_vs_torch: emulated network not available: {e}")
-    print()
-    print(common.markdown_table(
-        ["network", "rank", "gossipcc (ms/step)", "PyTorch hook (ms/step)", "speed-up (PyTorch/gossipcc)",
-         "gossipcc KB sent/rank/step", "PyTorch KB sent/rank/step", "test acc gossipcc / PyTorch", "load average"],
-        rows))
+    doc = run.finish(report)
     if args.plot:
-        plot(cells, args.plot, f"PowerSGD, {args.ranks} ranks, MLP 64-{args.hidden}-{args.hidden}-10, "
-             f"steps {start_iter + 1}..{args.steps}, median of {args.repeats}")
-        print(f"\nplot: {args.plot}")
+        plot(doc, args.plot)
+        print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":

@@ -4,20 +4,24 @@ float32 all-reduce, through backend="gossipcc" and, side by side, through a gloo
 ranks (dist.new_group(backend="gloo")), N ranks (default 4) each on its own emulated host, 16 MB
 of float32 at 100 Mbit/s per host.
 
-    tools/bench/run.sh quantized_allreduce [--ranks 4] [--network 100mbit] [--bytes 16777216] [--iterations 5]
+    tools/bench/run.sh quantized_allreduce [--ranks 4] [--network 100mbit] [--bytes 16777216] [--iterations 1]
+                                           [--trials 5] [--max-load 0.5] [--allow-load] [--results-dir DIR]
 
-Per iteration the four variants run in rotating order (each in every position in turn),
-each preceded by an untimed barrier; a cell is the median over iterations of the slowest rank's
-time (ProcessGroupGossipcc.quantized_allreduce(...).wait() against dist.all_reduce, both averaging:
-the exact one divides by n after its sum, as DiLoCo's exact transport does). Data: each rank's
-tensor is standard normal draws (its own seed). Bytes: the ranks' NIC tx counters (frames with
-headers, TCP ACKs included), from just before the op to after the barrier that follows it, per
-rank. Error: the largest |quantized - exact average| over the tensor, over the largest |exact
-average| (the exact average computed in float64 from every rank's tensor, which each rank
-regenerates from the seeds). Every variant's result must be bitwise the same on every rank (a hash
-per rank; the table is refused otherwise). The goal (issue 35): at least 3.5x (8 bits) and 6x
-(4 bits) less time than the exact all-reduce ("speed-up vs exact": gossipcc's; "vs gloo":
-ProcessGroupGloo's).
+On tools/bench/harness.py: one untimed warm-up iteration, then --trials trials of --iterations
+iterations each, in the same processes. In every iteration the four variants run in rotating
+order (iteration i of trial t starts at variant t + i), each preceded by an untimed barrier. A
+trial's sample of a variant is the median over the trial's iterations of the slowest rank's time
+(ProcessGroupGossipcc.quantized_allreduce(...).wait() against dist.all_reduce, both averaging:
+the exact one divides by n after its sum, as DiLoCo's exact transport does); the table shows the
+median over the trials with its min-max, and the speed-ups are the median of the per-trial
+speed-ups. Data: each rank's tensor is standard normal draws (its own seed). Bytes: the ranks' NIC
+tx counters (frames with headers, TCP ACKs included), from just before the op to after the
+barrier that follows it, per rank. Error (of the warm-up's results): the largest |quantized -
+exact average| over the tensor, over the largest |exact average| (the exact average computed in
+float64 from every rank's tensor, which each rank regenerates from the seeds). Every variant's
+result must be bitwise the same on every rank (a hash per rank; the table is refused otherwise).
+The goal (issue 35): at least 3.5x (8 bits) and 6x (4 bits) less time than the exact all-reduce
+("speed-up vs exact": gossipcc's; "vs gloo": ProcessGroupGloo's).
 """
 import argparse
 import hashlib
@@ -28,6 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import harness  # noqa: E402
 
 VARIANTS = ("exact float32", "exact float32 (gloo)", "quantized 8 bits", "quantized 4 bits")
 
@@ -58,27 +63,39 @@ def worker(args):
         else:
             pg.quantized_allreduce([t], 8 if "8" in name else 4, True).wait()
 
-    times = {v: [] for v in VARIANTS}
-    sent = {v: [] for v in VARIANTS}
+    def one(name):
+        t.copy_(source)
+        dist.barrier()
+        c0 = common.rank_tx_bytes()
+        t0 = time.perf_counter()
+        run(name)
+        dt = time.perf_counter() - t0
+        dist.barrier()
+        c1 = common.rank_tx_bytes()
+        return dt, None if c0 is None else c1 - c0
+
     results = {}
-    for i in range(-1, args.iterations):  # -1: warm-up, not recorded
-        k = i % len(VARIANTS)
-        order = list(VARIANTS)[k:] + list(VARIANTS)[:k]
-        for name in order:
-            t.copy_(source)
-            dist.barrier()
-            c0 = common.rank_tx_bytes()
-            t0 = time.perf_counter()
-            run(name)
-            dt = time.perf_counter() - t0
-            dist.barrier()
-            c1 = common.rank_tx_bytes()
-            if i == -1:
-                results[name] = t.clone()
-            else:
+    for name in VARIANTS:  # warm-up, not timed: its results are the ones checked
+        one(name)
+        results[name] = t.clone()
+    probe = harness.LoadProbe()
+    trials = []
+    for trial in range(args.trials):
+        dist.barrier()
+        probe.start()
+        times = {v: [] for v in VARIANTS}
+        sent = {v: [] for v in VARIANTS}
+        orders = []
+        for i in range(args.iterations):
+            order = harness.trial_order(VARIANTS, trial, i)
+            orders.append(order)
+            for name in order:
+                dt, tx = one(name)
                 times[name].append(dt)
-                if c0 is not None:
-                    sent[name].append(c1 - c0)
+                if tx is not None:
+                    sent[name].append(tx)
+        dist.barrier()
+        trials.append({"times": times, "sent": sent, "orders": orders, "load": probe.stop()})
     # Accuracy, against the exact average in float64.
     exact = torch.zeros(count, dtype=torch.float64)
     for r in range(n):
@@ -92,24 +109,88 @@ def worker(args):
     dist.barrier()
     dist.destroy_process_group()
     with open(args.out, "w") as f:
-        json.dump({"times": times, "sent": sent, "error": error, "digest": digest}, f)
+        json.dump({"trials": trials, "error": error, "digest": digest}, f)
 
 
-def summarize(docs):
-    rows = []
-    k = len(docs[0]["times"][VARIANTS[0]])
-    slowest = {v: [max(d["times"][v][i] for d in docs) for i in range(k)] for v in VARIANTS}
-    med = {v: common.median(slowest[v]) for v in VARIANTS}
+CELL = "all-reduce"  # the benchmark's one configuration
+
+
+def check_digests(docs):
+    """AssertionError naming the first variant whose ranks hold different result bits."""
     for v in VARIANTS:
         if len({d["digest"][v] for d in docs}) != 1:
             raise AssertionError(f"{v}: ranks hold different results")
-        sent = [sum(d["sent"][v]) / len(d["sent"][v]) for d in docs if d["sent"][v]]
-        rows.append([v, f"{1e3 * med[v]:.0f}", f"{1e3 * min(slowest[v]):.0f}-{1e3 * max(slowest[v]):.0f}",
-                     f"{med['exact float32'] / med[v]:.2f}x",
-                     f"{med['exact float32 (gloo)'] / med[v]:.2f}x",
-                     f"{sum(sent) / len(sent) / 1e6:.2f}" if sent else "-",
-                     f"{max(d['error'][v] for d in docs):.2e}"])
-    return rows
+
+
+def trial_samples(docs, trial):
+    """One trial's samples from every rank's document: per variant the median over the trial's
+    iterations of the slowest rank's time (s), and the bytes sent per rank per op (the mean over
+    iterations, then over the ranks; None without tx counters)."""
+    samples = {}
+    for v in VARIANTS:
+        runs = [d["trials"][trial] for d in docs]
+        k = len(runs[0]["times"][v])
+        slowest = [max(r["times"][v][i] for r in runs) for i in range(k)]
+        sent = [sum(r["sent"][v]) / len(r["sent"][v]) for r in runs if r["sent"][v]]
+        samples[v] = {"time": common.median(slowest), "sent": sum(sent) / len(sent) if sent else None}
+    return {CELL: samples}
+
+
+def record(run, docs):
+    """The ranks' documents into the harness run: the checks, the errors, one trial per trial
+    (rank 0's load probe)."""
+    check_digests(docs)
+    run.cell(CELL)
+    run.info["error"] = {v: max(d["error"][v] for d in docs) for v in VARIANTS}
+    for trial in range(len(docs[0]["trials"])):
+        run.add_trial(trial_samples(docs, trial), docs[0]["trials"][trial]["load"],
+                      docs[0]["trials"][trial]["orders"][0],
+                      detail={"orders": docs[0]["trials"][trial]["orders"]})
+
+
+def table(doc):
+    """The table: per variant its time, the speed-ups against gossipcc's and gloo's exact
+    all-reduce (medians of the per-trial ratios), MB sent per rank per op and the worst error."""
+    cell = doc["summary"]["cells"][CELL]["methods"]
+    rows = []
+    for v in VARIANTS:
+        rows.append([v, harness.cell_text(cell[v]["time"], 1e3, 0),
+                     harness.cell_text(harness.ratio_stats(doc["trials"], CELL, "exact float32", v, "time"), 1, 2, "x"),
+                     harness.cell_text(harness.ratio_stats(doc["trials"], CELL, "exact float32 (gloo)", v, "time"),
+                                       1, 2, "x"),
+                     harness.cell_text(cell[v].get("sent"), 1e-6, 2),
+                     f"{doc['info']['error'][v]:.2e}"])
+    return harness.markdown_table(["variant", "time (ms)", "speed-up vs exact", "vs gloo", "MB sent/rank/op",
+                                   "max error / max |average|"], rows)
+
+
+def report(doc):
+    a = doc["args"]
+    return (f"{harness.preamble(doc)}\n\nquantized vs exact float32 all-reduce (average), backend gossipcc, "
+            f"{a['ranks']} ranks, {common.human_bytes(a['bytes'])} float32 normal draws, network {a['network']}, "
+            f"{a['iterations']} iteration(s) per trial, the slowest rank's time\n\n{table(doc)}\n\n"
+            f"{harness.trials_table(doc)}")
+
+
+def plot(doc, path):
+    """Each variant's time per trial (points) and median (bar)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cell = doc["summary"]["cells"][CELL]["methods"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = list(range(len(VARIANTS)))
+    ax.bar(xs, [1e3 * cell[v]["time"]["median"] for v in VARIANTS], color="lightsteelblue", label="median")
+    for x, v in zip(xs, VARIANTS):
+        ys = [1e3 * s for s in harness.samples_of(doc["trials"], CELL, v, "time")]
+        ax.plot([x] * len(ys), ys, "k.", label="trials" if x == 0 else None)
+    ax.set(xticks=xs, ylabel="ms (slowest rank)")
+    ax.set_xticklabels(VARIANTS, fontsize=8)
+    ax.legend(fontsize=8)
+    ax.set_title(f"quantized vs exact all-reduce, {doc['args']['ranks']} ranks, {doc['args']['network']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main():
@@ -119,23 +200,27 @@ def main():
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--network", default="100mbit", help="an emulated_cluster preset (or local)")
     p.add_argument("--bytes", type=int, default=16 << 20)
-    p.add_argument("--iterations", type=int, default=5)
+    p.add_argument("--iterations", type=int, default=1, help="iterations per trial")
+    p.add_argument("--plot", metavar="PNG", help="also write a plot (each variant's time per trial) here")
+    harness.add_arguments(p)
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    print(f"quantized vs exact float32 all-reduce (average), backend gossipcc, {args.ranks} ranks, "
-          f"{common.human_bytes(args.bytes)} float32 normal draws, network {args.network}, "
-          f"median of {args.iterations} (slowest rank)")
-    load0 = common.load_average()
+    if args.iterations < 1:
+        common.fail(f"quantized_allreduce: --iterations must be at least 1, got {args.iterations}")
+    run = harness.Run("quantized_allreduce", args, VARIANTS, "exact float32", "time")
     try:
         with common.make_cluster(args.ranks, args.network) as cluster:
             docs = common.run_ranks(cluster, os.path.abspath(__file__),
-                                    ["--bytes", str(args.bytes), "--iterations", str(args.iterations)], timeout=1800)
+                                    ["--bytes", str(args.bytes), "--iterations", str(args.iterations),
+                                     "--trials", str(args.trials)], timeout=1800)
     except common.NamespacesUnavailable as e:
         common.fail(f"quantized_allreduce: emulated network not available: {e}")
-    print(f"load average before {load0}, after {common.load_average()}\n")
-    print(common.markdown_table(["variant", "time (ms, median)", "range (ms)", "speed-up vs exact", "vs gloo",
-                                 "MB sent/rank/op", "max error / max |average|"], summarize(docs)))
+    record(run, docs)
+    doc = run.finish(report)
+    if args.plot:
+        plot(doc, args.plot)
+        print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":

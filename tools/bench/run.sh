@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs one benchmark of tools/bench with the gossipcc package built and importable:
-#   tools/bench/run.sh allreduce_backends|powersgd_vs_torch|gossip_vs_allreduce [flags]
-# (each takes --help). They print tables; the emulated network needs root (tools/emulated_cluster.py).
+#   tools/bench/run.sh allreduce_backends|gossip_vs_allreduce|p2p_segments|powersgd_overlap|powersgd_vs_torch|quantized_allreduce [flags]
+# (each takes --help). Each runs on tools/bench/harness.py (--trials, --max-load, --allow-load,
+# --results-dir), prints its tables and writes results/<benchmark>-<UTC time>/results.json, which
+# tools/bench/report.py renders again. The emulated network needs root (tools/emulated_cluster.py).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 name=${1:?usage: tools/bench/run.sh BENCHMARK [flags]}; shift
