@@ -70,7 +70,7 @@ void DestroyPairs(gloo::Context& context);
 // switch to synchronous mode), before bound buffers on them are destroyed: Gloo would finish a
 // half-read message on a destroyed buffer. Queued writes are flushed first, up to the mesh's
 // timeout; a pair whose switch fails is kept for the rest of the process (Gloo aborts when
-// destroying it) and its getPair(peer) becomes null (docs/reliability.md, "Sanitizers").
+// destroying it) and its getPair(peer) becomes null (docs/reliability.md, "ThreadSanitizer").
 void TakePairsOffTheDeviceThread(gloo::Context& context);
 
 // Owns the Gloo buffers (and scratch memory) one collective call posts operations on. On
