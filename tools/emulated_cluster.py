@@ -1,47 +1,62 @@
 #!/usr/bin/env python3
-"""An emulated cluster on one machine: each rank is its own "host" in a network namespace.
+"""An emulated cluster on one machine: hosts in network namespaces, one or more ranks on each.
 
 Topology (docs/benchmarks.md, "The emulated network"); namespaces are named
-gcc<pid>-<token>-hub and gcc<pid>-<token>-r<rank>:
+gcc<pid>-<token>-hub and gcc<pid>-<token>-h<host>:
 
-    namespace <prefix>-r0 ... <prefix>-r{n-1}      namespace <prefix>-hub
+    namespace <prefix>-h0 ... <prefix>-h{H-1}      namespace <prefix>-hub
       ve0  198.18.0.1/15  ----------- veth -----------  p0 \
       ve1  198.18.0.2/15  ----------- veth -----------  p1  +- bridge br0
       ...                                               ...  /
 
 Addresses come from 198.18.0.0/15 (RFC 2544's benchmarking range) and exist only inside these
 namespaces; nothing leaves the machine. A network preset shapes every host's link in both
-directions like a full-duplex NIC: the rank's egress (upload) on `ve<r>` and the switch port's
-egress towards the host (download) on `p<r>`, each with `tbf` at the link rate; a preset's
-delay is added with `netem` on the rank's egress only (one-way host-to-host latency = delay).
+directions like a full-duplex NIC: the host's egress (upload) on `ve<h>` and the switch port's
+egress towards the host (download) on `p<h>`, each with `tbf` at the link rate; a preset's
+delay is added with `netem` on the host's egress only (one-way host-to-host latency = delay).
+
+A host runs G ranks (--ranks-per-host, default 1), all in its namespace: they share its shaped
+link in both directions, as the GPUs of a node share its NIC, and talk to each other over the
+host's own address or its loopback, which the kernel delivers over `lo`: unshaped, and not on
+the NIC's counters. Ranks are numbered as torchrun numbers them: host h runs ranks
+h*G .. h*G+G-1.
 
 Every namespace is removed when the cluster closes: on normal exit, on an exception, on Ctrl-C
 and on SIGTERM/SIGHUP (rank processes are killed first). Names carry this process's pid and a
 random token, so concurrent runs never collide; `cleanup` removes leftovers of runs that were
 killed with SIGKILL.
 
-Command line (runs one command per rank inside its namespace, then prints bytes sent):
+Command line (runs one command per rank on its host, then prints the bytes each host and each
+rank sent to other hosts):
 
-    tools/emulated_cluster.py [--ranks 4] [--network 1gbit] -- python3 my_script.py
+    tools/emulated_cluster.py [--hosts 4] [--ranks-per-host 2] [--network 1gbit] -- python3 my_script.py
+    tools/emulated_cluster.py --ranks 4 -- ...   (4 hosts of one rank: --hosts 4 --ranks-per-host 1)
     tools/emulated_cluster.py presets
     tools/emulated_cluster.py cleanup
 
-With --hostnames (hostnames=True) every rank is a host named host<r> (a UTS namespace per
+With --hostnames (hostnames=True) every host is named host<h> (a UTS namespace per rank
 process, and /etc/netns/<ns>/hosts that resolves every host's name to its address, as a
 cluster's DNS would); with --no-interface-env (interface_env=False) no interface variable is set.
 
-Each rank's command gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR (rank 0's address, or host0),
-MASTER_PORT, GLOO_SOCKET_IFNAME (its veth, so Gloo binds that interface; not with
---no-interface-env) and
-GOSSIPCC_NETNS_IFACE (the same name, for reading /sys/class/net/<iface>/statistics/tx_bytes
-from inside the rank: `ip netns exec` mounts the namespace's own sysfs).
+Each rank's command gets what torchrun gives a worker: RANK, WORLD_SIZE (H x G), LOCAL_RANK,
+LOCAL_WORLD_SIZE (G), GROUP_RANK (its host), GROUP_WORLD_SIZE (H), ROLE_RANK, ROLE_WORLD_SIZE,
+ROLE_NAME, MASTER_ADDR (host 0's address, or host0), MASTER_PORT; and GLOO_SOCKET_IFNAME (its
+host's veth, so Gloo binds that interface; not with --no-interface-env) and GOSSIPCC_NETNS_IFACE
+(the same name, for reading /sys/class/net/<iface>/statistics/tx_bytes from inside the rank:
+`ip netns exec` mounts the namespace's own sysfs).
+
+Bytes: a host's are its veth's tx_bytes counter. With one rank per host a rank's are its host's;
+with several, each rank runs in a cgroup of its own and an iptables rule on its host's NIC
+(raw table, `-m cgroup`) counts what that rank's sockets send there. Where cgroup2, iptables or
+xt_cgroup is missing, ranks' own bytes are not counted (the run says why); hosts' still are.
 
 Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2 (`ip`, `tc`); where that is missing
 the cluster raises NamespacesUnavailable with the reason. Kernels without sch_netem (this
 project's CI machine) refuse the delay presets with a ClusterError saying so.
 
-For Python callers: EmulatedCluster (above), LocalCluster (the same run() over loopback, no
-namespaces), rank_tx_bytes() (inside a rank: its NIC's tx counter).
+For Python callers: EmulatedCluster (above), LocalCluster (the same arguments and run() over
+loopback, no namespaces), rank_tx_bytes() and host_tx_bytes() (inside a rank: its own and its
+host's bytes sent so far).
 """
 import argparse
 import contextlib
@@ -60,7 +75,7 @@ import time
 NAME_PREFIX = "gcc"
 ADDRESS_BASE = (198, 18)  # 198.18.0.0/15: benchmarking range (RFC 2544), only inside namespaces
 PREFIX_LEN = 15
-MAX_RANKS = 250
+MAX_HOSTS = 250
 MASTER_PORT = 29500  # each cluster has its own address space: a fixed port cannot collide
 
 
@@ -229,23 +244,27 @@ class _Signals:
 
 
 class EmulatedCluster:
-    """n hosts in network namespaces on one bridge, links shaped by `network`.
+    """`hosts` hosts in network namespaces on one bridge, `ranks_per_host` ranks on each, every
+    host's link shaped by `network`.
 
-        with EmulatedCluster(4, "1gbit") as cluster:
-            results = cluster.run([[sys.executable, "train.py"]] * 4)
-            print(results.tx_bytes)
+        with EmulatedCluster(hosts=4, ranks_per_host=2, network="1gbit") as cluster:
+            results = cluster.run([[sys.executable, "train.py"]] * cluster.n)
+            print(results.host_tx_bytes, results.tx_bytes)
+
+    EmulatedCluster(n, network) is n hosts of one rank each.
     """
 
-    def __init__(self, n, network="none", quiet=True, hostnames=False, interface_env=True):
-        """hostnames: each rank's namespace is a host with a name of its own, host<r> (a UTS
+    def __init__(self, n=None, network="none", quiet=True, hostnames=False, interface_env=True,
+                 hosts=None, ranks_per_host=1):
+        """n: the number of ranks (the world size), hosts x ranks_per_host; give n or hosts (or
+        both, if they agree). hostnames: each host has a name of its own, host<h> (a UTS
         namespace per rank process), which every host resolves (/etc/netns/<ns>/hosts, which
         `ip netns exec` mounts over /etc/hosts) to that host's address, as a real cluster's
         DNS or hosts file does; MASTER_ADDR is then host0. interface_env: whether each rank's
         command gets GLOO_SOCKET_IFNAME (False: nothing tells a backend which interface to use,
         as on a cluster launched the plain torch way)."""
-        if not 1 <= n <= MAX_RANKS:
-            raise ValueError(f"ranks must be in 1..{MAX_RANKS}, got {n}")
-        self.n = n
+        self.hosts, self.ranks_per_host = hosts_and_ranks(n, hosts, ranks_per_host)
+        self.n = self.hosts * self.ranks_per_host
         self.hostnames = hostnames
         self.interface_env = interface_env
         self.network = network
@@ -256,42 +275,57 @@ class EmulatedCluster:
         self._made = []
         self._procs = []
         self._signals = _Signals()
+        self._cgroup = None  # this cluster's cgroup directory (per-rank counters), when made
+        # Why ranks' own bytes cannot be counted here (None: they can, or one rank per host).
+        self.rank_counters_unavailable = None
 
     # --- names -------------------------------------------------------------------------------
-    def netns(self, rank):
-        return f"{self.name}-r{rank}"
+    def host_of(self, rank):
+        """The host (GROUP_RANK) that rank runs on: ranks 0..G-1 on host 0, and so on."""
+        if not 0 <= rank < self.n:
+            raise ValueError(f"rank {rank} is not in 0..{self.n - 1}")
+        return rank // self.ranks_per_host
+
+    def local_rank(self, rank):
+        return rank % self.ranks_per_host
+
+    def ranks_of(self, host):
+        return list(range(host * self.ranks_per_host, (host + 1) * self.ranks_per_host))
+
+    def netns(self, host):
+        return f"{self.name}-h{host}"
 
     @staticmethod
-    def iface(rank):
-        return f"ve{rank}"
+    def iface(host):
+        return f"ve{host}"
 
-    def address(self, rank):
-        return f"{ADDRESS_BASE[0]}.{ADDRESS_BASE[1]}.0.{rank + 1}"
+    def address(self, host):
+        return f"{ADDRESS_BASE[0]}.{ADDRESS_BASE[1]}.0.{host + 1}"
 
     @staticmethod
-    def hostname(rank):
-        return f"host{rank}"
+    def hostname(host):
+        return f"host{host}"
 
     def env(self, rank, port=MASTER_PORT):
-        env = {
-            "RANK": str(rank), "WORLD_SIZE": str(self.n), "LOCAL_RANK": "0",
-            "MASTER_ADDR": self.hostname(0) if self.hostnames else self.address(0), "MASTER_PORT": str(port),
-            "GOSSIPCC_NETNS_IFACE": self.iface(rank), "GOSSIPCC_NETWORK": self.network,
-        }
+        """The variables torchrun gives a worker (one role, "default"), and the emulator's own."""
+        host = self.host_of(rank)
+        env = rank_environment(rank, self.hosts, self.ranks_per_host,
+                               self.hostname(0) if self.hostnames else self.address(0), port)
+        env.update({"GOSSIPCC_NETNS_IFACE": self.iface(host), "GOSSIPCC_NETWORK": self.network})
         if self.interface_env:
-            env["GLOO_SOCKET_IFNAME"] = self.iface(rank)
+            env["GLOO_SOCKET_IFNAME"] = self.iface(host)
         return env
 
     def hosts_file(self, names=True):
         """/etc/hosts of every host: localhost, and (names) each host's name and address."""
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
         if names:
-            lines += [f"{self.address(r)}\t{self.hostname(r)}" for r in range(self.n)]
+            lines += [f"{self.address(h)}\t{self.hostname(h)}" for h in range(self.hosts)]
         return "\n".join(lines) + "\n"
 
-    def write_hosts_file(self, rank, names=True):
-        """Writes rank's namespace's /etc/hosts (as mounted by `ip netns exec`)."""
-        directory = f"/etc/netns/{self.netns(rank)}"
+    def write_hosts_file(self, host, names=True):
+        """Writes host's namespace's /etc/hosts (as mounted by `ip netns exec`)."""
+        directory = f"/etc/netns/{self.netns(host)}"
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, "hosts"), "w") as f:
             f.write(self.hosts_file(names))
@@ -325,24 +359,25 @@ class EmulatedCluster:
               "echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6"], "sysctl of the hub")
         _run(["ip", "-n", self.hub, "link", "add", "br0", "type", "bridge"], "bridge")
         _run(["ip", "-n", self.hub, "link", "set", "br0", "up"], "bridge")
-        for r in range(self.n):
-            ns, ve, port = self.netns(r), self.iface(r), f"p{r}"
+        for h in range(self.hosts):
+            ns, ve, port = self.netns(h), self.iface(h), f"p{h}"
             self._add_netns(ns)
             # No IPv6: its neighbour discovery would add stray bytes to the tx counters.
             _run(["ip", "netns", "exec", ns, "sh", "-c",
                   "echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6; "
-                  "echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6"], f"sysctl of rank {r}")
+                  "echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6"], f"sysctl of host {h}")
             _run(["ip", "-n", self.hub, "link", "add", port, "type", "veth", "peer", "name", ve, "netns", ns],
-                 f"veth for rank {r}")
+                 f"veth for host {h}")
             _run(["ip", "-n", self.hub, "link", "set", port, "master", "br0", "up"], f"bridge port {port}")
-            _run(["ip", "-n", ns, "addr", "add", f"{self.address(r)}/{PREFIX_LEN}", "dev", ve], f"address of rank {r}")
-            _run(["ip", "-n", ns, "link", "set", ve, "up"], f"link of rank {r}")
-            _run(["ip", "-n", ns, "link", "set", "lo", "up"], f"loopback of rank {r}")
+            _run(["ip", "-n", ns, "addr", "add", f"{self.address(h)}/{PREFIX_LEN}", "dev", ve], f"address of host {h}")
+            _run(["ip", "-n", ns, "link", "set", ve, "up"], f"link of host {h}")
+            _run(["ip", "-n", ns, "link", "set", "lo", "up"], f"loopback of host {h}")
             self._shape(ns, ve, self.delay)   # upload (+ latency)
             self._shape(self.hub, port, None)  # download
             if self.hostnames:
-                self.write_hosts_file(r)
+                self.write_hosts_file(h)
         self._wait_reachable()
+        self._count_ranks()
 
     def _shape(self, ns, dev, delay):
         if self.rate is None and delay is None:
@@ -369,12 +404,57 @@ class EmulatedCluster:
             _run(tc + parent + ["handle", "10:", "tbf", "rate", self.rate, "burst", str(burst),
                                 "latency", "50ms"], f"tbf on {dev}")
 
+    def _count_ranks(self):
+        """With several ranks per host: a cgroup per rank, and a counting rule per rank on its
+        host's NIC (iptables' raw table, OUTPUT: `-o ve<h> -m cgroup --path <rank's cgroup>`, no
+        target), which counts the packets of the sockets that rank's processes made. Where that
+        cannot be done (no cgroup2, no iptables, no xt_cgroup), ranks' own bytes are not counted
+        and rank_counters_unavailable says why; the hosts' counters are unaffected."""
+        if self.ranks_per_host == 1:
+            return
+        root = cgroup2_root()
+        if root is None:
+            self.rank_counters_unavailable = "no cgroup2 file system is mounted"
+            return
+        if shutil.which("iptables") is None:
+            self.rank_counters_unavailable = "`iptables` not found (apt-get install iptables)"
+            return
+        try:
+            os.mkdir(os.path.join(root, self.name))
+        except OSError as e:
+            self.rank_counters_unavailable = f"cannot make a cgroup in {root}: {e}"
+            return
+        self._cgroup = os.path.join(root, self.name)
+        for rank in range(self.n):
+            os.mkdir(os.path.join(self._cgroup, f"r{rank}"))
+            proc = subprocess.run(["ip", "netns", "exec", self.netns(self.host_of(rank)), "iptables", "-w", "-t", "raw",
+                                   "-A", "OUTPUT", "-o", self.iface(self.host_of(rank)),
+                                   "-m", "cgroup", "--path", self._rank_cgroup_path(rank)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if proc.returncode != 0:
+                self.rank_counters_unavailable = (f"iptables cannot count packets by cgroup here (xt_cgroup): "
+                                                  f"{proc.stderr.strip()}")
+                self._remove_cgroup()
+                return
+
+    def _rank_cgroup_path(self, rank):
+        """The rank's cgroup as iptables' cgroup match names it (from the cgroup2 root)."""
+        return f"/{self.name}/r{rank}"
+
+    def _remove_cgroup(self):
+        """Kills whatever is left in the ranks' cgroups (a rank's process that left its session
+        too), then removes them."""
+        if self._cgroup is None:
+            return
+        remove_cgroup_tree(self._cgroup)
+        self._cgroup = None
+
     def _wait_reachable(self, timeout=10.0):
         """Waits until every veth end reports carrier (operstate UP); with STP off (the default)
         bridge ports forward as soon as they are up."""
         deadline = time.monotonic() + timeout
-        pending = [(self.netns(r), self.iface(r)) for r in range(self.n)] + \
-                  [(self.hub, f"p{r}") for r in range(self.n)]
+        pending = [(self.netns(h), self.iface(h)) for h in range(self.hosts)] + \
+                  [(self.hub, f"p{h}") for h in range(self.hosts)]
         while pending:
             pending = [(ns, dev) for ns, dev in pending
                        if "state UP" not in _run(["ip", "-n", ns, "link", "show", dev], "link state")]
@@ -387,6 +467,7 @@ class EmulatedCluster:
     def close(self):
         """Kills rank processes still running, then deletes every namespace (idempotent)."""
         self.kill_all()
+        self._remove_cgroup()
         for ns in reversed(self._made):
             subprocess.run(["ip", "netns", "del", ns], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
@@ -394,29 +475,60 @@ class EmulatedCluster:
         self._signals.restore()
 
     # --- measurements --------------------------------------------------------------------------
-    def tx_bytes(self, rank):
-        """Bytes the rank's NIC has sent (the veth's tx_bytes counter: frames incl. headers)."""
-        out = _run(["ip", "netns", "exec", self.netns(rank), "cat",
-                    f"/sys/class/net/{self.iface(rank)}/statistics/tx_bytes"], "tx counter")
+    def host_tx_bytes(self, host):
+        """Bytes the host's NIC has sent (the veth's tx_bytes counter: frames incl. headers)."""
+        out = _run(["ip", "netns", "exec", self.netns(host), "cat",
+                    f"/sys/class/net/{self.iface(host)}/statistics/tx_bytes"], "tx counter")
         return int(out.strip())
 
+    def all_host_tx_bytes(self):
+        return [self.host_tx_bytes(h) for h in range(self.hosts)]
+
+    def _ranks_tx_bytes(self, host):
+        """{rank: bytes} its ranks' sockets have sent through the host's NIC (None: not counted)."""
+        if self.ranks_per_host == 1:
+            return {host: self.host_tx_bytes(host)}
+        if self._cgroup is None:
+            return {rank: None for rank in self.ranks_of(host)}
+        out = _run(["ip", "netns", "exec", self.netns(host), "iptables", "-w", "-t", "raw", "-nvxL", "OUTPUT"],
+                   "per-rank counters")
+        counted = _cgroup_counters(out)
+        return {rank: counted.get(self._rank_cgroup_path(rank)) for rank in self.ranks_of(host)}
+
+    def tx_bytes(self, rank):
+        """Bytes the rank has sent to other hosts. One rank per host: its host's NIC counter.
+        Several: the packets its sockets sent out of the host's NIC (IP length plus the 14-byte
+        Ethernet header each, counted as they leave the socket layer; their sum is the host's
+        counter less ARP and the headers of large segments the shaper splits), or None where
+        rank_counters_unavailable says why not."""
+        return self._ranks_tx_bytes(self.host_of(rank))[rank]
+
     def all_tx_bytes(self):
-        return [self.tx_bytes(r) for r in range(self.n)]
+        by_rank = {}
+        for h in range(self.hosts):
+            by_rank.update(self._ranks_tx_bytes(h))
+        return [by_rank[r] for r in range(self.n)]
 
     # --- running -------------------------------------------------------------------------------
     def popen(self, rank, cmd, env=None, **kwargs):
-        """Starts `cmd` inside rank's namespace with the rank environment (plus `env`)."""
+        """Starts `cmd` inside the namespace of rank's host with the rank environment (plus `env`)."""
         full_env = dict(os.environ)
         if not self.interface_env:
             for name in ("GLOO_SOCKET_IFNAME", "GOSSIPCC_SOCKET_IFNAME", "GOSSIPCC_HOSTNAME"):
                 full_env.pop(name, None)
         full_env.update(self.env(rank))
         full_env.update(env or {})
-        prefix = ["ip", "netns", "exec", self.netns(rank)]
+        host = self.host_of(rank)
+        prefix = ["ip", "netns", "exec", self.netns(host)]
+        if self._cgroup is not None:
+            # Into the rank's cgroup first (outside the namespace: `ip netns exec` mounts a sysfs
+            # without the cgroup file systems); its children and sockets are the rank's.
+            prefix = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"',
+                      os.path.join(self._cgroup, f"r{rank}")] + prefix
         if self.hostnames:
-            # A UTS namespace of its own: the process and its children see host<r> as this
+            # A UTS namespace of its own: the process and its children see host<h> as this
             # host's name (gethostname), as on a real host.
-            prefix += ["unshare", "--uts", "sh", "-c", f'hostname {self.hostname(rank)} && exec "$@"', "sh"]
+            prefix += ["unshare", "--uts", "sh", "-c", f'hostname {self.hostname(host)} && exec "$@"', "sh"]
         with _Signals.deferred():  # recorded before an interrupt can unwind, so kill_all stops it
             proc = subprocess.Popen(prefix + list(cmd), env=full_env, start_new_session=True, **kwargs)
             self._procs.append(proc)
@@ -442,14 +554,14 @@ class EmulatedCluster:
         self._procs.clear()
 
     def run(self, cmds, env=None, timeout=None, stdout=None, stderr=None):
-        """Runs cmds[r] in rank r's namespace; waits for all. A failing rank stops the others.
+        """Runs cmds[r] as rank r on its host; waits for all. A failing rank stops the others.
 
         stdout/stderr: a list of file objects by rank (None: inherit). Returns RunResult.
         Raises ClusterError naming the first rank that failed or the timeout.
         """
         if len(cmds) != self.n:
             raise ValueError(f"{len(cmds)} commands for {self.n} ranks")
-        before = self.all_tx_bytes()
+        before = self.all_host_tx_bytes(), self.all_tx_bytes()
         start = time.monotonic()
         procs = [self.popen(r, cmds[r], env=(env[r] if isinstance(env, list) else env),
                             stdout=stdout[r] if stdout else None, stderr=stderr[r] if stderr else None)
@@ -473,8 +585,8 @@ class EmulatedCluster:
         self.kill_all()
         if failed:
             raise ClusterError(failed)
-        after = self.all_tx_bytes()
-        return RunResult(wall, [a - b for a, b in zip(after, before)])
+        after = self.all_host_tx_bytes(), self.all_tx_bytes()
+        return RunResult(wall, _differences(after[1], before[1]), _differences(after[0], before[0]))
 
 
 def _ask_for_stacks(procs, grace=2.0):
@@ -489,9 +601,120 @@ def _ask_for_stacks(procs, grace=2.0):
 
 
 class RunResult:
-    def __init__(self, wall_seconds, tx_bytes):
+    """wall_seconds; tx_bytes by rank and host_tx_bytes by host (bytes sent to other hosts during
+    the run; None where not counted)."""
+
+    def __init__(self, wall_seconds, tx_bytes, host_tx_bytes):
         self.wall_seconds = wall_seconds
         self.tx_bytes = tx_bytes
+        self.host_tx_bytes = host_tx_bytes
+
+
+def _differences(after, before):
+    return [None if a is None or b is None else a - b for a, b in zip(after, before)]
+
+
+_COUNTER_RE = re.compile(r"^\s*(\d+)\s+(\d+)\s.*\bcgroup (\S+)\s*$")
+ETHERNET_HEADER = 14
+
+
+def _cgroup_counters(listing):
+    """`iptables -nvxL` output -> {cgroup path: bytes}, bytes = IP bytes + an Ethernet header per packet."""
+    counted = {}
+    for line in listing.splitlines():
+        m = _COUNTER_RE.match(line)
+        if m:
+            counted[m.group(3)] = int(m.group(2)) + ETHERNET_HEADER * int(m.group(1))
+    return counted
+
+
+def cgroup2_root():
+    """Where the cgroup2 file system is mounted (/sys/fs/cgroup, or .../unified on a hybrid
+    layout), or None."""
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == "cgroup2":
+                    return fields[1]
+    except OSError:
+        pass
+    return None
+
+
+def remove_cgroup_tree(path, timeout=5.0):
+    """Kills every process in the cgroup `path` and its children (cgroup.kill, else SIGKILL to
+    each listed process), then removes them. Returns False if some directory stayed."""
+    leaves = sorted((os.path.join(d, s) for d, subdirs, _ in os.walk(path) for s in subdirs),
+                    key=len, reverse=True) + [path]
+    try:
+        with open(os.path.join(path, "cgroup.kill"), "w") as f:
+            f.write("1")
+    except OSError:  # kernels before 5.14
+        for leaf in leaves:
+            try:
+                with open(os.path.join(leaf, "cgroup.procs")) as f:
+                    for pid in f.read().split():
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+    deadline = time.monotonic() + timeout
+    for leaf in leaves:
+        while True:
+            try:
+                os.rmdir(leaf)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:  # EBUSY until the killed processes are gone
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.02)
+    return True
+
+
+def cleanup_stale_cgroups():
+    """Removes the rank cgroups of runs whose process is gone (killed with SIGKILL). Returns them."""
+    root = cgroup2_root()
+    removed = []
+    if root is None:
+        return removed
+    for entry in sorted(os.listdir(root)):
+        m = re.match(rf"^{NAME_PREFIX}(\d+)-[0-9a-f]{{4}}$", entry)
+        if m and not _pid_alive(int(m.group(1))) and os.path.isdir(os.path.join(root, entry)):
+            remove_cgroup_tree(os.path.join(root, entry))
+            removed.append(entry)
+    return removed
+
+
+def hosts_and_ranks(n, hosts, ranks_per_host):
+    """(hosts, ranks per host) from a number of ranks n and/or hosts; ValueError saying what is wrong."""
+    if isinstance(ranks_per_host, bool) or not isinstance(ranks_per_host, int) or ranks_per_host < 1:
+        raise ValueError(f"ranks per host must be a whole number >= 1, got {ranks_per_host!r}")
+    if hosts is None:
+        if n is None:
+            raise ValueError("give the number of ranks (n) or of hosts")
+        if n % ranks_per_host:
+            raise ValueError(f"{n} ranks do not make hosts of {ranks_per_host} ranks each")
+        hosts = n // ranks_per_host
+    elif n is not None and n != hosts * ranks_per_host:
+        raise ValueError(f"{n} ranks but {hosts} hosts of {ranks_per_host} ranks ({hosts * ranks_per_host})")
+    if isinstance(hosts, bool) or not isinstance(hosts, int) or not 1 <= hosts <= MAX_HOSTS:
+        raise ValueError(f"hosts must be in 1..{MAX_HOSTS}, got {hosts!r}")
+    return hosts, ranks_per_host
+
+
+def rank_environment(rank, hosts, ranks_per_host, master_addr, port):
+    """The variables torchrun sets for a worker of a one-role job on hosts x ranks_per_host."""
+    world = hosts * ranks_per_host
+    return {
+        "RANK": str(rank), "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(rank % ranks_per_host), "LOCAL_WORLD_SIZE": str(ranks_per_host),
+        "GROUP_RANK": str(rank // ranks_per_host), "GROUP_WORLD_SIZE": str(hosts),
+        "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world), "ROLE_NAME": "default",
+        "MASTER_ADDR": master_addr, "MASTER_PORT": str(port),
+    }
 
 
 def free_port():
@@ -519,11 +742,18 @@ def free_port():
 
 
 class LocalCluster:
-    """The ranks as local processes on loopback (no namespaces): same interface as the parts of
-    EmulatedCluster that the job uses."""
+    """The ranks as local processes on loopback (no namespaces, nothing shaped or counted): the
+    same arguments, environment (hosts x ranks_per_host as torchrun would number them) and run()
+    as EmulatedCluster, for the parts the job and the benchmarks use."""
 
-    def __init__(self, n):
-        self.n, self.network = n, "local"
+    def __init__(self, n=None, hosts=None, ranks_per_host=1):
+        self.hosts, self.ranks_per_host = hosts_and_ranks(n, hosts, ranks_per_host)
+        self.n, self.network = self.hosts * self.ranks_per_host, "local"
+
+    def host_of(self, rank):
+        if not 0 <= rank < self.n:
+            raise ValueError(f"rank {rank} is not in 0..{self.n - 1}")
+        return rank // self.ranks_per_host
 
     def __enter__(self):
         return self
@@ -537,8 +767,8 @@ class LocalCluster:
         start = time.monotonic()
         try:
             for r in range(self.n):
-                e = dict(os.environ, RANK=str(r), WORLD_SIZE=str(self.n), LOCAL_RANK=str(r),
-                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GOSSIPCC_NETWORK="local")
+                e = dict(os.environ, **rank_environment(r, self.hosts, self.ranks_per_host, "127.0.0.1", port),
+                         GOSSIPCC_NETWORK="local")
                 e.pop("GOSSIPCC_NETNS_IFACE", None)
                 e.update(env or {})
                 procs.append(subprocess.Popen(cmds[r], env=e, stdout=stdout[r] if stdout else None,
@@ -549,7 +779,7 @@ class LocalCluster:
                 if bad:
                     raise ClusterError(f"rank {bad[0][0]} exited with status {bad[0][1]}")
                 if all(c == 0 for c in codes):
-                    return RunResult(time.monotonic() - start, [None] * self.n)
+                    return RunResult(time.monotonic() - start, [None] * self.n, [None] * self.hosts)
                 if timeout is not None and time.monotonic() - start > timeout:
                     running = [r for r, c in enumerate(codes) if c is None]
                     _ask_for_stacks([procs[r] for r in running])
@@ -568,8 +798,29 @@ class LocalCluster:
 
 
 def rank_tx_bytes():
-    """From inside a rank of an EmulatedCluster: bytes its NIC has sent so far (None elsewhere).
-    `ip netns exec` mounts the namespace's own sysfs, so the path names the rank's veth."""
+    """From inside a rank of an EmulatedCluster: bytes this rank has sent to other hosts so far
+    (None elsewhere, or where the cluster could not count ranks' own bytes). One rank per host:
+    its host's NIC counter (`ip netns exec` mounts the namespace's own sysfs, so the path names
+    the host's veth). Several: the counting rule of this process's cgroup on that NIC (see
+    EmulatedCluster.tx_bytes), read with iptables (a few milliseconds: read it outside timed code)."""
+    iface = os.environ.get("GOSSIPCC_NETNS_IFACE")
+    if not iface:
+        return None
+    if os.environ.get("LOCAL_WORLD_SIZE", "1") == "1":
+        return host_tx_bytes()
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = next(line[3:].strip() for line in f if line.startswith("0::"))
+        out = subprocess.run(["iptables", "-w", "-t", "raw", "-nvxL", "OUTPUT"], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, check=True).stdout
+    except (OSError, StopIteration, subprocess.CalledProcessError):
+        return None
+    return _cgroup_counters(out).get(path)
+
+
+def host_tx_bytes():
+    """From inside a rank of an EmulatedCluster: bytes its host's NIC has sent so far, every rank
+    of the host together (None elsewhere)."""
     iface = os.environ.get("GOSSIPCC_NETNS_IFACE")
     if not iface:
         return None
@@ -582,14 +833,18 @@ def rank_tx_bytes():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        description="Run one command per rank, each rank in its own network namespace (an emulated host).",
-        usage="%(prog)s [--ranks N] [--network PRESET|rate=..,delay=..] -- COMMAND...\n"
-              "       %(prog)s presets | cleanup")
-    parser.add_argument("--ranks", type=int, default=4)
+        description="Run one command per rank on emulated hosts (a network namespace each, G ranks on each).",
+        usage="%(prog)s [--hosts H [--ranks-per-host G] | --ranks N] [--network PRESET|rate=..,delay=..] "
+              "-- COMMAND...\n       %(prog)s presets | cleanup")
+    parser.add_argument("--hosts", type=int, default=None, help="emulated hosts (default 4)")
+    parser.add_argument("--ranks-per-host", type=int, default=1,
+                        help="ranks on each host, sharing its link (default 1)")
+    parser.add_argument("--ranks", type=int, default=None,
+                        help="N hosts of one rank each (the same as --hosts N --ranks-per-host 1)")
     parser.add_argument("--network", default="1gbit", help=f"one of {', '.join(PRESETS)} or rate=..,delay=..")
     parser.add_argument("--timeout", type=float, default=None, help="seconds before the ranks are killed")
     parser.add_argument("--hostnames", action="store_true",
-                        help="each rank a host named host<r> that every host resolves; MASTER_ADDR=host0")
+                        help="each host named host<h>, which every host resolves; MASTER_ADDR=host0")
     parser.add_argument("--no-interface-env", action="store_true",
                         help="set no GLOO_SOCKET_IFNAME (nor pass one through): backends choose their address")
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -602,23 +857,34 @@ def main(argv=None):
     if cmd == ["cleanup"]:
         removed = cleanup_stale()
         print(f"removed {len(removed)} stale namespaces" + (f": {' '.join(removed)}" if removed else ""))
+        cgroups = cleanup_stale_cgroups()
+        if cgroups:
+            print(f"removed {len(cgroups)} stale rank cgroups: {' '.join(cgroups)}")
         return 0
     if not cmd:
         parser.error("no command given (put it after --)")
+    if args.ranks is not None and (args.hosts is not None or args.ranks_per_host != 1):
+        parser.error("--ranks N means N hosts of one rank each: give it alone, or --hosts with --ranks-per-host")
+    hosts = args.ranks if args.ranks is not None else (4 if args.hosts is None else args.hosts)
     try:
         parse_network(args.network)
-        with EmulatedCluster(args.ranks, args.network, hostnames=args.hostnames,
-                             interface_env=not args.no_interface_env) as cluster:
-            result = cluster.run([cmd] * args.ranks, timeout=args.timeout)
+        with EmulatedCluster(network=args.network, hosts=hosts, ranks_per_host=args.ranks_per_host,
+                             hostnames=args.hostnames, interface_env=not args.no_interface_env) as cluster:
+            result = cluster.run([cmd] * cluster.n, timeout=args.timeout)
     except (NamespacesUnavailable, ClusterError, ValueError) as e:
         print(f"emulated_cluster: {e}", file=sys.stderr)
         return 2 if isinstance(e, NamespacesUnavailable) else 1
     except KeyboardInterrupt:
         print("emulated_cluster: interrupted; namespaces removed", file=sys.stderr)
         return 130
-    print(f"emulated_cluster: {args.ranks} ranks, network {args.network}, {result.wall_seconds:.2f} s")
-    for r, b in enumerate(result.tx_bytes):
-        print(f"  rank {r}: sent {b} bytes")
+    print(f"emulated_cluster: {cluster.hosts} hosts x {cluster.ranks_per_host} ranks, "
+          f"network {args.network}, {result.wall_seconds:.2f} s; bytes sent to other hosts:")
+    for h in range(cluster.hosts):
+        ranks = cluster.ranks_of(h)
+        print(f"  host {h}: {result.host_tx_bytes[h]} bytes (NIC counter)")
+        for r in ranks:
+            print(f"    rank {r}: " + (f"{result.tx_bytes[r]} bytes" if result.tx_bytes[r] is not None
+                                      else f"not counted ({cluster.rank_counters_unavailable})"))
     return 0
 
 
