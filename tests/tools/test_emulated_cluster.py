@@ -185,12 +185,16 @@ def test_a_signal_while_a_rank_starts_still_stops_that_rank(monkeypatch):
 
 # A plain TCP transfer between ranks, every role in one script (chosen by RANK): a sender
 # connects to its receiver, says it is ready (a file), waits for the other senders of the
-# phase, then sends for SECONDS; a receiver samples (time, bytes so far) until the stream ends.
-# Times are CLOCK_MONOTONIC, the same clock in every process of the machine.
+# phase, then sends for SECONDS, and records its own and its host's counters (read from inside
+# the rank) from then until the receiver has acknowledged the end of the stream; a receiver
+# samples (time, bytes so far) until the stream ends. Times
+# are CLOCK_MONOTONIC, the same clock in every process of the machine.
 TRANSFER = r"""
 import json, os, socket, sys, time
 rank = int(os.environ["RANK"])
 out, plan, seconds = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])
+sys.path.insert(0, sys.argv[4])
+from emulated_cluster import host_tx_bytes, rank_tx_bytes
 role = plan.get(str(rank))
 if role is None:
     sys.exit(0)
@@ -208,6 +212,7 @@ if role[0] == "recv":
             break
         total += len(b)
         samples.append((time.monotonic(), total))
+    c.sendall(b"k")
     json.dump(samples, open(os.path.join(out, f"recv{rank}.json"), "w"))
 else:
     _, address, port, receiver = role
@@ -218,12 +223,16 @@ else:
     senders = [r for r, v in plan.items() if v[0] == "send"]
     while not all(os.path.exists(os.path.join(out, f"ready{r}")) for r in senders):
         time.sleep(0.005)
+    counters = [rank_tx_bytes(), host_tx_bytes()]
     start = time.monotonic()
     chunk = b"x" * (1 << 16)
     while time.monotonic() - start < seconds:
         c.sendall(chunk)
-    c.close()
-    json.dump({"start": start, "end": time.monotonic()}, open(os.path.join(out, f"send{rank}.json"), "w"))
+    end = time.monotonic()
+    c.shutdown(socket.SHUT_WR)
+    assert c.recv(1) == b"k"  # everything sent has arrived: the counters hold it
+    json.dump({"start": start, "end": end, "rank_tx": rank_tx_bytes() - counters[0],
+               "host_tx": host_tx_bytes() - counters[1]}, open(os.path.join(out, f"send{rank}.json"), "w"))
 """
 
 
@@ -238,18 +247,18 @@ def received_between(samples, t0, t1):
 def transfer(cluster, plan, seconds, tmp_path):
     """Runs the plan ({rank: role}) on the cluster; returns ({receiver: Mbit/s it got while every
     sender was sending, the first 0.5 s of that left out for TCP's start}, {receiver: bytes it got
-    in all}, RunResult)."""
+    in all}, {sender: what it recorded}, RunResult)."""
     out = tmp_path / f"transfer{len(list(tmp_path.iterdir()))}"
     out.mkdir()
-    result = cluster.run([[sys.executable, "-c", TRANSFER, str(out), json.dumps(plan), str(seconds)]] * cluster.n,
-                         timeout=120)
-    sends = [json.loads((out / f"send{r}.json").read_text()) for r, v in plan.items() if v[0] == "send"]
-    t0 = max(s["start"] for s in sends) + 0.5
-    t1 = min(s["end"] for s in sends)
+    result = cluster.run([[sys.executable, "-c", TRANSFER, str(out), json.dumps(plan), str(seconds), TOOLS]] *
+                         cluster.n, timeout=120)
+    sends = {int(r): json.loads((out / f"send{r}.json").read_text()) for r, v in plan.items() if v[0] == "send"}
+    t0 = max(s["start"] for s in sends.values()) + 0.5
+    t1 = min(s["end"] for s in sends.values())
     assert t1 - t0 > 1.0, f"senders overlapped for {t1 - t0 + 0.5:.2f} s only: {sends}"
     samples = {int(r): json.loads((out / f"recv{r}.json").read_text()) for r, v in plan.items() if v[0] == "recv"}
     rates = {r: received_between(s, t0, t1) * 8 / (t1 - t0) / 1e6 for r, s in samples.items()}
-    return rates, {r: s[-1][1] for r, s in samples.items()}, result
+    return rates, {r: s[-1][1] for r, s in samples.items()}, sends, result
 
 
 def test_ranks_of_a_host_share_its_link(tmp_path):
@@ -263,8 +272,8 @@ def test_ranks_of_a_host_share_its_link(tmp_path):
         assert [cluster.host_of(r) for r in range(4)] == [0, 0, 1, 1]
         assert sorted(ours(cluster.name)) == sorted([f"{cluster.name}-hub", f"{cluster.name}-h0", f"{cluster.name}-h1"])
         h1 = cluster.address(1)
-        solo, _, _ = transfer(cluster, {"0": ["send", h1, 41000, 2], "2": ["recv", 41000]}, 2.5, tmp_path)
-        both, received, result = transfer(cluster, {"0": ["send", h1, 41000, 2], "1": ["send", h1, 41001, 3],
+        solo, _, _, _ = transfer(cluster, {"0": ["send", h1, 41000, 2], "2": ["recv", 41000]}, 2.5, tmp_path)
+        both, received, sends, result = transfer(cluster, {"0": ["send", h1, 41000, 2], "1": ["send", h1, 41001, 3],
                                           "2": ["recv", 41000], "3": ["recv", 41001]}, 3.0, tmp_path)
     print(f"\none rank alone: {solo[2]:.1f} Mbit/s; two at once: {both[2]:.1f} + {both[3]:.1f} Mbit/s "
           f"(link {link:.0f}); sent: hosts {result.host_tx_bytes}, ranks {result.tx_bytes}")
@@ -275,8 +284,11 @@ def test_ranks_of_a_host_share_its_link(tmp_path):
     # Bytes: each sending rank's counter holds its own stream (payload plus TCP/IP/Ethernet
     # headers: under 5% at a 1500-byte MTU); host 0's NIC both, with the headers of the frames
     # the shaper splits large segments into; host 1 only ACKs.
+    # Read from inside the rank (rank_tx_bytes), its own stream too; its host's counter both.
     for sender, receiver in ((0, 2), (1, 3)):
         assert received[receiver] <= result.tx_bytes[sender] < 1.06 * received[receiver], (received, result.tx_bytes)
+        assert received[receiver] <= sends[sender]["rank_tx"] < 1.06 * received[receiver], (received, sends)
+        assert sends[sender]["host_tx"] > sends[sender]["rank_tx"] + 0.2 * received[receiver], sends
     assert 0.93 * result.host_tx_bytes[0] < result.tx_bytes[0] + result.tx_bytes[1] <= result.host_tx_bytes[0], \
         (result.tx_bytes, result.host_tx_bytes)
     assert result.host_tx_bytes[1] < 0.05 * result.host_tx_bytes[0], result.host_tx_bytes
