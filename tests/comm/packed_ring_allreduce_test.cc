@@ -117,7 +117,7 @@ TEST_P(PackedRingTest, EveryOpAndSegmentationGivesThePlainRingsBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, PackedRingTest,
-                         ::testing::ValuesIn(RankSweep()),  // all 16 pairs; fewer under sanitizers (harness.h)
+                         ::testing::ValuesIn(RankSweep()),  // every n; process mode at a few (harness.h)
                          ModeAndRanksName);
 
 // 64 MB on 4 ranks: 16 segments (of at most 1 MiB) per chunk, 96 messages per rank, so each

@@ -275,7 +275,7 @@ std::vector<Param> RanksParams() {
   std::vector<Param> out;
   for (LaunchMode mode : {LaunchMode::kThreads, LaunchMode::kProcesses}) {
     for (int n = 1; n <= 8; ++n) {
-      if (!InRankSweep(mode, n)) continue;  // every pair but under sanitizers (tests/comm/harness.h)
+      if (!InRankSweep(mode, n)) continue;  // the rank sweep's pairs (tests/comm/harness.h)
       for (int r : {1, 2, 4}) out.emplace_back(mode, n, r);
     }
   }
