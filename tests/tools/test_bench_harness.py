@@ -172,13 +172,25 @@ print("done", flush=True)
 
 
 def test_load_probe_counts_the_benchmarks_own_processes_as_its_own():
-    """A child that computes 0.4 s of CPU is the benchmark's (own), however busy the machine."""
+    """A child that computes 0.4 s of CPU is the benchmark's (own), however busy the machine:
+    once it has exited and been waited for, and while it still runs at the probe's stop."""
     probe = harness.LoadProbe()
     probe.start()
     subprocess.run([sys.executable, "-c", SPIN.format(cpu=0.4)], check=True, capture_output=True, timeout=120)
     r = probe.stop()
     assert r["own_cores"] * r["wall_s"] >= 0.35, r
+    assert abs(r["other_cores"] - (r["busy_cores"] - r["own_cores"])) < 1e-9, r  # other: busy less own
     assert set(r) == {"loadavg_before", "loadavg_after", "wall_s", "busy_cores", "own_cores", "other_cores"}
+    probe.start()
+    child = subprocess.Popen([sys.executable, "-c", SPIN.format(cpu=0.4) + "time.sleep(120)\n"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "done"
+        r = probe.stop()  # the child alive, asleep
+    finally:
+        child.kill()
+        child.wait()
+    assert r["own_cores"] * r["wall_s"] >= 0.35, r
 
 
 def test_load_probe_counts_a_process_outside_the_benchmarks_tree_as_other():
