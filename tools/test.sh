@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: set-up, build, every test. Prints how long each stage took.
+# Runs the test suite: set-up, build, every test. Prints how long each stage took.
 #   tools/test.sh [extra bazel test args]
+# The backend's Python tests run against torch 1.13 and torch 2.x; those tagged torch1_stage or
+# torch2_stage (tests/torch_backend/BUILD.bazel) against one of them only, and the pip wheel is
+# built and tested against torch 2.x only. GOSSIPCC_FULL_SUITE=1 runs every test against both
+# and the wheel against both too (about a third longer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,6 +49,8 @@ wait_trixie_root() {
 # computes (timeouts, dead peers, emulated links), so one test per core leaves the cores half idle.
 TEST_JOBS=${GOSSIPCC_TEST_JOBS:-$(( $(nproc) * 2 ))}
 PARALLEL_TESTS=(--jobs="$TEST_JOBS" --local_test_jobs="$TEST_JOBS")
+FULL=${GOSSIPCC_FULL_SUITE:-0}
+if [ "$FULL" = 1 ]; then TORCH1_ONLY=""; TORCH2_ONLY=""; else TORCH1_ONLY=",-torch2_stage"; TORCH2_ONLY=",-torch1_stage"; fi
 
 stage "setup (apt packages)" tools/setup.sh
 # The torch 2.x root (debootstrap, then trixie's packages: mostly download and unpack, minutes on
@@ -53,10 +59,11 @@ stage "setup (apt packages)" tools/setup.sh
 tools/trixie_root.sh >"$trixie_log" 2>&1 &
 trixie_pid=$!
 stage "build //..." bazel build //...
-stage "test //... (torch 1.13)" bazel test "${PARALLEL_TESTS[@]}" --test_tag_filters=-gpu //... "$@"
+stage "test //... (torch 1.13)" bazel test "${PARALLEL_TESTS[@]}" --test_tag_filters="-gpu${TORCH1_ONLY}" //... "$@"
 # The pip path (pyproject.toml): the wheel built by pip, installed into a fresh venv and tested
-# from outside the source tree (tools/wheel_test.sh); again against torch 2.x at the end.
-stage "pip wheel + venv (torch 1.13)" tools/wheel_test.sh
+# from outside the source tree (tools/wheel_test.sh): against torch 2.x at the end, and here
+# against torch 1.13 in the full suite.
+if [ "$FULL" = 1 ]; then stage "pip wheel + venv (torch 1.13)" tools/wheel_test.sh; fi
 # The CUDA/NCCL tests (tag "gpu") packed for a GPU machine without Bazel; here, without a GPU,
 # run.sh runs the no-GPU cases and reports every GPU case skipped with its reason (it reuses the
 # plain stage's objects; the sanitizer stages build into k8-opt-asan and k8-opt-tsan).
@@ -82,7 +89,6 @@ stage "test C++ (tsan)" bazel test --config=tsan "${PARALLEL_TESTS[@]}" --build_
 stage "fuzz parsers (20 s each)" tools/fuzz.sh 20
 # The c10d backend against torch 2.x: the same build and tests in a Debian trixie root.
 stage "trixie root (torch 2.x), waited" wait_trixie_root
-# Tests tagged "one_torch" (the 90-run exit test, PyTorch's suite on 4 ranks) ran above already.
-stage "test backend (torch 2.x)" tools/in_trixie.sh bazel test "${PARALLEL_TESTS[@]}" --test_tag_filters=-one_torch \
+stage "test backend (torch 2.x)" tools/in_trixie.sh bazel test "${PARALLEL_TESTS[@]}" --test_tag_filters="${TORCH2_ONLY#,}" \
   //torch_backend/... //tests/torch_backend/... "$@"
 stage "pip wheel + venv (torch 2.x)" tools/in_trixie.sh tools/wheel_test.sh
