@@ -328,6 +328,25 @@ def test_ranks_get_torchruns_variables(hosts, per_host, tmp_path):
     assert len({rec["netns"] for rec in records.values()}) == hosts
 
 
+def test_local_cluster_numbers_ranks_as_torchrun_does(tmp_path):
+    """LocalCluster(hosts=2, ranks_per_host=2): the same variables over loopback, no namespaces."""
+    cluster = ec.LocalCluster(hosts=2, ranks_per_host=2)
+    assert (cluster.n, [cluster.host_of(r) for r in range(4)]) == (4, [0, 0, 1, 1])
+    result = cluster.run([[sys.executable, "-c", ENVIRONMENT, str(tmp_path)]] * 4, timeout=60)
+    assert result.tx_bytes == [None] * 4 and result.host_tx_bytes == [None] * 2
+    for r in range(4):
+        rec = json.loads((tmp_path / str(r)).read_text())
+        assert rec == dict(rec, RANK=str(r), WORLD_SIZE="4", LOCAL_RANK=str(r % 2), LOCAL_WORLD_SIZE="2",
+                           GROUP_RANK=str(r // 2), GROUP_WORLD_SIZE="2", ROLE_RANK=str(r), ROLE_WORLD_SIZE="4",
+                           MASTER_ADDR="127.0.0.1", GOSSIPCC_NETNS_IFACE=None), rec
+    with pytest.raises(ValueError, match="5 ranks do not make hosts of 2 ranks each"):
+        ec.LocalCluster(5, ranks_per_host=2)
+    with pytest.raises(ValueError, match="4 ranks but 3 hosts of 2 ranks"):
+        ec.EmulatedCluster(4, hosts=3, ranks_per_host=2)
+    with pytest.raises(ValueError, match="ranks per host must be a whole number >= 1, got 0"):
+        ec.EmulatedCluster(hosts=2, ranks_per_host=0)
+
+
 # Rank 0 sends 8 MB to rank 1 on the same host over the host's own address and over the loopback;
 # prints the Mbit/s of each and the host NIC's tx_bytes around them.
 INTRA_HOST = r"""
