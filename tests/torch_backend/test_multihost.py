@@ -137,7 +137,7 @@ def test_torchrun_across_two_hosts(tmp_path):
 
 # Deadlines: every rank fails init_process_group within its timeout plus a small slack.
 TIMEOUT_S = 8
-SLACK_S = 4  # the peer check and process start-up; the measured figures are in docs/reliability.md
+SLACK_S = 4  # the peer check (3-4 heartbeat intervals, docs/reliability.md) and process start-up
 
 
 def report_beside_gloo(case, records, gloo, logs):
