@@ -325,7 +325,7 @@ void FaultTolerantPushSum::Debias(const Buffer& in, Buffer out) const {
 namespace {
 
 // sum over members, then the first member's result to everyone (bitwise equal everywhere).
-// Every all-reduce path gives every rank the same bits (docs/comm.md, "All-reduce"): no
+// Every all-reduce path gives every rank the same bits (docs/comm.md, "How collectives travel"): no
 // broadcast is needed on top.
 void SumAndShare(Communicator& comm, std::vector<double>& v) {
   comm.allreduce(CpuBuffer(v.data(), v.size()), ReduceOp::kSum)->wait();
