@@ -10,8 +10,9 @@ PACKAGES=(
   ca-certificates g++ bazel-bootstrap bazel-platforms bazel-rules-java bazel-skylib
   libgloo-dev libabsl-dev libgtest-dev libgmock-dev libeigen3-dev
   libtorch-dev python3-torch python3-dev pybind11-dev python3-pybind11 python3-pytest python3-numpy python3-expecttest python3-setuptools
-  # The multi-host tests (tests/torch_backend:multihost_test): ip and tc for tools/emulated_cluster.py.
-  iproute2
+  # The multi-host tests (tests/torch_backend:multihost_test): ip and tc for tools/emulated_cluster.py,
+  # and what its delay line (tools/delay_line, a data dependency of the cluster) builds and runs with.
+  iproute2 libnetfilter-queue-dev libmnl-dev iptables
   # tools/wheel_test.sh: pip builds the wheel and installs it into a venv; its static Gloo and
   # Abseil are unpacked and patched from the source tarballs tools/setup.sh fetched
   # (third_party/debian_sources.bzl).
