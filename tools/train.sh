@@ -11,7 +11,8 @@
 #   tools/train.sh digits [flags]    the digits workload: [--ranks 4] [--network 1gbit|10gbit|
 #                                    100mbit|none|local] [--methods all|a,b] [--steps 300] ...
 #   tools/train.sh lm [flags]        the LM workload: [--network 100mbit] [--methods all|a,b]
-#                                    [--time-budget 50] [--target 3.0] [--smoke] ...
+#                                    [--time-budget 50] [--targets 3.0,2.9] [--trials 5]
+#                                    [--tuned FILE] [--smoke] ...; --tune: the learning-rate pass
 #   tools/train.sh --flag ...        (no workload named) the digits workload, as before
 # `tools/train.sh digits --help` and `tools/train.sh lm --help` list every flag.
 set -euo pipefail
