@@ -2,12 +2,12 @@
 """The main job's language-model workload: a byte-level GPT on the text of Debian's `fortunes`
 package, trained on N ranks over an emulated network once per method (every method of the
 project, PyTorch's own alternatives and the DiLoCo variants, lm.py); per method: time to each
-target validation loss, bytes sent per rank per inner step (the NICs' counters), final
+target validation loss, bytes sent per rank and per host per inner step (the NICs' counters), final
 validation loss, the loss at equal steps and at equal training time; and a plot of validation
 loss against training time.
 
-    tools/train.sh lm [--ranks 4] [--network 100mbit] [--methods all] [--time-budget 50]
-                      [--targets 3.0,2.9] [--trials 5] [--tuned tuned.json] [--smoke]
+    tools/train.sh lm [--ranks 4 | --hosts 4 --ranks-per-host 2] [--network 100mbit] [--methods all]
+                      [--time-budget 50] [--targets 3.0,2.9] [--trials 5] [--tuned tuned.json] [--smoke]
     tools/train.sh lm --tune [--time-budget 15] [--tune-lrs ..] [--tune-outer-lrs ..]
                                                                          (--help for all flags)
 
@@ -34,7 +34,8 @@ import emulated_cluster  # noqa: E402
 import lm  # noqa: E402
 import lm_worker  # noqa: E402
 import methods  # noqa: E402
-from train import load_average, run_method, run_methods  # noqa: E402
+from train import (add_cluster_args, bytes_per_step, layout, load_average, make_cluster,  # noqa: E402
+                   resolve_cluster_args, run_method, run_methods)
 
 WORKER = os.path.join(HERE, "lm_worker.py")
 
@@ -90,10 +91,11 @@ def loss_at(curve, key, x):
     return curve[0]["val_loss"] if curve and x == curve[0][key] else None
 
 
-def summarize(name, ranks, targets):
+def summarize(name, ranks, targets, ranks_per_host=1):
     """Per-rank JSON records of one run -> one row. Validation loss: mean over ranks (each rank
     evaluates its own model); time at a step: the slowest rank's training clock; bytes: mean
-    over ranks. `targets`: a validation loss or a list of them."""
+    over ranks and over hosts (ranks_per_host consecutive ranks). `targets`: a validation loss
+    or a list of them."""
     targets = targets if isinstance(targets, (list, tuple)) else [targets]
     skipped = [r for recs in ranks for r in recs if r["type"] == "skipped"]
     if skipped:
@@ -112,7 +114,6 @@ def summarize(name, ranks, targets):
             "val_loss_max_rank": max(p["val_loss"] for p in points),
             "loss": sum(losses) / len(losses) if losses else None,
         })
-    tx = [e["tx_bytes"] for e in ends]
     train_time = max(e["train_time"] for e in ends)
     averaged = [e["averaged_val_loss"] for e in ends if "averaged_val_loss" in e]
     return {
@@ -123,8 +124,7 @@ def summarize(name, ranks, targets):
         "steps": steps,
         "train_time": train_time,
         "time_per_step": train_time / steps,
-        "bytes_per_rank_per_step": None if None in tx else sum(tx) / len(tx) / steps,
-        "max_bytes_per_rank_per_step": None if None in tx else max(tx) / steps,
+        **bytes_per_step([e["tx_bytes"] for e in ends], steps, ranks_per_host),
         "final_val_loss": curve[-1]["val_loss"],
         "final_val_loss_max_rank": curve[-1]["val_loss_max_rank"],
         # How far apart the ranks' models end (before any final averaging): 0 for exact averaging.
@@ -176,6 +176,7 @@ def aggregate(label, runs, targets, baseline_runs, equal_steps, equal_time):
         "steps": stats([r["steps"] for r in ok]),
         "time_per_step": stats([r["time_per_step"] for r in ok]),
         "bytes_per_rank_per_step": stats([r["bytes_per_rank_per_step"] for r in ok]),
+        "bytes_per_host_per_step": stats([r.get("bytes_per_host_per_step") for r in ok]),
         "final_val_loss": stats([r["final_val_loss"] for r in ok]),
         "averaged_val_loss": stats([r["averaged_val_loss"] for r in ok]),
         "final_param_spread": max((r["final_param_spread"] for r in ok if r["final_param_spread"] is not None),
@@ -227,7 +228,8 @@ def table_head(trials, eval_every, equal_steps, equal_time, baseline):
 
 
 def format_table(rows, targets, baseline, equal_steps, equal_time):
-    cols = ["method", "lr", "steps", "s/step", "sent/rank/inner step", "final val loss", f"vs {baseline}",
+    cols = ["method", "lr", "steps", "s/step", "sent/rank/inner step", "sent/host/inner step", "final val loss",
+            f"vs {baseline}",
             f"val loss at step {equal_steps}", f"val loss at {equal_time:.1f} s"]
     for t in targets:
         cols += [f"time to {target_key(t)} (s)", f"speed-up to {target_key(t)} vs {baseline}"]
@@ -248,6 +250,7 @@ def format_table(rows, targets, baseline, equal_steps, equal_time):
             final += f" ({len(r['errors'])} trial(s) failed)"
         cells = [r["method"], lr, _fmt(r["steps"], "{:.0f}"), _fmt(r["time_per_step"], "{:.3f}"),
                  _fmt_bytes(r["bytes_per_rank_per_step"]["median"]) if r["bytes_per_rank_per_step"] else "-",
+                 _fmt_bytes(r["bytes_per_host_per_step"]["median"]) if r.get("bytes_per_host_per_step") else "-",
                  final, _fmt(r["final_vs_baseline"], "{:+.1f}", 100, "%"),
                  _fmt(r["loss_at_equal_steps"]), _fmt(r["loss_at_equal_time"])]
         for t in targets:
@@ -306,8 +309,13 @@ def plot(rows, targets, path, title):
 
 # ---- tuning -----------------------------------------------------------------------------------
 # What a tuned-values file must agree on with the run that uses it.
-TUNED_CONFIG = ["ranks", "network", "d_model", "layers", "heads", "context", "batch", "warmup", "sync_every",
-                "fragments", "overlap", "mix", "powersgd_start_iter", "local_sgd_start_iter", "data", "seed"]
+TUNED_CONFIG = ["ranks", "ranks_per_host", "network", "d_model", "layers", "heads", "context", "batch", "warmup",
+                "sync_every", "fragments", "overlap", "mix", "powersgd_start_iter", "local_sgd_start_iter", "data",
+                "seed"]
+
+
+# Values a tuned-values file written before a key existed was tuned with.
+TUNED_DEFAULTS = {"ranks_per_host": 1}
 
 
 def tuning_grid(names, lrs, outer_lrs):
@@ -373,7 +381,7 @@ def read_tuned(path, names, config):
     if not isinstance(doc, dict) or "methods" not in doc or "config" not in doc:
         raise ValueError(f"--tuned {path}: not a file written by lm_job.py --tune (no 'methods'/'config')")
     differ = [f"{k} (tuned {doc['config'].get(k)!r}, this run {config.get(k)!r})"
-              for k in TUNED_CONFIG if doc["config"].get(k) != config.get(k)]
+              for k in TUNED_CONFIG if doc["config"].get(k, TUNED_DEFAULTS.get(k)) != config.get(k)]
     if differ:
         raise ValueError(f"--tuned {path} was tuned for another setup: " + "; ".join(differ))
     missing = [n for n in names if n not in doc["methods"]]
@@ -385,7 +393,7 @@ def read_tuned(path, names, config):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="The LM workload: a byte-level GPT on the fortunes text, once per method.")
-    p.add_argument("--ranks", type=int, default=4)
+    add_cluster_args(p)
     p.add_argument("--network", default="100mbit",
                    help="local, or an emulated_cluster preset: " + ", ".join(emulated_cluster.PRESETS) +
                         ", or rate=..[,delay=..]")
@@ -424,6 +432,7 @@ def main(argv=None):
             f"; --smoke {SMOKE[action.dest]})" if action.dest in SMOKE else ")")
         action.default = argparse.SUPPRESS  # to tell flags given from defaults (--smoke's)
     args = p.parse_args(argv)
+    resolve_cluster_args(args, p)
 
     worker_args = vars(model_args.parse_args([]))
     if args.smoke:
@@ -449,7 +458,7 @@ def main(argv=None):
             if flag in vars(args) and (args.tune or args.tuned):
                 raise ValueError(f"--{flag.replace('_', '-')} with {'--tune' if args.tune else '--tuned'}: the "
                                  "learning rates come from the grid or the tuned file")
-        config = dict(worker_args, ranks=args.ranks, network=args.network)
+        config = dict(worker_args, ranks=args.ranks, ranks_per_host=args.ranks_per_host, network=args.network)
         overrides = read_tuned(args.tuned, names, config) if args.tuned else {n: {} for n in names}
         if args.tune:
             specs = tuning_grid(names, parse_floats(args.tune_lrs, "--tune-lrs"),
@@ -464,14 +473,11 @@ def main(argv=None):
     results = args.results or os.path.join("results", time.strftime("lm-tune-%Y%m%d-%H%M%S" if args.tune
                                                                      else "lm-%Y%m%d-%H%M%S"))
     os.makedirs(results, exist_ok=True)
-    if args.network == "local":
-        cluster = emulated_cluster.LocalCluster(args.ranks)
-    else:
-        cluster = emulated_cluster.EmulatedCluster(args.ranks, args.network)
+    cluster = make_cluster(args)
 
     w = worker_args
     shape = f"GPT d={w['d_model']} layers={w['layers']} heads={w['heads']} context={w['context']}"
-    print(f"gossipcc LM workload{' (tuning pass)' if args.tune else ''}: {args.ranks} ranks, network {args.network}, "
+    print(f"gossipcc LM workload{' (tuning pass)' if args.tune else ''}: {layout(args)}, network {args.network}, "
           f"{shape}, batch {w['batch']}/rank, {w['time_budget']:g} s of training or {w['max_steps']} steps per run, "
           f"{len(specs)} runs x {args.trials} trial(s), on {w['data']}; results in {results}", flush=True)
     labels = [label for label, _, _ in specs]
@@ -507,7 +513,7 @@ def main(argv=None):
                     ["--progress"] if r == 0 else [])
 
             def row_of(ranks, run):
-                row = summarize(label, ranks, targets)
+                row = summarize(label, ranks, targets, args.ranks_per_host)
                 row["run_wall_seconds"] = run.wall_seconds
                 if "skipped" in row:
                     print(f"  skipped: {row['skipped']}", flush=True)
@@ -534,7 +540,7 @@ def main(argv=None):
     summary = {"args": vars(args), "worker_args": worker_args, "targets": targets, "trials": trials,
                "equal_steps": equal_steps, "equal_time": equal_time, "rows": rows}
     params = next((r["params"] for r in rows if "params" in r), None)
-    head = (f"{args.ranks} ranks, network {args.network}, {shape} ({params} parameters), batch {w['batch']}/rank, "
+    head = (f"{layout(args)}, network {args.network}, {shape} ({params} parameters), batch {w['batch']}/rank, "
             f"AdamW ({'lr per method from ' + args.tuned if args.tuned else 'lr ' + str(w['lr'])}), "
             f"DiLoCo H={w['sync_every']} outer lr {'per method' if args.tuned else w['outer_lr']} (Nesterov 0.9), "
             f"streaming fragments={w['fragments']} overlap={w['overlap']} mix={w['mix']}, post-local SGD from step "
@@ -582,7 +588,7 @@ def main(argv=None):
         json.dump(summary, f, indent=1)
     if not args.no_plot:
         png = os.path.join(results, "val_loss_vs_time.png")
-        plot(rows, targets, png, f"byte-level GPT on fortunes, {args.ranks} ranks, network {args.network}")
+        plot(rows, targets, png, f"byte-level GPT on fortunes, {layout(args)}, network {args.network}")
         print(f"plot: {png}")
     print(f"results: {results}/results.md")
     return 1 if any("error" in r or r.get("errors") for r in rows) else 0

@@ -2,11 +2,13 @@
 """The main job: trains an MLP on scikit-learn's digits on N ranks over an emulated network,
 once per method, and compares them (table + plot of test accuracy against wall-clock time).
 
-    tools/train.sh [--ranks 4] [--network 1gbit] [--methods all] [--steps 300] [--target 0.95]
+    tools/train.sh [--ranks 4 | --hosts 4 --ranks-per-host 2] [--network 1gbit] [--methods all]
+                   [--steps 300] [--target 0.95]
 
-Each rank runs in its own network namespace with a shaped link (tools/emulated_cluster.py);
-`--network local` runs the ranks as plain local processes over loopback instead (no shaping,
-no byte counters; what the tests use). Results go to --results (default results/<time>):
+Each host runs in its own network namespace with a shaped link (tools/emulated_cluster.py),
+with one rank (--ranks N: N hosts) or --ranks-per-host ranks sharing it; `--network local` runs
+the ranks as plain local processes over loopback instead (no shaping, no byte counters; what
+the tests use). Results go to --results (default results/<time>):
 results.md (the table), summary.json, accuracy_vs_time.png, and every rank's log.
 """
 import argparse
@@ -35,6 +37,55 @@ def read_rank_logs(paths):
         with open(path) as f:
             ranks.append([json.loads(line) for line in f if line.strip()])
     return ranks
+
+
+def add_cluster_args(p, default_hosts=4):
+    """--ranks, --hosts, --ranks-per-host, as tools/emulated_cluster.py takes them. Shared with lm_job.py."""
+    p.add_argument("--ranks", type=int, default=None,
+                   help=f"N hosts of one rank each (the same as --hosts N; default {default_hosts})")
+    p.add_argument("--hosts", type=int, default=None, help="emulated hosts, each running --ranks-per-host ranks")
+    p.add_argument("--ranks-per-host", type=int, default=1,
+                   help="ranks on each host, sharing its link as a node's GPUs share its NIC (default 1)")
+
+
+def resolve_cluster_args(args, p, default_hosts=4):
+    """Sets args.hosts, args.ranks_per_host and args.ranks (the world size) from add_cluster_args's
+    flags; p.error naming a conflict or a bad number. Shared with lm_job.py."""
+    if args.ranks is not None and (args.hosts is not None or args.ranks_per_host != 1):
+        p.error("--ranks N means N hosts of one rank each: give it alone, or --hosts with --ranks-per-host")
+    hosts = args.ranks if args.ranks is not None else (default_hosts if args.hosts is None else args.hosts)
+    try:
+        args.hosts, args.ranks_per_host = emulated_cluster.hosts_and_ranks(None, hosts, args.ranks_per_host)
+    except ValueError as e:
+        p.error(str(e))
+    args.ranks = args.hosts * args.ranks_per_host
+
+
+def make_cluster(args):
+    """The cluster of resolve_cluster_args's args on args.network (local: processes on loopback)."""
+    if args.network == "local":
+        return emulated_cluster.LocalCluster(hosts=args.hosts, ranks_per_host=args.ranks_per_host)
+    return emulated_cluster.EmulatedCluster(network=args.network, hosts=args.hosts, ranks_per_host=args.ranks_per_host)
+
+
+def layout(args):
+    """"4 ranks" or "4 ranks (2 hosts x 2 ranks)", for the job's headings."""
+    return f"{args.ranks} ranks" + (f" ({args.hosts} hosts x {args.ranks_per_host} ranks)"
+                                    if args.ranks_per_host > 1 else "")
+
+
+def bytes_per_step(tx, steps, ranks_per_host):
+    """The ranks' byte counters -> {"bytes_per_rank_per_step", "max_bytes_per_rank_per_step",
+    "bytes_per_host_per_step", "max_bytes_per_host_per_step"} (mean and max; a host's bytes are
+    the sum of its ranks', ranks numbered host by host); None values where a counter is missing.
+    Shared with lm_job.py."""
+    if None in tx:
+        return dict.fromkeys(["bytes_per_rank_per_step", "max_bytes_per_rank_per_step",
+                              "bytes_per_host_per_step", "max_bytes_per_host_per_step"])
+    hosts = [sum(tx[h:h + ranks_per_host]) for h in range(0, len(tx), ranks_per_host)]
+    return {"bytes_per_rank_per_step": sum(tx) / len(tx) / steps, "max_bytes_per_rank_per_step": max(tx) / steps,
+            "bytes_per_host_per_step": sum(hosts) / len(hosts) / steps,
+            "max_bytes_per_host_per_step": max(hosts) / steps}
 
 
 def run_method(cluster, results, name, ranks, command, timeout, row_of):
@@ -87,9 +138,10 @@ def run_methods(cluster, names, run_one, prog):
     return rows, None
 
 
-def summarize(name, ranks, target):
+def summarize(name, ranks, target, ranks_per_host=1):
     """Per-rank JSON records -> one summary row. Accuracy and loss: mean over ranks (each rank
-    evaluates its own model); time at a step: the slowest rank's training clock."""
+    evaluates its own model); time at a step: the slowest rank's training clock; bytes per rank
+    and per host (ranks_per_host consecutive ranks)."""
     evals = [[r for r in recs if r["type"] == "eval"] for recs in ranks]
     ends = [next(r for r in recs if r["type"] == "end") for recs in ranks]
     steps = ends[0]["steps"]
@@ -103,14 +155,12 @@ def summarize(name, ranks, target):
             "loss": sum(p["loss"] for p in points) / len(points),
         })
     reached = next((c for c in curve if c["test_acc"] >= target), None)
-    tx = [e["tx_bytes"] for e in ends]
     return {
         "method": name,
         "steps": steps,
         "train_time": max(e["train_time"] for e in ends),
         "time_per_step": max(e["train_time"] for e in ends) / steps,
-        "bytes_per_rank_per_step": None if None in tx else sum(tx) / len(tx) / steps,
-        "max_bytes_per_rank_per_step": None if None in tx else max(tx) / steps,
+        **bytes_per_step([e["tx_bytes"] for e in ends], steps, ranks_per_host),
         "final_loss": curve[-1]["loss"],
         "final_test_loss": curve[-1]["test_loss"],
         "final_test_acc": curve[-1]["test_acc"],
@@ -126,20 +176,21 @@ def summarize(name, ranks, target):
 
 def format_table(rows, target, baseline):
     base = next((r for r in rows if r["method"] == baseline and r.get("time_to_target")), None)
-    header = ("| method | s/step | MB sent/rank/step | final train loss | final test acc | "
+    header = ("| method | s/step | MB sent/rank/step | MB sent/host/step | final train loss | final test acc | "
               f"test acc, averaged model | time to {100 * target:.0f}% (s) | speed-up vs {baseline} |")
     lines = [header, "|---" * (header.count("|") - 1) + "|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['method']} | failed: {r['error']} | | | | | | |")
+            lines.append(f"| {r['method']} | failed: {r['error']} | | | | | | | |")
             continue
-        mb = "-" if r["bytes_per_rank_per_step"] is None else f"{r['bytes_per_rank_per_step'] / 1e6:.3f}"
+        mb, mb_host = ("-" if r.get(k) is None else f"{r[k] / 1e6:.3f}"
+                       for k in ("bytes_per_rank_per_step", "bytes_per_host_per_step"))
         ttt = "not reached" if r["time_to_target"] is None else f"{r['time_to_target']:.2f}"
         speed = "-"
         if base and r["time_to_target"]:
             speed = f"{base['time_to_target'] / r['time_to_target']:.2f}x"
         avg = "-" if r.get("averaged_test_acc") is None else f"{100 * r['averaged_test_acc']:.1f}%"
-        lines.append(f"| {r['method']} | {r['time_per_step']:.4f} | {mb} | {r['final_loss']:.4f} | "
+        lines.append(f"| {r['method']} | {r['time_per_step']:.4f} | {mb} | {mb_host} | {r['final_loss']:.4f} | "
                      f"{100 * r['final_test_acc']:.1f}% | {avg} | {ttt} | {speed} |")
     return "\n".join(lines)
 
@@ -168,7 +219,7 @@ def plot(rows, target, path, title):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="Train on N ranks over an emulated network, once per method.")
-    p.add_argument("--ranks", type=int, default=4)
+    add_cluster_args(p)
     p.add_argument("--network", default="1gbit",
                    help="local, or an emulated_cluster preset: " + ", ".join(emulated_cluster.PRESETS) +
                         ", or rate=..[,delay=..]")
@@ -192,6 +243,7 @@ def main(argv=None):
     p.add_argument("--baseline", default="allreduce-gloo")
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
+    resolve_cluster_args(args, p)
 
     try:
         names = methods.names(args.methods)
@@ -201,12 +253,9 @@ def main(argv=None):
         p.error(str(e))
     results = args.results or os.path.join("results", time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(results, exist_ok=True)
-    if args.network == "local":
-        cluster = emulated_cluster.LocalCluster(args.ranks)
-    else:
-        cluster = emulated_cluster.EmulatedCluster(args.ranks, args.network)
+    cluster = make_cluster(args)
 
-    print(f"gossipcc main job: {args.ranks} ranks, network {args.network}, {args.steps} steps per method, "
+    print(f"gossipcc main job: {layout(args)}, network {args.network}, {args.steps} steps per method, "
           f"MLP 64-{args.hidden}-{args.hidden}-10 on scikit-learn digits; results in {results}")
     def run_one(i, name):
         m = methods.REGISTRY[name]
@@ -221,9 +270,10 @@ def main(argv=None):
                     + (["--progress"] if r == 0 else []))
 
         def row_of(ranks, run):
-            row = summarize(name, ranks, args.target)
+            row = summarize(name, ranks, args.target, args.ranks_per_host)
             row["run_wall_seconds"] = run.wall_seconds
             row["run_tx_bytes"] = run.tx_bytes
+            row["run_host_tx_bytes"] = run.host_tx_bytes
             return row
 
         return run_method(cluster, results, name, args.ranks, command, args.timeout, row_of)
@@ -235,13 +285,13 @@ def main(argv=None):
     table = format_table(rows, args.target, args.baseline)
     print("\n" + table)
     with open(os.path.join(results, "results.md"), "w") as f:
-        f.write(f"{args.ranks} ranks, network {args.network}, {args.steps} steps, batch {args.batch}/rank, "
+        f.write(f"{layout(args)}, network {args.network}, {args.steps} steps, batch {args.batch}/rank, "
                 f"lr {args.lr}, MLP 64-{args.hidden}-{args.hidden}-10, target {args.target}\n\n{table}\n")
     with open(os.path.join(results, "summary.json"), "w") as f:
         json.dump({"args": vars(args), "rows": rows}, f, indent=1)
     if not args.no_plot:
         png = os.path.join(results, "accuracy_vs_time.png")
-        plot(rows, args.target, png, f"digits MLP, {args.ranks} ranks, network {args.network}")
+        plot(rows, args.target, png, f"digits MLP, {layout(args)}, network {args.network}")
         print(f"plot: {png}")
     print(f"results: {results}/results.md")
     return 1 if any("error" in r for r in rows) else 0
