@@ -316,7 +316,7 @@ def plot(doc, path):
               ylabel="time (ms, slowest rank, median of trials)")
     ratios.axhline(1.0, color="gray", linewidth=1)
     ratios.set(xscale="log", xlabel="all-reduce size (bytes)",
-               ylabel="time / gloo's, median of per-trial ratios (below 1: faster)")
+               ylabel="time / gloo's (per-trial ratios: median, min-max)")
     times.legend(fontsize=8)
     ratios.legend(fontsize=8)
     fig.suptitle(title(doc["args"]))

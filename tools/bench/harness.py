@@ -256,17 +256,20 @@ def markdown_table(header, rows):
 
 
 def trials_table(doc):
-    """One row per trial: its group, the methods' order, /proc/loadavg before and after, the other
-    processes' and the benchmark's CPU in cores, and whether it was flagged."""
+    """One row per trial: its group (where the benchmark has several), the methods' order,
+    /proc/loadavg before and after, the other processes' and the benchmark's CPU in cores, and
+    whether it was flagged."""
+    groups = any(t.get("group") for t in doc["trials"])
     rows = []
     for t in doc["trials"]:
         ld = t["load"]
-        rows.append([t["index"] + 1, t.get("group") or "", ", ".join(t["order"]),
-                     f"{ld['loadavg_before'][0]:.2f} -> {ld['loadavg_after'][0]:.2f}",
-                     f"{ld['other_cores']:.2f}", f"{ld['own_cores']:.2f}", f"{ld['wall_s']:.1f}",
-                     "**flagged**" if t["flagged"] else ""])
-    return markdown_table(["trial", "group", "order", "1-min load average", "other processes (cores)",
-                           "benchmark (cores)", "seconds", f"other > {doc['max_load']:g} cores?"], rows)
+        rows.append([t["index"] + 1] + ([t.get("group") or ""] if groups else []) + [", ".join(t["order"]),
+                    f"{ld['loadavg_before'][0]:.2f} -> {ld['loadavg_after'][0]:.2f}",
+                    f"{ld['other_cores']:.2f}", f"{ld['own_cores']:.2f}", f"{ld['wall_s']:.1f}",
+                    "**flagged**" if t["flagged"] else ""])
+    return markdown_table(["trial"] + (["group"] if groups else []) + [
+        "order", "1-min load average", "other processes (cores)", "benchmark (cores)", "seconds",
+        f"other > {doc['max_load']:g} cores?"], rows)
 
 
 def preamble(doc):
