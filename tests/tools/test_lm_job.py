@@ -295,8 +295,8 @@ def test_tuning_pass_picks_the_best_learning_rate_and_the_run_uses_it(tmp_path, 
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout
     row = json.loads((run / "summary.json").read_text())["rows"][0]
-    assert row["lr"] == 3e-3 and row["trials"][0]["lr"] == 3e-3, row
-    # (3e-3 is not the default --lr, 6e-3.) A file tuned for another setup, or without a method asked for, or an --lr beside it: refused.
+    assert row["lr"] == 3e-3 and row["trials"][0]["lr"] == 3e-3, row  # not the default --lr, 6e-3
+    # A file tuned for another setup, or without a method asked for, or an --lr beside it: refused.
     for extra, message in ((["--ranks", "3"], "tuned for another setup: ranks"),
                            (["--methods", "allreduce"], "no values for allreduce"),
                            (["--lr", "1e-3"], "--lr with --tuned")):
