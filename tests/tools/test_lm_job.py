@@ -296,10 +296,14 @@ def test_tuning_pass_picks_the_best_learning_rate_and_the_run_uses_it(tmp_path, 
     assert proc.returncode == 0, proc.stdout
     row = json.loads((run / "summary.json").read_text())["rows"][0]
     assert row["lr"] == 3e-3 and row["trials"][0]["lr"] == 3e-3, row  # not the default --lr, 6e-3
-    # A file tuned for another setup, or without a method asked for, or an --lr beside it: refused.
+    # A file tuned for another setup, or without a method asked for, or an --lr beside it, or a bad
+    # number: refused before anything runs.
     for extra, message in ((["--ranks", "3"], "tuned for another setup: ranks"),
                            (["--methods", "allreduce"], "no values for allreduce"),
-                           (["--lr", "1e-3"], "--lr with --tuned")):
+                           (["--lr", "1e-3"], "--lr with --tuned"),
+                           (["--trials", "0"], "--trials must be at least 1, got 0"),
+                           (["--sync-every", "0"], "--sync-every must be at least 1, got 0"),
+                           (["--targets", "3,x"], "--targets: 'x' is not a number")):
         with pytest.raises(SystemExit) as exit_:
             lm_job.main(job[2:] + ["--tuned", str(tune / "tuned.json"), "--results", str(tmp_path / "x")] + extra)
         assert exit_.value.code == 2 and message in capsys.readouterr().err, extra

@@ -95,6 +95,12 @@ def test_unknown_method_is_refused():
                            "--methods", "allreduce,nope"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.returncode != 0
     assert "unknown method 'nope'" in proc.stdout
+    for flag, value, message in (("--sync-every", "0", "--sync-every must be at least 1, got 0"),
+                                 ("--local-sgd-start-iter", "-1", "--local-sgd-start-iter must be >= 0, got -1")):
+        proc = subprocess.run([sys.executable, os.path.join(TOOLS, "train", "train.py"), "--network", "local",
+                               "--methods", "torch-postlocal", flag, value],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.returncode == 2 and message in proc.stdout, proc.stdout
 
 
 RANK_SCRIPT = r"""

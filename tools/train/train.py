@@ -249,6 +249,10 @@ def main(argv=None):
         names = methods.names(args.methods)
         if args.network != "local":
             emulated_cluster.parse_network(args.network)
+        if args.sync_every < 1:
+            raise ValueError(f"--sync-every must be at least 1, got {args.sync_every}")
+        if args.local_sgd_start_iter < 0:
+            raise ValueError(f"--local-sgd-start-iter must be >= 0, got {args.local_sgd_start_iter}")
     except ValueError as e:
         p.error(str(e))
     results = args.results or os.path.join("results", time.strftime("%Y%m%d-%H%M%S"))
