@@ -216,3 +216,23 @@ def test_pytorchs_fp16_hook_and_post_local_sgd_against_independent_expectations(
         same = all(torch.equal(a, b) for a, b in zip(got[0]["postlocal"][step - 1], got[1]["postlocal"][step - 1]))
         # equal after DDP's steps and each averaging, apart after a local step
         assert same == (step <= 3 or step == 6), step
+
+
+def test_post_local_sgd_all_reduces_within_a_host_of_several_ranks(tmp_path):
+    # 2 hosts of 2 ranks: DDP over all 4 for 2 steps, then gradients all-reduced within each host
+    # (PyTorch's intra-host group), the parameters averaged over all 4 after step 3; after the
+    # local steps 4 and 5 the two ranks of a host hold one model, the two hosts two.
+    results = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(TOOLS, "train", "train.py"), "--network", "local", "--hosts", "2",
+         "--ranks-per-host", "2", "--methods", "torch-postlocal", "--steps", "5", "--eval-every", "5",
+         "--hidden", "32", "--local-sgd-start-iter", "2", "--sync-every", "3", "--timeout", "60", "--no-plot",
+         "--results", str(results)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout
+    probes = []
+    for r in range(4):
+        records = [json.loads(line) for line in (results / f"torch-postlocal.rank{r}.jsonl").read_text().splitlines()]
+        probes.append(next(x for x in records if x["type"] == "end")["param_probe"])
+    assert probes[0] == probes[1] and probes[2] == probes[3], probes
+    assert max(abs(a - b) for a, b in zip(probes[0], probes[2])) > 1e-6, probes

@@ -103,10 +103,11 @@ for _r in (1, 2):
 # The alternatives a user of PyTorch alone would pick, each on backend gloo with PyTorch's own
 # code: DDP with the fp16 compression hook (gradients cast to float16, divided by the world size,
 # all-reduced in float16, cast back), and post-local SGD (Lin et al., "Don't use large mini-batches,
-# use local SGD"): DDP all-reduces the gradients for the first LOCAL_SGD_START_ITER steps, then
-# every rank steps on its own gradients (the post_localSGD hook with
-# post_local_gradient_allreduce=False: each rank is its own host here, so the intra-host group
-# of PyTorch's default would hold one rank) and PeriodicModelAverager averages the parameters
+# use local SGD"): DDP all-reduces the gradients over all ranks for the first
+# LOCAL_SGD_START_ITER steps, then only within each host (PyTorch's default for the hook: the
+# intra-host group, here LOCAL_WORLD_SIZE consecutive ranks; with one rank per host each rank
+# steps on its own gradients, post_local_gradient_allreduce=False) and PeriodicModelAverager
+# averages the parameters over all ranks
 # every LOCAL_SGD_PERIOD steps (PostLocalSGDOptimizer steps the optimizer, then the averager).
 # torch-powersgd-r* above is PyTorch's powerSGD_hook. The workers set both constants from their
 # flags (the LM workload's period is DiLoCo's H).
@@ -124,9 +125,16 @@ def _torch_fp16(module):
 def _torch_postlocal(module):
     from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as post_local
     model = _ddp(module)
-    state = post_local.PostLocalSGDState(process_group=None, subgroup=None,
+    per_host = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    subgroup = None
+    if per_host > 1:
+        # What dist.new_subgroups(per_host) builds (torch 1.13's refuses without CUDA): one group
+        # per host of consecutive ranks, every rank creating every group in the same order.
+        groups = [dist.new_group(list(range(h, h + per_host))) for h in range(0, dist.get_world_size(), per_host)]
+        subgroup = groups[dist.get_rank() // per_host]
+    state = post_local.PostLocalSGDState(process_group=None, subgroup=subgroup,
                                          start_localSGD_iter=LOCAL_SGD_START_ITER,
-                                         post_local_gradient_allreduce=False)
+                                         post_local_gradient_allreduce=per_host > 1)
     model.register_comm_hook(state, post_local.post_localSGD_hook)
     return model
 
