@@ -117,6 +117,27 @@ def test_tuning_grid_and_choice():
                              for r in rows])
 
 
+def test_a_tuning_pass_with_a_failed_point_chooses_among_the_others_and_says_so(tmp_path, monkeypatch, capsys):
+    # The runs replaced by made-up ones (final loss 3 + 100 |lr - 2e-3|), lr 1e-3 failing.
+    def fake_run_method(cluster, folder, stem, ranks, command, timeout, row_of):
+        flags = command(0, "out")
+        lr = float(flags[flags.index("--lr") + 1])
+        if lr == 1e-3:
+            return {"method": stem, "error": "rank 0 exited with status 1"}
+        start = {"type": "start", "params": 10, "lr": lr, "outer_lr": None}
+        evals = [{"type": "eval", "step": s, "train_time": t, "val_loss": v, "loss": None}
+                 for s, t, v in ((0, 0.0, 5.0), (10, 1.0, 3 + 100 * abs(lr - 2e-3)))]
+        end = {"type": "end", "steps": 10, "train_time": 1.0, "tx_bytes": None, "param_probe": [0.0]}
+        return row_of([[start] + evals + [end]] * ranks, type("Run", (), {"wall_seconds": 1.0}))
+    monkeypatch.setattr(lm_job, "run_method", fake_run_method)
+    status = lm_job.main(["--smoke", "--network", "local", "--ranks", "2", "--methods", "allreduce-gloo", "--tune",
+                          "--tune-lrs", "1e-3,2.5e-3,4e-3", "--results", str(tmp_path)])
+    assert status == 1
+    assert "1 grid point(s) failed" in capsys.readouterr().err
+    tuned = json.loads((tmp_path / "tuned.json").read_text())
+    assert tuned["methods"] == {"allreduce-gloo": {"lr": 2.5e-3}} and tuned["failed"] == ["allreduce-gloo lr=0.001"]
+
+
 def _lines_of_runs(stdout):
     """The labels of the runs in the order the job started them, from its progress lines."""
     return [re.match(r"\[\d+/\d+\](?: trial \d+/\d+)? (\S+(?: lr=\S+)?(?: outer=\S+)?):", line).group(1)

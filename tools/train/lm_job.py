@@ -562,15 +562,20 @@ def main(argv=None):
             json.dump(summary, f, indent=1)
         if chosen is None:
             return 1
+        failed = [r["method"] for r in rows if "error" in r or r.get("errors")]
         tuned = os.path.join(results, "tuned.json")
         with open(tuned, "w") as f:
             json.dump({"criterion": "lowest median final validation loss over the trials at the end of the budget",
                        "config": config, "budget": {"time_budget": w["time_budget"], "max_steps": w["max_steps"]},
-                       "trials": args.trials, "methods": chosen,
+                       "trials": args.trials, "methods": chosen, "failed": failed,
                        "grid": [{"method": name, **values,
                                  "final_val_loss": next(r for r in rows if r["method"] == label).get("final_val_loss")}
                                 for label, name, values in specs]}, f, indent=1)
         print(f"tuned values: {tuned} (use: lm_job.py --tuned {tuned} ...)")
+        if failed:
+            print(f"lm_job: {len(failed)} grid point(s) failed, so the choice is among the others: "
+                  f"{', '.join(failed)} (logs under {results}/trial<k>/)", file=sys.stderr)
+            return 1
         return 0
 
     table = format_table(rows, targets, args.baseline, equal_steps, equal_time)
