@@ -110,7 +110,6 @@ out = sys.argv[2]
 import torch
 import torch.distributed as dist
 import methods
-import worker
 
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
@@ -122,9 +121,13 @@ def batch(r, step):
     return torch.rand(8, 64, generator=g), torch.randint(0, 10, (8,), generator=g)
 
 
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
+
+
 # torch-fp16: one backward through DDP with the hook, and this rank's own gradient beside it.
-module = worker.make_model(16, seed=0)
-plain = worker.make_model(16, seed=0)
+module, plain = make_model(), make_model()
 model = methods.REGISTRY["torch-fp16"].wrap(module)
 x, y = batch(rank, 0)
 torch.nn.functional.cross_entropy(model(x), y).backward()
@@ -134,7 +137,7 @@ fp16 = {"ddp": [p.grad.clone() for p in module.parameters()], "own": [p.grad.clo
 # torch-postlocal: DDP for 2 steps, then local steps, the parameters averaged after steps 3, 6.
 methods.LOCAL_SGD_START_ITER, methods.LOCAL_SGD_PERIOD = 2, 3
 method = methods.REGISTRY["torch-postlocal"]
-module = worker.make_model(16, seed=0)
+module = make_model()
 model = method.wrap(module)
 opt = method.optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
 after = []
@@ -157,7 +160,7 @@ def _run_ranks(tmp_path, script):
     outs = [tmp_path / f"rank{r}.pt" for r in range(2)]
     with emulated_cluster.LocalCluster(2) as cluster:
         cluster.run([[sys.executable, str(path), TOOLS, str(outs[r])] for r in range(2)],
-                    env={"OMP_NUM_THREADS": "1"}, timeout=120)
+                    env={"OMP_NUM_THREADS": "1", "USE_LIBUV": "0"}, timeout=120)
     import torch
     return [torch.load(o) for o in outs]
 
@@ -168,9 +171,14 @@ def _batch(r, step):
     return torch.rand(8, 64, generator=g), torch.randint(0, 10, (8,), generator=g)
 
 
+def _make_model():  # the rank script's model
+    import torch
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
+
+
 def test_pytorchs_fp16_hook_and_post_local_sgd_against_independent_expectations(tmp_path):
     import torch
-    import worker
     got = _run_ranks(tmp_path, RANK_SCRIPT)
 
     # fp16_compress_hook: each rank's gradient cast to float16 and halved, summed in float16,
@@ -190,7 +198,7 @@ def test_pytorchs_fp16_hook_and_post_local_sgd_against_independent_expectations(
     # Post-local SGD simulated: SGD with momentum on every rank's own copy, the gradients
     # averaged over the ranks for steps 1-2 (DDP), each rank's own from step 3 on, the
     # parameters (not the momentum) averaged after steps 3 and 6.
-    models = [worker.make_model(16, seed=0) for _ in range(2)]
+    models = [_make_model() for _ in range(2)]
     opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
     for step in range(1, 9):
         grads = []
