@@ -12,6 +12,7 @@ import sys
 
 TOOLS = os.environ.get("GOSSIPCC_TOOLS") or os.path.join(os.path.dirname(__file__), "..", "..", "tools")
 sys.path.insert(0, os.path.join(TOOLS, "train"))
+sys.path.insert(0, TOOLS)  # emulated_cluster
 import methods  # noqa: E402
 
 
