@@ -324,9 +324,15 @@ def test_tuning_pass_picks_the_best_learning_rate_and_the_run_uses_it(tmp_path, 
                            (["--lr", "1e-3"], "--lr with --tuned"),
                            (["--trials", "0"], "--trials must be at least 1, got 0"),
                            (["--sync-every", "0"], "--sync-every must be at least 1, got 0"),
-                           (["--targets", "3,x"], "--targets: 'x' is not a number")):
+                           (["--targets", "3,x"], "--targets: 'x' is not a number"),
+                           (["--methods", "allreduce-gloo,allreduce-gloo"], "names a method twice")):
         with pytest.raises(SystemExit) as exit_:
             lm_job.main(job[2:] + ["--tuned", str(tune / "tuned.json"), "--results", str(tmp_path / "x")] + extra)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err, extra
+    for extra, message in ((["--tune-lrs", "1e-3,0"], "--tune-lrs: learning rates must be positive and distinct"),
+                           (["--tune-outer-lrs", "0.5,0.5"], "--tune-outer-lrs: learning rates must be positive")):
+        with pytest.raises(SystemExit) as exit_:
+            lm_job.main(job[2:] + ["--tune", "--results", str(tmp_path / "x")] + extra)
         assert exit_.value.code == 2 and message in capsys.readouterr().err, extra
     assert not (tmp_path / "x").exists()  # refused before anything ran
 

@@ -461,10 +461,16 @@ def main(argv=None):
         config = dict(worker_args, ranks=args.ranks, ranks_per_host=args.ranks_per_host, network=args.network)
         overrides = read_tuned(args.tuned, names, config) if args.tuned else {n: {} for n in names}
         if args.tune:
-            specs = tuning_grid(names, parse_floats(args.tune_lrs, "--tune-lrs"),
-                                parse_floats(args.tune_outer_lrs, "--tune-outer-lrs"))
+            grids = {}
+            for flag, text in (("--tune-lrs", args.tune_lrs), ("--tune-outer-lrs", args.tune_outer_lrs)):
+                grids[flag] = parse_floats(text, flag)
+                if min(grids[flag]) <= 0 or len(set(grids[flag])) < len(grids[flag]):
+                    raise ValueError(f"{flag}: learning rates must be positive and distinct, got {text}")
+            specs = tuning_grid(names, grids["--tune-lrs"], grids["--tune-outer-lrs"])
         else:
             specs = [(n, n, overrides[n]) for n in names]
+        if len(set(names)) < len(names):
+            raise ValueError(f"--methods names a method twice: {args.methods}")
     except ValueError as e:
         p.error(str(e))
     timeout = args.timeout or 3 * worker_args["time_budget"] + 120
