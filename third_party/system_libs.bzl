@@ -148,6 +148,11 @@ def gossipcc_system_libraries():
         build_file = "@gossipcc//third_party:gtest.BUILD",
     )
     native.new_local_repository(
+        name = "netfilter_queue",
+        path = "/usr",
+        build_file = "@gossipcc//third_party:netfilter_queue.BUILD",
+    )
+    native.new_local_repository(
         name = "eigen",
         path = "/usr/include/eigen3",
         build_file = "@gossipcc//third_party:eigen.BUILD",

@@ -12,8 +12,18 @@ gcc<pid>-<token>-hub and gcc<pid>-<token>-h<host>:
 Addresses come from 198.18.0.0/15 (RFC 2544's benchmarking range) and exist only inside these
 namespaces; nothing leaves the machine. A network preset shapes every host's link in both
 directions like a full-duplex NIC: the host's egress (upload) on `ve<h>` and the switch port's
-egress towards the host (download) on `p<h>`, each with `tbf` at the link rate; a preset's
-delay is added with `netem` on the host's egress only (one-way host-to-host latency = delay).
+egress towards the host (download) on `p<h>`, each with `tbf` at the link rate. A network's
+delay, jitter and loss are added once per packet (one-way host-to-host latency = delay): with
+`netem` on the sending host's egress where the kernel has it, else (this project's machines)
+with a delay line over NFQUEUE on the receiving host's ingress, inside its namespace
+(tools/wan_link.py says why there; tools/delay_line), whose processes and rules are stopped
+with the cluster.
+
+The hosts run a stock Linux host's TCP settings (--host-tcp stock, the default: tcp_rmem max
+6 MB, tcp_wmem max 4 MB, cubic; set in each host's namespace) or this machine's own
+(--host-tcp machine); the command line prints them. net.core.rmem_max/wmem_max cannot be set
+per namespace on every kernel (on this project's machines they are machine-wide and read-only
+inside a namespace); the printout says where the value in effect differs from a stock host's.
 
 A host runs G ranks (--ranks-per-host, default 1), all in its namespace: they share its shaped
 link in both directions, as the GPUs of a node share its NIC, and talk to each other over the
@@ -24,7 +34,7 @@ h*G .. h*G+G-1.
 Every namespace is removed when the cluster closes: on normal exit, on an exception, on Ctrl-C
 and on SIGTERM/SIGHUP (rank processes are killed first). Names carry this process's pid and a
 random token, so concurrent runs never collide; `cleanup` removes leftovers of runs that were
-killed with SIGKILL.
+killed with SIGKILL (processes still inside their namespaces, delay lines, the namespaces).
 
 Command line (runs one command per rank on its host, then prints the bytes each host and each
 rank sent to other hosts):
@@ -33,6 +43,7 @@ rank sent to other hosts):
     tools/emulated_cluster.py --ranks 4 -- ...   (4 hosts of one rank: --hosts 4 --ranks-per-host 1)
     tools/emulated_cluster.py presets
     tools/emulated_cluster.py cleanup
+    tools/emulated_cluster.py calibrate [--network SPEC]...   (RTT, rate and delay-line CPU, 2 hosts)
 
 With --hostnames (hostnames=True) every host is named host<h> (a UTS namespace per rank
 process, and /etc/netns/<ns>/hosts that resolves every host's name to its address, as a
@@ -51,14 +62,16 @@ with several, each rank runs in a cgroup of its own and an iptables rule on its 
 xt_cgroup is missing, ranks' own bytes are not counted (the run says why); hosts' still are.
 
 Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2 (`ip`, `tc`); where that is missing
-the cluster raises NamespacesUnavailable with the reason. Kernels without sch_netem (this
-project's CI machine) refuse the delay presets with a ClusterError saying so.
+the cluster raises NamespacesUnavailable with the reason. A delay, jitter or loss on a kernel
+without sch_netem needs iptables, the NFQUEUE target and the built delay line (`bazel build
+//tools/delay_line`); where one is missing the cluster raises ClusterError naming it.
 
 For Python callers: EmulatedCluster (above), LocalCluster (the same arguments and run() over
 loopback, no namespaces), rank_tx_bytes() and host_tx_bytes() (inside a rank: its own and its
 host's bytes sent so far).
 """
 import argparse
+import collections
 import contextlib
 import os
 import random
@@ -72,11 +85,17 @@ import sys
 import threading
 import time
 
+import wan_link
+
 NAME_PREFIX = "gcc"
 ADDRESS_BASE = (198, 18)  # 198.18.0.0/15: benchmarking range (RFC 2544), only inside namespaces
 PREFIX_LEN = 15
 MAX_HOSTS = 250
 MASTER_PORT = 29500  # each cluster has its own address space: a fixed port cannot collide
+# A stock Debian/Ubuntu host's TCP (--host-tcp stock): set in each host's namespace.
+STOCK_TCP = {"net.ipv4.tcp_rmem": "4096 131072 6291456", "net.ipv4.tcp_wmem": "4096 16384 4194304",
+             "net.ipv4.tcp_congestion_control": "cubic"}
+STOCK_SOCKET_MAX = 212992  # a stock host's net.core.rmem_max and wmem_max
 
 
 class NamespacesUnavailable(RuntimeError):
@@ -87,7 +106,8 @@ class ClusterError(RuntimeError):
     """A rank failed, timed out, or the cluster could not be set up."""
 
 
-# name: (rate, one-way delay). Rates are tc syntax; None = not shaped.
+# name: (rate, one-way delay). Rates are tc syntax; None = not shaped. parse_link reads these
+# and "rate=..,delay=..,jitter=..,loss=..".
 PRESETS = {
     "none": (None, None),
     "10gbit": ("10gbit", None),
@@ -99,6 +119,7 @@ PRESETS = {
 
 _RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
 _DELAY_RE = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$")
+_LOSS_RE = re.compile(r"^(\d+(?:\.\d+)?)%$")
 _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
 
@@ -113,24 +134,44 @@ def log_tails(paths, lines=15):
     return text
 
 
-def parse_network(spec):
-    """A preset name or "rate=<tc rate>[,delay=<tc time>]" -> (rate or None, delay or None)."""
+# A host's link: rate (tc syntax) or None = not shaped; one-way delay and jitter (tc times) or
+# None; loss, the fraction of the host's packets dropped (0 = none).
+Link = collections.namedtuple("Link", "rate delay jitter loss")
+_SPEC_SYNTAX = ("'rate=<N>{bit,kbit,mbit,gbit}[,delay=<N>{us,ms,s}[,jitter=<N>{us,ms,s}]]"
+                "[,loss=<N>%]'")
+
+
+def parse_link(spec):
+    """A preset name or "rate=..,delay=..,jitter=..,loss=<percent>%" (any of them, each at most
+    once; jitter only with a delay) -> Link. ValueError naming what is wrong."""
     if spec in PRESETS:
-        return PRESETS[spec]
-    rate = delay = None
+        rate, delay = PRESETS[spec]
+        return Link(rate, delay, None, 0.0)
+    fields = {}
     for part in spec.split(","):
         key, _, value = part.partition("=")
-        if key == "rate" and _RATE_RE.match(value):
-            rate = value
-        elif key == "delay" and _DELAY_RE.match(value):
-            delay = value
-        else:
-            raise ValueError(
-                f"network {spec!r}: expected one of {', '.join(PRESETS)} or "
-                f"'rate=<N>{{bit,kbit,mbit,gbit}}[,delay=<N>{{us,ms,s}}]'; bad part {part!r}")
-    if rate is None and delay is None:
-        raise ValueError(f"network {spec!r}: names neither a rate nor a delay")
-    return rate, delay
+        ok = {"rate": _RATE_RE, "delay": _DELAY_RE, "jitter": _DELAY_RE, "loss": _LOSS_RE}.get(key)
+        if ok is None or not ok.match(value):
+            raise ValueError(f"network {spec!r}: expected one of {', '.join(PRESETS)} or {_SPEC_SYNTAX}; "
+                             f"bad part {part!r}")
+        if key in fields:
+            raise ValueError(f"network {spec!r}: {key} given twice")
+        fields[key] = value
+    loss = float(_LOSS_RE.match(fields["loss"]).group(1)) / 100 if "loss" in fields else 0.0
+    if not loss < 1:
+        raise ValueError(f"network {spec!r}: loss must be below 100%")
+    if "jitter" in fields and "delay" not in fields:
+        raise ValueError(f"network {spec!r}: jitter needs a delay (delay=<N>ms,jitter=<N>ms)")
+    link = Link(fields.get("rate"), fields.get("delay"), fields.get("jitter"), loss)
+    if link.rate is None and link.delay is None and not link.loss:
+        raise ValueError(f"network {spec!r}: names neither a rate, a delay nor a loss")
+    return link
+
+
+def parse_network(spec):
+    """A preset name or a link spec (parse_link) -> (rate or None, delay or None)."""
+    link = parse_link(spec)
+    return link.rate, link.delay
 
 
 def rate_bits_per_second(rate):
@@ -187,12 +228,26 @@ def list_namespaces():
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
+def _stale(name):
+    """Whether a namespace (or delay line) name is of a run whose process is gone."""
+    m = re.match(rf"^{NAME_PREFIX}(\d+)-[0-9a-f]{{4}}-", name)
+    return bool(m) and not _pid_alive(int(m.group(1)))
+
+
 def cleanup_stale():
-    """Removes namespaces left by runs whose process is gone (killed with SIGKILL). Returns them."""
+    """Removes what runs killed with SIGKILL left: their delay lines, the processes still inside
+    their namespaces (ranks), and the namespaces. Returns the namespaces removed."""
+    for pid in wan_link.stray_processes(_stale):  # a line exits by itself once its parent is gone
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     removed = []
     for ns in list_namespaces():
-        m = re.match(rf"^{NAME_PREFIX}(\d+)-[0-9a-f]{{4}}-", ns)
-        if m and not _pid_alive(int(m.group(1))):
+        if _stale(ns):
+            pids = subprocess.run(["ip", "netns", "pids", ns], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  text=True).stdout.split()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
             subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
             removed.append(ns)
@@ -255,20 +310,29 @@ class EmulatedCluster:
     """
 
     def __init__(self, n=None, network="none", quiet=True, hostnames=False, interface_env=True,
-                 hosts=None, ranks_per_host=1):
+                 hosts=None, ranks_per_host=1, host_tcp="stock"):
         """n: the number of ranks (the world size), hosts x ranks_per_host; give n or hosts (or
         both, if they agree). hostnames: each host has a name of its own, host<h> (a UTS
         namespace per rank process), which every host resolves (/etc/netns/<ns>/hosts, which
         `ip netns exec` mounts over /etc/hosts) to that host's address, as a real cluster's
         DNS or hosts file does; MASTER_ADDR is then host0. interface_env: whether each rank's
         command gets GLOO_SOCKET_IFNAME (False: nothing tells a backend which interface to use,
-        as on a cluster launched the plain torch way)."""
+        as on a cluster launched the plain torch way). host_tcp: "stock" (a stock Linux host's
+        TCP buffers and congestion control in every host, STOCK_TCP) or "machine" (this
+        machine's own); tcp_summary() says what the hosts run."""
         self.hosts, self.ranks_per_host = hosts_and_ranks(n, hosts, ranks_per_host)
         self.n = self.hosts * self.ranks_per_host
         self.hostnames = hostnames
         self.interface_env = interface_env
         self.network = network
-        self.rate, self.delay = parse_network(network)
+        self.link = parse_link(network)
+        self.rate, self.delay = self.link.rate, self.link.delay
+        if host_tcp not in ("stock", "machine"):
+            raise ValueError(f"host_tcp must be 'stock' or 'machine', got {host_tcp!r}")
+        self.host_tcp = host_tcp
+        self.delay_lines = []  # wan_link.DelayLine per host, where the kernel has no netem
+        self.delay_line_counters = []  # their counters, once stopped
+        self._netem = None  # whether the kernel has sch_netem (None: not tried yet)
         self.name = f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(2)}"
         self.hub = f"{self.name}-hub"
         self.quiet = quiet
@@ -372,30 +436,45 @@ class EmulatedCluster:
             _run(["ip", "-n", ns, "addr", "add", f"{self.address(h)}/{PREFIX_LEN}", "dev", ve], f"address of host {h}")
             _run(["ip", "-n", ns, "link", "set", ve, "up"], f"link of host {h}")
             _run(["ip", "-n", ns, "link", "set", "lo", "up"], f"loopback of host {h}")
-            self._shape(ns, ve, self.delay)   # upload (+ latency)
-            self._shape(self.hub, port, None)  # download
+            self._set_host_tcp(ns)
+            self._shape(ns, ve, host=True)   # upload; delay, jitter, loss
+            self._shape(self.hub, port, host=False)  # download
             if self.hostnames:
                 self.write_hosts_file(h)
         self._wait_reachable()
         self._count_ranks()
 
-    def _shape(self, ns, dev, delay):
-        if self.rate is None and delay is None:
-            return
+    def _shape(self, ns, dev, host):
+        """tbf at the link rate on `dev`'s egress. On a host's own veth (host=True) also the
+        link's delay, jitter and loss: netem on its egress where the kernel has sch_netem (tbf
+        below it), else a delay line on its ingress (tools/wan_link.py)."""
+        impaired = host and (self.link.delay is not None or self.link.loss > 0)
         tc = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev]
         parent = ["root"]
-        if delay is not None:
-            proc = subprocess.run(tc + ["root", "handle", "1:", "netem", "delay", delay, "limit", "100000"],
+        if impaired and self._netem is not False:
+            netem = ["netem", "delay", self.link.delay or "0ms"] + ([self.link.jitter] if self.link.jitter else [])
+            if self.link.loss > 0:
+                netem += ["loss", f"{self.link.loss * 100:g}%"]
+            proc = subprocess.run(tc + ["root", "handle", "1:"] + netem + ["limit", "100000"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            if proc.returncode != 0:
-                unknown = "unknown" in proc.stderr
-                raise ClusterError(
-                    f"cannot add a delay of {delay} on {dev}: " +
-                    ("this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM), so network presets with a "
-                     "delay cannot run here; use a rate-only preset (" +
-                     ", ".join(k for k, v in PRESETS.items() if v[1] is None) + ")"
-                     if unknown else proc.stderr.strip()))
-            parent = ["parent", "1:1"]
+            if proc.returncode == 0:
+                self._netem = True
+                parent = ["parent", "1:1"]
+            elif "unknown" in proc.stderr:  # no sch_netem (CONFIG_NET_SCH_NETEM)
+                self._netem = False
+            else:
+                raise ClusterError(f"netem on {dev} in {ns}: {proc.stderr.strip()}")
+        if impaired and self._netem is False:
+            line = wan_link.DelayLine(ns, dev, self.link.delay, self.link.jitter, self.link.loss,
+                                      seed=len(self.delay_lines) + 1,
+                                      rate_bps=rate_bits_per_second(self.rate) if self.rate else None)
+            with _Signals.deferred():  # recorded before an interrupt can unwind, so close() stops it
+                self.delay_lines.append(line)
+                try:
+                    line.start()
+                except wan_link.WanLinkError as e:
+                    raise ClusterError(f"network {self.network!r}: this kernel has no netem, and a delay "
+                                       f"line cannot run: {e}") from None
         if self.rate is not None:
             bps = rate_bits_per_second(self.rate)
             # Bucket: >= 1 ms at line rate and >= one 64 KB GSO segment, else tbf drops or stalls
@@ -403,6 +482,71 @@ class EmulatedCluster:
             burst = max(64 * 1024, int(bps / 8 * 1e-3))
             _run(tc + parent + ["handle", "10:", "tbf", "rate", self.rate, "burst", str(burst),
                                 "latency", "50ms"], f"tbf on {dev}")
+
+    def _set_host_tcp(self, ns):
+        """A stock host's TCP settings in namespace `ns` (host_tcp="stock"). A namespace may only
+        choose a congestion control the machine allows (tcp_allowed_congestion_control), so
+        cubic is added to that list where missing. net.core.rmem_max/wmem_max are set where the
+        kernel lets a namespace set them (tcp_summary says where it does not)."""
+        if self.host_tcp != "stock":
+            return
+        cc = STOCK_TCP["net.ipv4.tcp_congestion_control"]
+        with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+            if cc not in f.read().split():
+                raise ClusterError(f"this kernel has no {cc} congestion control (tcp_available_congestion_control); "
+                                   "use --host-tcp machine (host_tcp='machine')")
+        with open("/proc/sys/net/ipv4/tcp_allowed_congestion_control") as f:
+            allowed = f.read().split()
+        if cc not in allowed:
+            with open("/proc/sys/net/ipv4/tcp_allowed_congestion_control", "w") as f:
+                f.write(" ".join(allowed + [cc]))
+        _run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w"] + [f"{k}={v}" for k, v in STOCK_TCP.items()],
+             f"TCP settings of {ns}")
+        subprocess.run(["ip", "netns", "exec", ns, "sh", "-c",
+                        f"echo {STOCK_SOCKET_MAX} > /proc/sys/net/core/rmem_max && "
+                        f"echo {STOCK_SOCKET_MAX} > /proc/sys/net/core/wmem_max"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def tcp_settings(self, host=0):
+        """{sysctl name: value} of the TCP settings host `host` runs with."""
+        names = list(STOCK_TCP) + ["net.core.rmem_max", "net.core.wmem_max"]
+        out = _run(["ip", "netns", "exec", self.netns(host), "sysctl", "-n"] + names, "TCP settings")
+        return dict(zip(names, (" ".join(line.split()) for line in out.splitlines())))
+
+    def tcp_summary(self):
+        """One line: the TCP settings the hosts run with, and where they differ from a stock host's."""
+        t = self.tcp_settings()
+        text = (f"hosts' TCP ({self.host_tcp}): tcp_rmem {t['net.ipv4.tcp_rmem']}, tcp_wmem {t['net.ipv4.tcp_wmem']}, "
+                f"{t['net.ipv4.tcp_congestion_control']}, rmem_max {t['net.core.rmem_max']}, "
+                f"wmem_max {t['net.core.wmem_max']}")
+        differ = [k for k, v in STOCK_TCP.items() if t[k] != v] + \
+                 [k for k in ("net.core.rmem_max", "net.core.wmem_max") if t[k] != str(STOCK_SOCKET_MAX)]
+        if differ:
+            why = (" (machine-wide on this kernel, read-only in a namespace)" if self.host_tcp == "stock" and
+                   all(k.startswith("net.core.") for k in differ) else "")
+            text += f"; differs from a stock host in {', '.join(k.split('.')[-1] for k in differ)}{why}"
+        return text
+
+    def _dead_delay_line(self):
+        """A message naming a delay line that has exited (its host receives nothing), or None."""
+        for line in self.delay_lines:
+            if not line.alive():
+                line.stop()
+                return f"the delay line of {line.netns} exited: {line.output.strip() or 'no message'}"
+        return None
+
+    def _stop_delay_lines(self):
+        """Stops every delay line (rules removed, processes ended), keeping their counters; warns
+        where the kernel dropped packets the link did not ask to drop."""
+        for line in self.delay_lines:
+            counters = line.stop()
+            if counters is not None:
+                self.delay_line_counters.append(counters)
+                lost = counters.get("kernel_queue_full", 0) + counters.get("kernel_user_dropped", 0)
+                if lost:
+                    print(f"emulated_cluster: warning: the delay line of {line.netns} lost {lost} packets in the "
+                          f"kernel (queue full or undelivered): {line.output.strip()}", file=sys.stderr)
+        self.delay_lines = []
 
     def _count_ranks(self):
         """With several ranks per host: a cgroup per rank, and a counting rule per rank on its
@@ -465,8 +609,10 @@ class EmulatedCluster:
             time.sleep(0.05)
 
     def close(self):
-        """Kills rank processes still running, then deletes every namespace (idempotent)."""
+        """Kills rank processes still running, stops the delay lines, then deletes every namespace
+        (idempotent)."""
         self.kill_all()
+        self._stop_delay_lines()
         self._remove_cgroup()
         for ns in reversed(self._made):
             subprocess.run(["ip", "netns", "del", ns], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -574,6 +720,9 @@ class EmulatedCluster:
                 failed = f"rank {bad[0][0]} exited with status {bad[0][1]}"
                 break
             if all(c == 0 for c in codes):
+                break
+            failed = self._dead_delay_line()
+            if failed:
                 break
             if timeout is not None and time.monotonic() - start > timeout:
                 running = [r for r, c in enumerate(codes) if c is None]
@@ -835,13 +984,18 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         description="Run one command per rank on emulated hosts (a network namespace each, G ranks on each).",
         usage="%(prog)s [--hosts H [--ranks-per-host G] | --ranks N] [--network PRESET|rate=..,delay=..] "
-              "-- COMMAND...\n       %(prog)s presets | cleanup")
+              "-- COMMAND...\n       %(prog)s presets | cleanup\n"
+              "       %(prog)s calibrate [--network SPEC]... [--host-tcp stock|machine] [--seconds S]")
     parser.add_argument("--hosts", type=int, default=None, help="emulated hosts (default 4)")
     parser.add_argument("--ranks-per-host", type=int, default=1,
                         help="ranks on each host, sharing its link (default 1)")
     parser.add_argument("--ranks", type=int, default=None,
                         help="N hosts of one rank each (the same as --hosts N --ranks-per-host 1)")
-    parser.add_argument("--network", default="1gbit", help=f"one of {', '.join(PRESETS)} or rate=..,delay=..")
+    parser.add_argument("--network", default="1gbit",
+                        help=f"one of {', '.join(PRESETS)} or rate=..[,delay=..[,jitter=..]][,loss=..%%]")
+    parser.add_argument("--host-tcp", choices=["stock", "machine"], default="stock",
+                        help="the hosts' TCP buffers and congestion control: a stock Linux host's (default) "
+                             "or this machine's own")
     parser.add_argument("--timeout", type=float, default=None, help="seconds before the ranks are killed")
     parser.add_argument("--hostnames", action="store_true",
                         help="each host named host<h>, which every host resolves; MASTER_ADDR=host0")
@@ -854,6 +1008,16 @@ def main(argv=None):
         for name, (rate, delay) in PRESETS.items():
             print(f"{name:12s} rate={rate or 'unshaped'} delay={delay or '0'}")
         return 0
+    if cmd[:1] == ["calibrate"]:
+        import wan_calibration
+        try:
+            return wan_calibration.main(cmd[1:])
+        except (NamespacesUnavailable, ClusterError, ValueError) as e:
+            print(f"emulated_cluster: {e}", file=sys.stderr)
+            return 2 if isinstance(e, NamespacesUnavailable) else 1
+        except KeyboardInterrupt:
+            print("emulated_cluster: interrupted; namespaces removed", file=sys.stderr)
+            return 130
     if cmd == ["cleanup"]:
         removed = cleanup_stale()
         print(f"removed {len(removed)} stale namespaces" + (f": {' '.join(removed)}" if removed else ""))
@@ -867,9 +1031,11 @@ def main(argv=None):
         parser.error("--ranks N means N hosts of one rank each: give it alone, or --hosts with --ranks-per-host")
     hosts = args.ranks if args.ranks is not None else (4 if args.hosts is None else args.hosts)
     try:
-        parse_network(args.network)
+        parse_link(args.network)
         with EmulatedCluster(network=args.network, hosts=hosts, ranks_per_host=args.ranks_per_host,
-                             hostnames=args.hostnames, interface_env=not args.no_interface_env) as cluster:
+                             hostnames=args.hostnames, interface_env=not args.no_interface_env,
+                             host_tcp=args.host_tcp) as cluster:
+            print(f"emulated_cluster: {cluster.tcp_summary()}", flush=True)
             result = cluster.run([cmd] * cluster.n, timeout=args.timeout)
     except (NamespacesUnavailable, ClusterError, ValueError) as e:
         print(f"emulated_cluster: {e}", file=sys.stderr)

@@ -21,6 +21,10 @@ PACKAGES=(
   # The main job and benchmarks (tools/train.sh, tools/bench/): the digits data set, plots, and
   # iproute2 (ip, tc) for the emulated cluster (tools/emulated_cluster.py).
   python3-sklearn python3-matplotlib iproute2
+  # The emulated cluster's WAN delay, jitter and loss on kernels without sch_netem: the NFQUEUE
+  # delay line (tools/delay_line, built against libnetfilter-queue and libmnl) and the iptables
+  # rule that hands a host's outgoing packets to it (tools/wan_link.py).
+  libnetfilter-queue-dev libmnl-dev iptables
   # The main job's language-model workload (tools/train/lm.py): the text it trains on, about
   # 2.6 MB of English in /usr/share/games/fortunes.
   fortunes

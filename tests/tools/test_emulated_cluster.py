@@ -139,18 +139,6 @@ def test_ctrl_c_and_sigterm_remove_everything(sig):
     assert left == []
 
 
-def test_delay_without_netem_says_why():
-    namespaces_or_skip()
-    cluster = ec.EmulatedCluster(2, "rate=100mbit,delay=1ms")
-    try:
-        with cluster:
-            pass  # a kernel with sch_netem: the delay was added
-    except ec.ClusterError as e:
-        # Kernels without sch_netem (this machine's): a clear reason.
-        assert "no netem qdisc" in str(e), str(e)
-    assert ours(cluster.name) == []
-
-
 def test_a_signal_while_a_rank_starts_still_stops_that_rank(monkeypatch):
     """SIGTERM arriving after a rank's process is forked but before the cluster has recorded it
     (as a loaded machine can time it) must still stop that rank: a rank left running holds the
