@@ -19,6 +19,10 @@ host's own namespace, each host's arrivals pass through a process of their own, 
 the ranks of one host (loopback, its own address) never matches `-i <dev>`, and the rule
 disappears with the namespace.
 
+The veths keep their offloads (GSO/GRO): senders, the switch and tbf work on TCP's 64 KB
+segments; the delay line holds them whole with a delay alone and lets the kernel split them
+into frames first where loss or jitter must act per frame (tools/delay_line/delay_line.cc).
+
 Without the rule's `--queue-bypass`, a host whose delay line has died receives nothing (instead
 of receiving undelayed without saying so); the cluster checks that its delay lines are alive.
 

@@ -1,7 +1,7 @@
 """A WAN link on a kernel without netem: tools/emulated_cluster.py with a delay, jitter or loss
 runs one NFQUEUE delay line per host (tools/wan_link.py, tools/delay_line). Two hosts: the round
 trip is twice the delay, a stream reaches the link rate, a loss drops about the asked fraction;
-the lines and their rules go away on exit, an exception, SIGTERM, a killed rank, and with
+the lines and their rules go away on exit, an exception, SIGTERM, Ctrl-C, a killed rank, and with
 `cleanup` after SIGKILL; a missing binary, a busy queue and a dead line are named. Skips (saying
 why) where network namespaces are not allowed; on a kernel with netem (the delay line unused)
 the cases about the delay line skip."""
@@ -200,10 +200,10 @@ def start_cli(*command, network="rate=100mbit,delay=5ms"):
     return proc, prefix
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "killed rank"])
-def test_nothing_left_after_sigterm_and_a_killed_rank(how):
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "killed rank"])
+def test_nothing_left_after_sigterm_ctrl_c_and_a_killed_rank(how):
     namespaces_or_skip()
-    if how == "SIGTERM":
+    if how != "killed rank":
         proc, prefix = start_cli("sleep", "60")
     else:
         proc, prefix = start_cli("sh", "-c", "sleep 1.5; kill -KILL $$")
@@ -212,11 +212,11 @@ def test_nothing_left_after_sigterm_and_a_killed_rank(how):
         if not lines_of(prefix):
             _, err = proc.communicate()
             pytest.skip(f"no delay lines (a kernel with netem?): {err}")
-        if how == "SIGTERM":
+        if how != "killed rank":
             time.sleep(0.3)  # the ranks start
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(getattr(signal, how))
         _, err = proc.communicate(timeout=60)
-        if how == "SIGTERM":
+        if how != "killed rank":
             assert proc.returncode == 130 and "interrupted" in err, err
         else:
             assert proc.returncode == 1 and "exited with status -9" in err, err
