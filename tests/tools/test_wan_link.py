@@ -102,20 +102,23 @@ import os, socket, sys, time
 port = 5301
 if sys.argv[1] == "receive":
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    # Room for every datagram (rmem_max caps it), so that a receiver descheduled on a loaded
+    # machine loses none: the only losses are then the delay line's.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     s.bind(("0.0.0.0", port))
-    s.settimeout(10)
+    print("ready", flush=True)  # the test starts the sender only now
+    s.settimeout(30)
     n = 0
     try:
         while True:
             s.recv(2048)
             n += 1
-            s.settimeout(1.0)  # the sender is done once a second passes without a datagram
+            s.settimeout(3.0)  # the sender is done once 3 s pass without a datagram
     except socket.timeout:
         pass
     print(n, flush=True)
 else:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    time.sleep(0.5)  # the receiver binds
     for i in range(2000):
         s.sendto(b"x" * 100, (sys.argv[2], port))
         if i % 50 == 49:
@@ -128,6 +131,7 @@ def test_loss_drops_about_the_asked_fraction():
     with ec.EmulatedCluster(hosts=2, network="loss=20%") as cluster:
         delay_lines_or_skip(cluster)
         receiver = cluster.popen(1, [sys.executable, "-c", LOSS_PROBE, "receive"], stdout=subprocess.PIPE, text=True)
+        assert receiver.stdout.readline().strip() == "ready", "the receiver did not bind its port"
         sender = cluster.popen(0, [sys.executable, "-c", LOSS_PROBE, "send", cluster.address(1)])
         assert sender.wait(timeout=60) == 0
         out, _ = receiver.communicate(timeout=60)
