@@ -141,6 +141,11 @@ TEST(PowerSGDBadInputTest, ShapeHelpersRejectOverflowingAndNegativeShapes) {
 
 // Rank `odd` passes something different; every rank must get MismatchError, nothing reduced,
 // no state created, and the next consistent call must work.
+// Every rank waits here before its communicator is shut down. Without it a rank that finished
+// first and shut down could fail a slower peer still inside the same collective ("connection
+// closed by peer", seen under TSan in process mode): these tests check the mismatch, not that.
+void FinishTogether(Communicator& comm) { comm.barrier()->wait(); }
+
 void ExpectMismatchEverywhere(LaunchMode mode, int n, const std::function<Tensors(int rank)>& make, const std::string& needle) {
   RunRanks(n, mode, [&](Communicator& comm) {
     PowerSGD psgd(Compressing());
@@ -153,6 +158,7 @@ void ExpectMismatchEverywhere(LaunchMode mode, int n, const std::function<Tensor
     EXPECT_TRUE(psgd.SaveState().tensors.empty()) << "no state may be created";
     Tensors ok = Tensors().With("w", {4, 6}, comm.rank(), 0);
     EXPECT_EQ(psgd.AllReduce(comm, ok.list()).tensors, 1u);
+    FinishTogether(comm);
   });
 }
 
@@ -202,6 +208,7 @@ TEST_P(PowerSGDMismatchTest, StateRestoredOnOneRankOnly) {
     }
     Tensors t = Tensors().With("w", {8, 8}, comm.rank(), 0);
     EXPECT_CONTAINS(Expect<MismatchError>([&] { psgd.AllReduce(comm, t.list()); }), "per-key step counts");
+    FinishTogether(comm);
   });
 }
 
