@@ -25,6 +25,8 @@ PACKAGES=(
   # delay line (tools/delay_line, built against libnetfilter-queue and libmnl) and the iptables
   # rule that hands a host's outgoing packets to it (tools/wan_link.py).
   libnetfilter-queue-dev libmnl-dev iptables
+  # sysctl: the emulated hosts' TCP settings (tools/emulated_cluster.py --host-tcp).
+  procps
   # The main job's language-model workload (tools/train/lm.py): the text it trains on, about
   # 2.6 MB of English in /usr/share/games/fortunes.
   fortunes

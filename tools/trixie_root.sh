@@ -13,6 +13,8 @@ PACKAGES=(
   # The multi-host tests (tests/torch_backend:multihost_test): ip and tc for tools/emulated_cluster.py,
   # and what its delay line (tools/delay_line, a data dependency of the cluster) builds and runs with.
   iproute2 libnetfilter-queue-dev libmnl-dev iptables
+  # sysctl: the emulated hosts' TCP settings (tools/emulated_cluster.py --host-tcp).
+  procps
   # tools/wheel_test.sh: pip builds the wheel and installs it into a venv; its static Gloo and
   # Abseil are unpacked and patched from the source tarballs tools/setup.sh fetched
   # (third_party/debian_sources.bzl).
