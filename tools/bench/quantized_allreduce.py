@@ -20,7 +20,7 @@ barrier that follows it, per rank. Error (of the warm-up's results): the largest
 exact average| over the tensor, over the largest |exact average| (the exact average computed in
 float64 from every rank's tensor, which each rank regenerates from the seeds). Every variant's
 result must be bitwise the same on every rank (a hash per rank; the table is refused otherwise).
-The goal (issue 35): at least 3.5x (8 bits) and 6x (4 bits) less time than the exact all-reduce
+The goal: at least 3.5x (8 bits) and 6x (4 bits) less time than the exact all-reduce
 ("speed-up vs exact": gossipcc's; "vs gloo": ProcessGroupGloo's).
 """
 import argparse
