@@ -84,7 +84,11 @@ OPS = ("push-sum round", "all-reduce gossipcc", "all-reduce gloo", "plain TCP ex
 
 
 def trial(round_times, plain, gossipcc, gloo, tx=(1000.0, 1500.0, 1500.0, 1000.0)):
-    return {"times": dict(zip(OPS, (round_times, gossipcc, gloo, plain))), "tx_per_op": dict(zip(OPS, tx)),
+    """One rank's trial: its times per iteration, and bytes per iteration: its own (tx) and its
+    host's NIC's (twice tx, as on a host of two ranks)."""
+    return {"times": dict(zip(OPS, (round_times, gossipcc, gloo, plain))),
+            "sent": {op: [b] * len(round_times) for op, b in zip(OPS, tx)},
+            "host_sent": {op: [2 * b] * len(round_times) for op, b in zip(OPS, tx)},
             "order": list(OPS), "load": LOAD}
 
 
@@ -102,7 +106,7 @@ def recorded(ns=(4,), nbytes=1000, bps=500.0, docs=DOCS):
     run = bench_script.harness().Run("gossip_vs_allreduce", bench_script.harness_args(trials=2),
                                      m.OPS_IN_TABLE_ORDER, "push-sum round", "time")
     for n in ns:
-        m.record(run, docs, n, nbytes, bps)
+        m.record(run, docs, n, nbytes, bps, n // 2, 2)
     d = run.document()
     d["args"].update(graph="exponential:peers=1", bytes=nbytes, network="1gbit", iters=3)
     return m, d
@@ -115,21 +119,23 @@ def test_summary_takes_the_slowest_rank_per_iteration_then_the_median_then_over_
     assert s["push-sum round"]["time"] == {"median": 3.5, "min": 3.0, "max": 4.0, "n": 2}
     assert d["cells"]["n=4"]["message_time"] == 2.0  # 1000 bytes at 500 B/s
     assert d["cells"]["n=4"]["ring_bound"] == 3.0  # 2(n-1)/n = 1.5 message times at n = 4
-    assert s["push-sum round"]["tx"]["median"] == 2000.0  # averaged over the ranks
+    assert s["push-sum round"]["sent"]["median"] == 2000.0  # averaged over the ranks
+    assert s["push-sum round"]["host_sent"]["median"] == 4000.0  # the host's NIC, averaged over its ranks
     row = m.table_row(d, "n=4")
-    # n, round ms, round / message time, plain ms, plain / message time, round / plain (per trial: 1.5, 2)
-    assert row[:6] == [4, "3500.0 (3000.0-4000.0)", "1.75 (1.50-2.00)", "2000.0 (2000.0-2000.0)",
+    # n, hosts x ranks, round ms, round / message time, plain ms, plain / message time, round /
+    # plain (per trial: 1.5, 2)
+    assert row[:7] == [4, "2 x 2", "3500.0 (3000.0-4000.0)", "1.75 (1.50-2.00)", "2000.0 (2000.0-2000.0)",
                        "1.00 (1.00-1.00)", "1.75 (1.50-2.00)"]
     # all-reduce ms; gossipcc / round per trial 4/3, 6/4 -> 1.42; gloo / round 2, 1.5 -> 1.75;
-    # ring bound / round (of the medians); bytes per op ÷ size
-    assert row[6:] == ["5000.0 (4000.0-6000.0)", "6000.0 (6000.0-6000.0)", "1.42 (1.33-1.50)", "1.75 (1.50-2.00)",
-                       "0.86", "2.000", "2.000", "1.500", "1.000"]
+    # ring bound / round (of the medians); bytes per op ÷ size, per rank then per host
+    assert row[7:] == ["5000.0 (4000.0-6000.0)", "6000.0 (6000.0-6000.0)", "1.42 (1.33-1.50)", "1.75 (1.50-2.00)",
+                       "0.86", "2.000", "2.000", "1.500", "1.000", "4.000", "4.000", "3.000", "2.000"]
 
 
 def test_unshaped_summary_has_no_message_time():
     m, d = recorded(ns=(2,), bps=None)
     assert d["cells"]["n=2"]["message_time"] is None and d["cells"]["n=2"]["ring_bound"] is None
-    assert m.table_row(d, "n=2")[2] == "-"
+    assert m.table_row(d, "n=2")[3] == "-"
 
 
 @pytest.mark.parametrize("bps", [500.0, None])
@@ -149,7 +155,7 @@ def test_round_check_runs_the_benchmark_on_local_ranks(tmp_path):
     import sys
     script = os.path.join(bench_script.TOOLS, "bench", "gossip_vs_allreduce.py")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([bench_script.TOOLS] + sys.path))
-    out = subprocess.run([sys.executable, script, "--network", "local", "--sizes-n", "3", "--bytes", "4096",
+    out = subprocess.run([sys.executable, script, "--network", "local", "--ranks", "3", "--bytes", "4096",
                           "--iters", "1", "--trials", "2", "--allow-load", "--results-dir", str(tmp_path)],
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

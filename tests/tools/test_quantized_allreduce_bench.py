@@ -22,9 +22,10 @@ def load():
 
 
 def doc(trials, error, digest="same"):
-    """One rank's document: per trial, per variant its times (s) and tx bytes per iteration; the
-    error per variant."""
+    """One rank's document: per trial, per variant its times (s) and tx bytes per iteration (its
+    own, and its host's NIC's: twice its own, as on a host of two ranks); the error per variant."""
     return {"trials": [{"times": dict(zip(VARIANTS, times)), "sent": dict(zip(VARIANTS, sent)),
+                        "host_sent": dict(zip(VARIANTS, [[2 * x for x in xs] for xs in sent])),
                         "orders": [list(VARIANTS)], "load": LOAD} for times, sent in trials],
             "error": dict(zip(VARIANTS, error)), "digest": {v: digest for v in VARIANTS}}
 
@@ -55,7 +56,7 @@ def recorded(docs, trials=2):
                                      m.VARIANTS, "exact float32", "time")
     m.record(run, docs)
     d = run.document()
-    d["args"].update(ranks=2, network="local", bytes=64 << 10, iterations=3)
+    d["args"].update(ranks=2, hosts=1, ranks_per_host=2, network="local", bytes=64 << 10, iterations=3)
     return m, d
 
 
@@ -73,7 +74,8 @@ def test_rows_take_the_slowest_rank_per_iteration_then_the_median_then_over_tria
     assert rows["quantized 8 bits"][3] == "4.00x (4.00-4.00)"  # vs gloo: 2.4/0.6 and 4.8/1.2
     assert rows["exact float32"][2] == "1.00x (1.00-1.00)"
     assert rows["quantized 8 bits"][4] == "6.70 (6.70-6.70)"  # mean over iterations, then over ranks
-    assert rows["quantized 4 bits"][5] == "2.00e-01"  # the worst rank's error
+    assert rows["quantized 8 bits"][5] == "13.40 (13.40-13.40)"  # per host: its NIC's counter
+    assert rows["quantized 4 bits"][6] == "2.00e-01"  # the worst rank's error
 
 
 def test_one_trial_is_a_single_sample():

@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Benchmark (c): one gossip round (push-sum, one peer per round, exponential graph: what SGP
 does each step) vs an exact all-reduce of the same tensor, at n = 2, 4, 8 ranks, each rank its
-own host with a 1 Gbit/s link; compared with one message time, bytes / rate.
+own host with a 1 Gbit/s link by default; compared with one message time, bytes / rate.
 
-    tools/bench/run.sh gossip_vs_allreduce [--sizes-n 2,4,8] [--network 1gbit] [--bytes 16777216] [--iters 1]
+    tools/bench/run.sh gossip_vs_allreduce [--hosts 2,4,8 [--ranks-per-host 1] | --ranks 2,4,8] [--network 1gbit]
+                                           [--bytes 16777216] [--iters 1] [--graph exponential:peers=1]
                                            [--trials 5] [--max-load 0.5] [--allow-load] [--results-dir DIR]
+
+--hosts is a comma list: one configuration per entry, of that many hosts of --ranks-per-host
+ranks each (n = hosts x ranks per host).
 
 Per n, in the same processes and on the same tensor: gossipcc's push_sum_round on the process
 group, all-reduce through backend gossipcc and through gloo, and the round's exchange done
@@ -15,7 +19,8 @@ tools/bench/harness.py: per n one run of the ranks, an untimed warm-up of every 
 (iteration i of trial t starts at op t + i), each preceded by an untimed barrier. A trial's sample
 is the median over its iterations of the slowest rank's time; a cell is the median over the
 trials with its min-max, and every ratio the median of the per-trial ratios. Bytes: NIC tx
-counters per rank per op (until after the next barrier). A push-sum round must send every rank's
+counters per op (until after the next barrier), per rank (its own sockets) and per host (its
+NIC: every rank of the host together). A push-sum round must send every rank's
 share to its peer and receive one: its floor is one message time, flat in n; a ring all-reduce's
 is 2(n-1)/n message times.
 """
@@ -26,7 +31,6 @@ import socket
 import struct
 import sys
 import threading
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -125,33 +129,29 @@ def cell_name(n):
 
 
 def trial_samples(docs, trial, n):
-    """One trial's samples from its ranks' documents: per op the median over the trial's
-    iterations of the slowest rank's time (s) and the tx bytes per op averaged over the ranks
-    (None where counters were unavailable)."""
-    runs = [d["trials"][trial] for d in docs]
-    iters = len(runs[0]["times"][OPS[0]])
-    samples = {}
-    for op in OPS:
-        samples[op] = {"time": common.median([max(r["times"][op][j] for r in runs) for j in range(iters)]),
-                       "tx": (sum(r["tx_per_op"][op] for r in runs) / len(runs)) if runs[0]["tx_per_op"][op] else None}
-    return {cell_name(n): samples}
+    """One trial's samples from its ranks' documents (common.slowest_samples): per op the median
+    over the trial's iterations of the slowest rank's time (s) and the tx bytes per op per rank
+    and per host, averaged over the ranks (None where counters were unavailable)."""
+    return {cell_name(n): common.slowest_samples(docs, trial, OPS)}
 
 
-def record(run, docs, n, nbytes, bps):
-    """One world size's documents into the harness run: its cell (n, bytes, one message time
-    nbytes / bps and the ring all-reduce's link bound 2(n-1)/n of it, None unshaped) and a trial
-    per trial (rank 0's load probe)."""
-    run.cell(cell_name(n), n=n, bytes=nbytes, message_time=nbytes / bps if bps else None,
+def record(run, docs, n, nbytes, bps, hosts=None, ranks_per_host=1):
+    """One world size's documents into the harness run: its cell (n, its hosts x ranks per host,
+    bytes, one message time nbytes / bps and the ring all-reduce's link bound 2(n-1)/n of it,
+    None unshaped) and a trial per trial (rank 0's load probe)."""
+    run.cell(cell_name(n), n=n, hosts=n // ranks_per_host if hosts is None else hosts, ranks_per_host=ranks_per_host,
+             bytes=nbytes, message_time=nbytes / bps if bps else None,
              ring_bound=2 * (n - 1) / n * nbytes / bps if bps else None)
     for trial in range(len(docs[0]["trials"])):
         r = docs[0]["trials"][trial]
         run.add_trial(trial_samples(docs, trial, n), r["load"], r["order"], group=cell_name(n))
 
 
-HEADER = ["n", "push-sum round (ms)", "round / message time", "plain TCP exchange (ms)", "plain TCP / message time",
+HEADER = ["n", "hosts x ranks", "push-sum round (ms)", "round / message time", "plain TCP exchange (ms)", "plain TCP / message time",
           "round / plain TCP", "all-reduce gossipcc (ms)", "all-reduce gloo (ms)", "gossipcc all-reduce / round",
           "gloo all-reduce / round", "ring bound / round", "sent/rank ÷ size: round", "all-reduce gossipcc",
-          "all-reduce gloo", "plain TCP"]
+          "all-reduce gloo", "plain TCP", "sent/host ÷ size: round", "all-reduce gossipcc", "all-reduce gloo",
+          "plain TCP"]
 
 
 def table_row(doc, cell):
@@ -170,11 +170,12 @@ def table_row(doc, cell):
         return harness.cell_text(harness.ratio_stats(trials, cell, a, b, "time"), 1, 2)
 
     g = "push-sum round"
-    row = [info["n"], ms(g), per_msg(g), ms("plain TCP exchange"), per_msg("plain TCP exchange"),
+    row = [info["n"], f"{info.get('hosts', info['n'])} x {info.get('ranks_per_host', 1)}", ms(g), per_msg(g), ms("plain TCP exchange"), per_msg("plain TCP exchange"),
            ratio(g, "plain TCP exchange"), ms("all-reduce gossipcc"), ms("all-reduce gloo"),
            ratio("all-reduce gossipcc", g), ratio("all-reduce gloo", g),
            f"{info['ring_bound'] / s[g]['time']['median']:.2f}" if msg else "-"]
-    row += [f"{s[op]['tx']['median'] / info['bytes']:.3f}" if s[op]["tx"] is not None else "-" for op in OPS]
+    for key in ("sent", "host_sent"):
+        row += [f"{s[op][key]['median'] / info['bytes']:.3f}" if s[op].get(key) is not None else "-" for op in OPS]
     return row
 
 
@@ -182,7 +183,8 @@ def report(doc):
     a = doc["args"]
     msg = next(iter(doc["cells"].values()))["message_time"] if doc["cells"] else None
     head = (f"gossip round (push_sum_round, graph {a['graph']}) vs exact all-reduce, {common.human_bytes(a['bytes'])} "
-            f"float32, network {a['network']}" + (f", one message time {1e3 * msg:.1f} ms" if msg else "")
+            f"float32 per rank, network {a['network']}, {a.get('ranks_per_host', 1)} rank(s) per host"
+            + (f", one message time {1e3 * msg:.1f} ms" if msg else "")
             + f", {a['iters']} iteration(s) per trial")
     rows = [table_row(doc, c) for c in doc["cells"]]
     return "\n\n".join([harness.preamble(doc), head, harness.markdown_table(HEADER, rows), harness.trials_table(doc)])
@@ -267,12 +269,7 @@ def worker(args):
                              lambda step: _C.peer_graph_in_peers(args.graph, n, rank, step))
     steps = {"push-sum round": 0, "plain TCP exchange": 0}
 
-    def one(op):
-        x.fill_(rank + 1)
-        w.fill_(1.0)
-        dist.barrier()
-        c0 = common.rank_tx_bytes()
-        t0 = time.perf_counter()
+    def run(op):
         if op == "push-sum round":
             backend.push_sum_round([x], w, steps[op], args.graph).wait()
             steps[op] += 1
@@ -283,31 +280,18 @@ def worker(args):
         else:
             plain.exchange(steps[op], memoryview(x.numpy()).cast("B"))
             steps[op] += 1
-        dt = time.perf_counter() - t0
-        dist.barrier()
-        c1 = common.rank_tx_bytes()
+
+    def one(op):
+        x.fill_(rank + 1)
+        w.fill_(1.0)
+        measured = common.timed(lambda: run(op), dist.barrier)
         if op.startswith("all-reduce") and x[0].item() != n * (n + 1) / 2:
             raise AssertionError(f"{op}: got {x[0].item()}, expected {n * (n + 1) / 2}")
-        return dt, None if c0 is None else c1 - c0
+        return measured
 
     for op in OPS:  # warm-up, not timed
         one(op)
-    probe = harness.LoadProbe()
-    trials = []
-    for trial in range(args.trials):
-        dist.barrier()
-        probe.start()
-        times = {op: [] for op in OPS}
-        sent = {op: 0 for op in OPS}
-        for i in range(args.iters):
-            for op in harness.trial_order(OPS, trial, i):
-                dt, tx = one(op)
-                times[op].append(dt)
-                if tx is not None:
-                    sent[op] += tx
-        dist.barrier()
-        trials.append({"times": times, "order": harness.trial_order(OPS, trial),
-                       "tx_per_op": {op: sent[op] / args.iters for op in OPS}, "load": probe.stop()})
+    trials = common.run_trials(dist.barrier, OPS, args.trials, args.iters, one)
     step = steps["push-sum round"]
     # One more round, checked against its exact result computed here (and for conservation).
     x.fill_(rank + 1)
@@ -329,8 +313,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    p.add_argument("--sizes-n", default="2,4,8", help="world sizes")
-    p.add_argument("--network", default="1gbit")
+    common.add_cluster_arguments(p, hosts="2,4,8", network="1gbit", sweep_hosts=True)
     p.add_argument("--bytes", type=int, default=16 << 20, help="tensor size")
     p.add_argument("--iters", type=int, default=1, help="iterations per trial")
     p.add_argument("--graph", default="exponential:peers=1")
@@ -341,20 +324,19 @@ def main():
         return worker(args)
     if args.iters < 1:
         common.fail(f"gossip_vs_allreduce: --iters must be at least 1, got {args.iters}")
-    import emulated_cluster
-    rate, _ = emulated_cluster.parse_network(args.network) if args.network != "local" else (None, None)
-    bps = emulated_cluster.rate_bits_per_second(rate) / 8 if rate else None
+    common.resolve_cluster_arguments(args, "gossip_vs_allreduce")
+    bps = common.link_bytes_per_second(args.network)
     run = harness.Run("gossip_vs_allreduce", args, OPS_IN_TABLE_ORDER, "push-sum round", "time")
-    for n in [int(v) for v in args.sizes_n.split(",")]:
+    for hosts, n in zip(args.hosts, args.ranks):
         try:
-            with common.make_cluster(n, args.network) as cluster:
+            with common.make_cluster(hosts, args.ranks_per_host, args.network) as cluster:
                 docs = common.run_ranks(cluster, os.path.abspath(__file__),
                                         ["--bytes", str(args.bytes), "--iters", str(args.iters), "--graph", args.graph,
                                          "--trials", str(args.trials)],
                                         timeout=1800)
         except common.NamespacesUnavailable as e:
             common.fail(f"gossip_vs_allreduce: emulated network not available: {e}")
-        record(run, docs, n, args.bytes, bps)
+        record(run, docs, n, args.bytes, bps, hosts, args.ranks_per_host)
         s = harness.summarize(run.trials, [cell_name(n)], run.methods, run.baseline, "time")[cell_name(n)]["methods"]
         print(f"  n = {n}: round {1e3 * s['push-sum round']['time']['median']:.1f} ms, plain TCP exchange "
               f"{1e3 * s['plain TCP exchange']['time']['median']:.1f} ms, all-reduce gossipcc "

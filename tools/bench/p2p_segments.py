@@ -4,7 +4,12 @@ gossip round does) through c10d gloo's isend/irecv, whole or cut into segments, 
 Shows whether Gloo overlaps the two directions of one large message.
 
     tools/bench/run.sh p2p_segments [--bytes 16777216] [--segments 16777216,1048576,262144] [--iters 1]
+                                    [--hosts 2 [--ranks-per-host 1]] [--network 1gbit]
                                     [--trials 5] [--max-load 0.5] [--allow-load] [--results-dir DIR]
+
+Pairs: rank r exchanges with rank (r + n/2) mod n, on another host (the number of hosts must be
+even); with --ranks-per-host G every rank of a host exchanges at once, so the host's link carries
+G messages each way, and the message time is G x bytes / rate.
 
 On tools/bench/harness.py, the segment sizes being the methods: an untimed warm-up exchange per
 segment size, then --trials trials of --iters iterations, the sizes in rotating order within
@@ -17,7 +22,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -28,46 +32,36 @@ def worker(args):
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
-    rank, _ = common.worker_env()
+    rank, n = common.worker_env()
     dist.init_process_group("gloo", init_method="env://")
     group = None
     if args.backend == "gossipcc":
         import gossipcc  # noqa: F401  (registers the backend)
         group = dist.new_group(backend="gossipcc")
-    peer = 1 - rank
+    peer = (rank + n // 2) % n
     x = torch.full((args.bytes // 4,), float(rank + 1))
     y = torch.empty(args.bytes // 4)
     segments = args.segments.split(",")
 
-    def one(seg):
-        n = int(seg) // 4
-        dist.barrier()
-        t = time.perf_counter()
+    def exchange(seg):
+        k = int(seg) // 4
         works = []
-        for off in range(0, x.numel(), n):
-            works.append(dist.isend(x[off:off + n], peer, group=group))
-            works.append(dist.irecv(y[off:off + n], peer, group=group))
+        for off in range(0, x.numel(), k):
+            works.append(dist.isend(x[off:off + k], peer, group=group))
+            works.append(dist.irecv(y[off:off + k], peer, group=group))
         for w in works:
             w.wait()
-        dt = time.perf_counter() - t
+
+    def one(seg):
+        measured = common.timed(lambda: exchange(seg), dist.barrier)
         if y[0].item() != peer + 1 or y[-1].item() != peer + 1:
             raise AssertionError("wrong data received")
         y.zero_()
-        return dt
+        return measured
 
     for seg in segments:  # warm-up, not timed
         one(seg)
-    probe = harness.LoadProbe()
-    trials = []
-    for trial in range(args.trials):
-        dist.barrier()
-        probe.start()
-        times = {seg: [] for seg in segments}
-        for i in range(args.iters):
-            for seg in harness.trial_order(segments, trial, i):
-                times[seg].append(one(seg))
-        dist.barrier()
-        trials.append({"times": times, "order": harness.trial_order(segments, trial), "load": probe.stop()})
+    trials = common.run_trials(dist.barrier, segments, args.trials, args.iters, one)
     out = {"trials": trials}
     dist.barrier()
     dist.destroy_process_group()
@@ -82,10 +76,8 @@ def record(run, docs, msg):
     run.cell(CELL, message_time=msg)
     for trial in range(len(docs[0]["trials"])):
         runs = [d["trials"][trial] for d in docs]
-        samples = {seg: {"time": common.median([max(r["times"][seg][j] for r in runs)
-                                                for j in range(len(runs[0]["times"][seg]))])}
-                   for seg in runs[0]["times"]}
-        run.add_trial({CELL: samples}, runs[0]["load"], runs[0]["order"])
+        run.add_trial({CELL: common.slowest_samples(docs, trial, list(runs[0]["times"]))}, runs[0]["load"],
+                      runs[0]["order"])
 
 
 def report(doc):
@@ -94,15 +86,19 @@ def report(doc):
     s = doc["summary"]["cells"][CELL]
     rows = []
     for seg in doc["methods"]:
-        rows.append([common.human_bytes(int(seg)), harness.cell_text(s["methods"][seg]["time"], 1e3, 1),
-                     harness.cell_text(s["methods"][seg]["time"], 1 / msg, 2),
-                     "1.00" if seg == doc["baseline"] else harness.cell_text(s["ratios"][seg], 1, 2)])
+        st = s["methods"][seg]
+        rows.append([common.human_bytes(int(seg)), harness.cell_text(st["time"], 1e3, 1),
+                     harness.cell_text(st["time"], 1 / msg, 2),
+                     "1.00" if seg == doc["baseline"] else harness.cell_text(s["ratios"][seg], 1, 2),
+                     common.bytes_text(st.get("sent")), common.bytes_text(st.get("host_sent"))])
     backend = a["backend"] if a["backend"] == "gloo" else \
         f"gossipcc (GOSSIPCC_P2P_SEGMENT_BYTES={doc['info']['segment_env']})"
-    head = (f"{backend}: 2 ranks, {common.human_bytes(a['bytes'])} each way at once, network {a['network']}, "
+    head = (f"{backend}: {common.args_world(dict({'ranks': 2}, **a))}, {common.human_bytes(a['bytes'])} each way "
+            f"at once per pair, network {a['network']}, "
             f"one message time {1e3 * msg:.1f} ms, {a['iters']} iteration(s) per trial")
     table = harness.markdown_table(["segment", "exchange (ms)", "/ message time",
-                                    f"/ whole message ({common.human_bytes(int(doc['baseline']))})"], rows)
+                                    f"/ whole message ({common.human_bytes(int(doc['baseline']))})",
+                                    "MB sent/rank", "MB sent/host"], rows)
     return "\n\n".join([harness.preamble(doc), head, table, harness.trials_table(doc)])
 
 
@@ -136,7 +132,7 @@ def main():
     p.add_argument("--bytes", type=int, default=16 << 20)
     p.add_argument("--segments", default=f"{16 << 20},{1 << 20},{256 << 10}",
                    help="segment sizes in bytes, comma-separated; the first is the ratios' baseline")
-    p.add_argument("--network", default="1gbit")
+    common.add_cluster_arguments(p, hosts=2, network="1gbit")
     p.add_argument("--iters", type=int, default=1, help="iterations per trial")
     p.add_argument("--backend", default="gloo", choices=["gloo", "gossipcc"],
                    help="whose isend/irecv (gossipcc cuts messages itself: GOSSIPCC_P2P_SEGMENT_BYTES)")
@@ -151,24 +147,26 @@ def main():
         common.fail(f"p2p_segments: --segments must be distinct positive multiples of 4 bytes, got {args.segments}")
     if args.iters < 1:
         common.fail(f"p2p_segments: --iters must be at least 1, got {args.iters}")
-    import emulated_cluster
     if args.network == "local":
         common.fail("p2p_segments: --network must be a shaped emulated_cluster preset (the table is in message times)")
-    rate = emulated_cluster.parse_network(args.network)[0]
-    if not rate:
+    common.resolve_cluster_arguments(args, "p2p_segments")
+    if args.hosts % 2:
+        common.fail(f"p2p_segments: --hosts must be even (each rank exchanges with one on another host), "
+                    f"got {args.hosts}")
+    bps = common.link_bytes_per_second(args.network)
+    if not bps:
         common.fail(f"p2p_segments: --network {args.network} is unshaped; the table is in message times")
-    bps = emulated_cluster.rate_bits_per_second(rate) / 8
     run = harness.Run("p2p_segments", args, segments, segments[0], "time")
     run.info["segment_env"] = os.environ.get("GOSSIPCC_P2P_SEGMENT_BYTES", "default")
     try:
-        with common.make_cluster(2, args.network) as cluster:
+        with common.make_cluster(args.hosts, args.ranks_per_host, args.network) as cluster:
             docs = common.run_ranks(cluster, os.path.abspath(__file__),
                                     ["--bytes", str(args.bytes), "--segments", args.segments,
                                      "--iters", str(args.iters), "--backend", args.backend,
                                      "--trials", str(args.trials)])
     except common.NamespacesUnavailable as e:
         common.fail(f"p2p_segments: emulated network not available: {e}")
-    record(run, docs, args.bytes / bps)
+    record(run, docs, args.ranks_per_host * args.bytes / bps)
     doc = run.finish(report)
     if args.plot:
         plot(doc, args.plot)

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Benchmark (f): the quantized all-reduce (8 and 4 bits, comm/quantized_allreduce.h) vs the exact
 float32 all-reduce, through backend="gossipcc" and, side by side, through a gloo group on the same
-ranks (dist.new_group(backend="gloo")), N ranks (default 4) each on its own emulated host, 16 MB
-of float32 at 100 Mbit/s per host.
+ranks (dist.new_group(backend="gloo")), 4 emulated hosts of one rank each by default (--hosts,
+--ranks-per-host), 16 MB of float32 at 100 Mbit/s per host.
 
-    tools/bench/run.sh quantized_allreduce [--ranks 4] [--network 100mbit] [--bytes 16777216] [--iterations 1]
-                                           [--trials 5] [--max-load 0.5] [--allow-load] [--results-dir DIR]
+    tools/bench/run.sh quantized_allreduce [--hosts 4 [--ranks-per-host 1] | --ranks 4] [--network 100mbit]
+                                           [--bytes 16777216] [--iterations 1] [--trials 5] [--max-load 0.5] [--allow-load] [--results-dir DIR]
 
 On tools/bench/harness.py: one untimed warm-up iteration, then --trials trials of --iterations
 iterations each, in the same processes. In every iteration the four variants run in rotating
@@ -14,9 +14,9 @@ trial's sample of a variant is the median over the trial's iterations of the slo
 (ProcessGroupGossipcc.quantized_allreduce(...).wait() against dist.all_reduce, both averaging:
 the exact one divides by n after its sum, as DiLoCo's exact transport does); the table shows the
 median over the trials with its min-max, and the speed-ups are the median of the per-trial
-speed-ups. Data: each rank's tensor is standard normal draws (its own seed). Bytes: the ranks' NIC
-tx counters (frames with headers, TCP ACKs included), from just before the op to after the
-barrier that follows it, per rank. Error (of the warm-up's results): the largest |quantized -
+speed-ups. Data: each rank's tensor is standard normal draws (its own seed). Bytes: the NIC tx
+counters (frames with headers, TCP ACKs included), from just before the op to after the
+barrier that follows it, per rank (its own sockets' bytes) and per host (every rank of it). Error (of the warm-up's results): the largest |quantized -
 exact average| over the tensor, over the largest |exact average| (the exact average computed in
 float64 from every rank's tensor, which each rank regenerates from the seeds). Every variant's
 result must be bitwise the same on every rank (a hash per rank; the table is refused otherwise).
@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -65,37 +64,13 @@ def worker(args):
 
     def one(name):
         t.copy_(source)
-        dist.barrier()
-        c0 = common.rank_tx_bytes()
-        t0 = time.perf_counter()
-        run(name)
-        dt = time.perf_counter() - t0
-        dist.barrier()
-        c1 = common.rank_tx_bytes()
-        return dt, None if c0 is None else c1 - c0
+        return common.timed(lambda: run(name), dist.barrier)
 
     results = {}
     for name in VARIANTS:  # warm-up, not timed: its results are the ones checked
         one(name)
         results[name] = t.clone()
-    probe = harness.LoadProbe()
-    trials = []
-    for trial in range(args.trials):
-        dist.barrier()
-        probe.start()
-        times = {v: [] for v in VARIANTS}
-        sent = {v: [] for v in VARIANTS}
-        orders = []
-        for i in range(args.iterations):
-            order = harness.trial_order(VARIANTS, trial, i)
-            orders.append(order)
-            for name in order:
-                dt, tx = one(name)
-                times[name].append(dt)
-                if tx is not None:
-                    sent[name].append(tx)
-        dist.barrier()
-        trials.append({"times": times, "sent": sent, "orders": orders, "load": probe.stop()})
+    trials = common.run_trials(dist.barrier, VARIANTS, args.trials, args.iterations, one)
     # Accuracy, against the exact average in float64.
     exact = torch.zeros(count, dtype=torch.float64)
     for r in range(n):
@@ -123,17 +98,10 @@ def check_digests(docs):
 
 
 def trial_samples(docs, trial):
-    """One trial's samples from every rank's document: per variant the median over the trial's
-    iterations of the slowest rank's time (s), and the bytes sent per rank per op (the mean over
-    iterations, then over the ranks; None without tx counters)."""
-    samples = {}
-    for v in VARIANTS:
-        runs = [d["trials"][trial] for d in docs]
-        k = len(runs[0]["times"][v])
-        slowest = [max(r["times"][v][i] for r in runs) for i in range(k)]
-        sent = [sum(r["sent"][v]) / len(r["sent"][v]) for r in runs if r["sent"][v]]
-        samples[v] = {"time": common.median(slowest), "sent": sum(sent) / len(sent) if sent else None}
-    return {CELL: samples}
+    """One trial's samples from every rank's document (common.slowest_samples): per variant the
+    median over the trial's iterations of the slowest rank's time (s), and the bytes sent per op
+    per rank and per host (the mean over iterations, then over the ranks; None without counters)."""
+    return {CELL: common.slowest_samples(docs, trial, VARIANTS)}
 
 
 def record(run, docs):
@@ -150,7 +118,8 @@ def record(run, docs):
 
 def table(doc):
     """The table: per variant its time, the speed-ups against gossipcc's and gloo's exact
-    all-reduce (medians of the per-trial ratios), MB sent per rank per op and the worst error."""
+    all-reduce (medians of the per-trial ratios), MB sent per rank and per host per op and the
+    worst error."""
     cell = doc["summary"]["cells"][CELL]["methods"]
     rows = []
     for v in VARIANTS:
@@ -158,16 +127,16 @@ def table(doc):
                      harness.cell_text(harness.ratio_stats(doc["trials"], CELL, "exact float32", v, "time"), 1, 2, "x"),
                      harness.cell_text(harness.ratio_stats(doc["trials"], CELL, "exact float32 (gloo)", v, "time"),
                                        1, 2, "x"),
-                     harness.cell_text(cell[v].get("sent"), 1e-6, 2),
+                     common.bytes_text(cell[v].get("sent")), common.bytes_text(cell[v].get("host_sent")),
                      f"{doc['info']['error'][v]:.2e}"])
     return harness.markdown_table(["variant", "time (ms)", "speed-up vs exact", "vs gloo", "MB sent/rank/op",
-                                   "max error / max |average|"], rows)
+                                   "MB sent/host/op", "max error / max |average|"], rows)
 
 
 def report(doc):
     a = doc["args"]
     return (f"{harness.preamble(doc)}\n\nquantized vs exact float32 all-reduce (average), backend gossipcc, "
-            f"{a['ranks']} ranks, {common.human_bytes(a['bytes'])} float32 normal draws, network {a['network']}, "
+            f"{common.args_world(a)}, {common.human_bytes(a['bytes'])} float32 normal draws, network {a['network']}, "
             f"{a['iterations']} iteration(s) per trial, the slowest rank's time\n\n{table(doc)}\n\n"
             f"{harness.trials_table(doc)}")
 
@@ -187,7 +156,7 @@ def plot(doc, path):
     ax.set(xticks=xs, ylabel="ms (slowest rank)")
     ax.set_xticklabels(VARIANTS, fontsize=8)
     ax.legend(fontsize=8)
-    ax.set_title(f"quantized vs exact all-reduce, {doc['args']['ranks']} ranks, {doc['args']['network']}", fontsize=9)
+    ax.set_title(f"quantized vs exact all-reduce, {common.args_world(doc['args'])}, {doc['args']['network']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -197,8 +166,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--network", default="100mbit", help="an emulated_cluster preset (or local)")
+    common.add_cluster_arguments(p, hosts=4, network="100mbit")
     p.add_argument("--bytes", type=int, default=16 << 20)
     p.add_argument("--iterations", type=int, default=1, help="iterations per trial")
     p.add_argument("--plot", metavar="PNG", help="also write a plot (each variant's time per trial) here")
@@ -208,9 +176,10 @@ def main():
         return worker(args)
     if args.iterations < 1:
         common.fail(f"quantized_allreduce: --iterations must be at least 1, got {args.iterations}")
+    common.resolve_cluster_arguments(args, "quantized_allreduce")
     run = harness.Run("quantized_allreduce", args, VARIANTS, "exact float32", "time")
     try:
-        with common.make_cluster(args.ranks, args.network) as cluster:
+        with common.make_cluster(args.hosts, args.ranks_per_host, args.network) as cluster:
             docs = common.run_ranks(cluster, os.path.abspath(__file__),
                                     ["--bytes", str(args.bytes), "--iterations", str(args.iterations),
                                      "--trials", str(args.trials)], timeout=1800)
