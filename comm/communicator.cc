@@ -116,7 +116,7 @@ class Communicator::Impl {
             if (eager.finish) return eager.finish(*lane.handshake, lane.scratch);
             StagedHandshake staged(*lane.handshake, spec, deadline);
             cpu(GlooCall{lane.context, static_cast<uint32_t>(spec.seq), deadline, &lane.scratch, &meshes_.retired(),
-                         deferred_check ? &staged : nullptr, options_.lossless_float32_allreduce});
+                         deferred_check ? &staged : nullptr, options_.lossless_float32_allreduce, &lane.streams});
           },
           eager, deferred_check));
     };

@@ -70,6 +70,11 @@ struct GlooCall {
   DeferredSignatureCheck* check = nullptr;
   // CommunicatorOptions::lossless_float32_allreduce.
   bool lossless_float32 = false;
+  // The lane's streams per peer (striping.h): `context` first, then the lane's further meshes;
+  // null or empty: `context` alone. The ring all-reduce deals its messages over them.
+  const std::vector<std::shared_ptr<gloo::Context>>* streams = nullptr;
+  int stream_count() const { return streams == nullptr || streams->empty() ? 1 : static_cast<int>(streams->size()); }
+  gloo::Context& stream(int i) const { return i == 0 ? *context : *(*streams)[static_cast<size_t>(i)]; }
 };
 
 // Runs call.check, if any, to completion.

@@ -35,22 +35,41 @@ void Meshes::Connect(const std::shared_ptr<Store>& store, const CommunicatorOpti
   meshes_.push_back(first_);
   if (size_ > 1) AgreeOnSharedOptions(options);
   const int lanes = size_ == 1 ? 1 : options.collective_lanes;
+  const int streams = size_ == 1 ? 1 : options.streams_per_peer;
   for (int i = 0; i < lanes; ++i) {
     auto lane = std::make_unique<LaneLink>();
     lane->context = i == 0 ? first_ : connect(absl::StrCat("gloo_lane", i));
     if (i > 0) meshes_.push_back(lane->context);
+    lane->streams.push_back(lane->context);
+    for (int s = 1; s < streams; ++s) {
+      lane->streams.push_back(connect(absl::StrCat("gloo_lane", i, "_stream", s)));
+      meshes_.push_back(lane->streams.back());
+    }
     lane->signature_context = size_ == 1 ? lane->context : connect(absl::StrCat("gloo_signatures", i));
     if (size_ > 1) meshes_.push_back(lane->signature_context);
     // Created at once: its receive buffers must be registered before any peer's first header.
     lane->handshake = std::make_unique<CollectiveHandshake>(*lane->signature_context);
     lanes_.push_back(std::move(lane));
   }
-  if (options.p2p_connection_per_direction && size_ > 1) {
+  if (size_ == 1) return;
+  if (options.p2p_connection_per_direction) {
     // Two meshes of their own, not lower-to-higher payloads on the first mesh: that connects
     // faster, but headers then queue behind payloads.
-    payload_[0] = connect("gloo_p2p_up");
-    payload_[1] = connect("gloo_p2p_down");
-    meshes_.insert(meshes_.end(), payload_.begin(), payload_.end());
+    for (int s = 0; s < streams; ++s) {
+      const std::string suffix = s == 0 ? "" : absl::StrCat("_stream", s);
+      payload_[0].push_back(connect("gloo_p2p_up" + suffix));
+      payload_[1].push_back(connect("gloo_p2p_down" + suffix));
+      meshes_.push_back(payload_[0].back());
+      meshes_.push_back(payload_[1].back());
+    }
+  } else if (streams > 1) {
+    // Payloads of both directions on the first mesh and k - 1 more, shared by both directions.
+    payload_[0].push_back(first_);
+    for (int s = 1; s < streams; ++s) {
+      payload_[0].push_back(connect(absl::StrCat("gloo_p2p_stream", s)));
+      meshes_.push_back(payload_[0].back());
+    }
+    payload_[1] = payload_[0];
   }
 }
 
@@ -64,15 +83,17 @@ void Meshes::AgreeOnSharedOptions(const CommunicatorOptions& options) {
     const char* name;
     bool is_flag;  // shown as true/false, else as a number
   };
-  static constexpr std::array<Agreed, 4> kAgreed = {{{"p2p_connection_per_direction", true},
+  static constexpr std::array<Agreed, 5> kAgreed = {{{"p2p_connection_per_direction", true},
                                                      {"collective_lanes", false},
                                                      {"lossless_float32_allreduce", true},
-                                                     {"verify_collectives", true}}};
+                                                     {"verify_collectives", true},
+                                                     {"streams_per_peer", false}}};
   const std::array<uint8_t, kAgreed.size()> mine = {
       static_cast<uint8_t>(options.p2p_connection_per_direction ? 1 : 0),
       static_cast<uint8_t>(options.collective_lanes),
       static_cast<uint8_t>(options.lossless_float32_allreduce ? 1 : 0),
-      static_cast<uint8_t>(options.verify_collectives ? 1 : 0)};
+      static_cast<uint8_t>(options.verify_collectives ? 1 : 0),
+      static_cast<uint8_t>(options.streams_per_peer)};
   std::vector<uint8_t> all(mine.size() * size_);
   const std::string where = absl::StrCat("rank ", rank_, " of ", size_, ": ");
   CollectiveScratch scratch;
@@ -133,6 +154,7 @@ void Meshes::Close() {
   for (auto& lane : lanes_) {
     lane->context.reset();
     lane->signature_context.reset();
+    lane->streams.clear();
   }
   payload_ = {};
   first_.reset();

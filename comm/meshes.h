@@ -5,8 +5,11 @@
 // messages never queue behind another lane's payload on one socket), one signature mesh per
 // lane carrying only its check's headers (a bound write pins its socket's send buffer, which
 // would throttle a payload sharing the socket), and, with p2p_connection_per_direction, two
-// meshes for point-to-point payloads, one per direction. Right after the first mesh, one
-// all-gather settles the options every rank must share (AgreeOnSharedOptions).
+// meshes for point-to-point payloads, one per direction. With streams_per_peer = k > 1, every
+// mesh that carries large payloads (each lane's, and each point-to-point payload direction's)
+// gets k - 1 more meshes beside it, so that each peer pair has k TCP connections to deal those
+// payloads over (comm/striping.h). Right after the first mesh, one all-gather settles the
+// options every rank must share (AgreeOnSharedOptions).
 //
 // Close tears them down in the one order that is safe (see Close). Everything that posts Gloo
 // buffers on these meshes hands them, when an operation fails part-way, to retired(), which
@@ -34,6 +37,8 @@ namespace gossipcc {
 // What lane i runs its CPU collectives on.
 struct LaneLink {
   std::shared_ptr<gloo::Context> context;            // lane 0: the communicator's first mesh
+  // The ring all-reduce's streams: `context` first, then streams_per_peer - 1 more meshes.
+  std::vector<std::shared_ptr<gloo::Context>> streams;
   std::shared_ptr<gloo::Context> signature_context;  // its signature check's mesh (headers only)
   // Refers to signature_context, and is declared after it so that it is destroyed first. Its
   // staging memory outlives the mesh's pairs (Close).
@@ -80,7 +85,8 @@ class Meshes {
   RetiredBuffers retired_;
   std::shared_ptr<gloo::Context> first_;
   std::vector<std::unique_ptr<LaneLink>> lanes_;
-  std::array<std::shared_ptr<gloo::Context>, 2> payload_;
+  // Point-to-point payload streams per direction (empty: on the first mesh, one stream).
+  std::array<std::vector<std::shared_ptr<gloo::Context>>, 2> payload_;
   // Every mesh above, kept until Close has destroyed its pairs.
   std::vector<std::shared_ptr<gloo::Context>> meshes_;
   std::unique_ptr<P2PExchange> p2p_;

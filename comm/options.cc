@@ -24,6 +24,10 @@ void ValidateCommunicatorOptions(const CommunicatorOptions& options) {
     throw InvalidArgumentError(absl::StrCat("Communicator: collective_lanes must be in [1, ", kMaxCollectiveLanes,
                                             "], got ", options.collective_lanes));
   }
+  if (options.streams_per_peer < 1 || options.streams_per_peer > kMaxStreamsPerPeer) {
+    throw InvalidArgumentError(absl::StrCat("Communicator: streams_per_peer must be in [1, ", kMaxStreamsPerPeer,
+                                            "], got ", options.streams_per_peer));
+  }
   if (options.cuda_device < -1) {
     throw InvalidArgumentError(absl::StrCat("Communicator: cuda_device must be a CUDA device ordinal, or -1 to take ",
                                             "the device of the first CUDA buffer; got ", options.cuda_device));

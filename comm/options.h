@@ -32,9 +32,15 @@ struct CommunicatorOptions {
   int collective_lanes = 2;
   // Large float32 all-reduces on the packed ring (packed_ring_allreduce.h). Checked.
   bool lossless_float32_allreduce = false;
+  // TCP connections per peer pair for large payloads (comm/striping.h): the ring all-reduce's
+  // messages and point-to-point payloads of more than one segment are dealt over this many
+  // meshes, so that links whose bandwidth-delay product exceeds one stream's window fill.
+  // 1: one stream, as before. Checked.
+  int streams_per_peer = 1;
 };
 
 inline constexpr int kMaxCollectiveLanes = 8;
+inline constexpr int kMaxStreamsPerPeer = 16;
 
 // CPU collectives whose per-rank payload is at most this (128 KiB / (size - 1); 0 for size 1)
 // travel inside the signature check and complete in one exchange, reduced in rank order.

@@ -19,7 +19,7 @@ struct P2PExchange::Message {
   P2PHeader header{};
   std::unique_ptr<gloo::transport::UnboundBuffer> header_ub;
   SentPayload sent;  // a send's payload segments, as posted
-  std::unique_ptr<gloo::transport::UnboundBuffer> data_ub;  // a receive's payload
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> data_ubs;  // a receive's payload, per stream
   uint64_t ticket = 0;  // a named receive's turn on (peer, tag), drawn when posted
   bool has_ticket = false;
   std::vector<uint8_t> drain;  // receive side of a mismatch: payload lands here, not in the user buffer
@@ -32,16 +32,20 @@ struct P2PExchange::Batch {
   std::string description;
 };
 
-P2PExchange::P2PExchange(std::shared_ptr<gloo::Context> context,
-                         std::array<std::shared_ptr<gloo::Context>, 2> payload_contexts,
+P2PExchange::P2PExchange(std::shared_ptr<gloo::Context> context, std::array<Streams, 2> payload_streams,
                          std::chrono::milliseconds timeout, size_t segment_bytes, RetiredBuffers& retired,
                          FailureHandler on_failure)
     : context_(std::move(context)),
-      payload_contexts_(std::move(payload_contexts)),
+      payload_streams_(std::move(payload_streams)),
       timeout_(timeout),
       segment_bytes_(segment_bytes),
       retired_(retired),
-      on_failure_(std::move(on_failure)) {}
+      on_failure_(std::move(on_failure)) {
+  for (size_t d = 0; d < payload_streams_.size(); ++d) {
+    for (const auto& mesh : payload_streams_[d]) payload_meshes_[d].push_back(mesh.get());
+    if (payload_meshes_[d].empty()) payload_meshes_[d].push_back(context_.get());
+  }
+}
 
 P2PExchange::~P2PExchange() {
   Shutdown("communicator destroyed");
@@ -50,9 +54,8 @@ P2PExchange::~P2PExchange() {
       +[](int* active) { return *active == 0; }, &active_batches_));
 }
 
-gloo::Context& P2PExchange::PayloadContext(int from, int to) const {
-  const std::shared_ptr<gloo::Context>& directional = payload_contexts_[from < to ? 0 : 1];
-  return directional ? *directional : *context_;
+absl::Span<gloo::Context* const> P2PExchange::PayloadStreams(int from, int to) const {
+  return payload_meshes_[from < to ? 0 : 1];
 }
 
 std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string description) {
@@ -75,7 +78,7 @@ std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string
         m.header_ub->send(m.op.peer, MakeSlot(kP2PHeaderSlotPrefix, m.op.tag));
         m.sent.progress = m.op.progress.get();
         if (bytes > 0) {
-          m.sent.Post(m.op, PayloadContext(context_->rank, m.op.peer), MakeSlot(kP2PDataSlotPrefix, m.op.tag),
+          m.sent.Post(m.op, PayloadStreams(context_->rank, m.op.peer), MakeSlot(kP2PDataSlotPrefix, m.op.tag),
                       Segments{bytes, m.header.segment_bytes});
         }
       } else {
@@ -145,11 +148,17 @@ P2PExchange::ReceiveOutcome P2PExchange::ReceiveOne(Message& m, Clock::time_poin
     // The sender's segmentation, from its header. Later segments come from the sender the
     // header came from, so a receive from any source cannot mix two senders' payloads.
     const Segments segments{incoming, h.segment_bytes < incoming ? h.segment_bytes : 0};
-    m.data_ub = PayloadContext(m.op.peer, context_->rank).createUnboundBuffer(dst, incoming);
+    // A buffer per stream that carries a segment (the sender deals them the same way).
+    const absl::Span<gloo::Context* const> streams = PayloadStreams(m.op.peer, context_->rank);
+    std::vector<gloo::transport::UnboundBuffer*> buffers;
+    for (size_t s = 0; s < std::min(streams.size(), segments.count()); ++s) {
+      m.data_ubs.push_back(streams[s]->createUnboundBuffer(dst, incoming));
+      buffers.push_back(m.data_ubs.back().get());
+    }
     // One payload at a time per (peer, tag), in header order. The receive ahead's sender
     // posted every segment with its header, so it finishes (or times out) without help.
     turn.Wait();
-    ReceiveSegments(*m.data_ub, m.op.peer, MakeSlot(kP2PDataSlotPrefix, m.op.tag), segments, deadline,
+    ReceiveSegments(buffers, m.op.peer, MakeSlot(kP2PDataSlotPrefix, m.op.tag), segments, deadline,
                     out.mismatch ? nullptr : m.op.progress.get());
     out.bytes = out.mismatch ? 0 : incoming;
   } catch (const std::exception& e) {

@@ -35,12 +35,14 @@ class P2PExchange {
   // p2p message stream out of step; the batch fails with the error it returns (the same,
   // or one with more detail).
   using FailureHandler = std::function<std::exception_ptr(std::exception_ptr)>;
-  // Headers on `context`, payloads (segments of `segment_bytes`, 0: whole) on
-  // payload_contexts[0] upwards and [1] downwards (null: `context`). Failed batches' buffers go
-  // to `retired`, which must outlive this exchange.
-  P2PExchange(std::shared_ptr<gloo::Context> context,
-              std::array<std::shared_ptr<gloo::Context>, 2> payload_contexts, std::chrono::milliseconds timeout,
-              size_t segment_bytes, RetiredBuffers& retired, FailureHandler on_failure);
+  using Streams = std::vector<std::shared_ptr<gloo::Context>>;
+  // Headers on `context`, payloads (segments of `segment_bytes`, 0: whole) on the streams of
+  // payload_streams[0] upwards and [1] downwards (segment i on stream i % size, striping.h;
+  // empty: `context` alone). Failed batches' buffers go to `retired`, which must outlive this
+  // exchange.
+  P2PExchange(std::shared_ptr<gloo::Context> context, std::array<Streams, 2> payload_streams,
+              std::chrono::milliseconds timeout, size_t segment_bytes, RetiredBuffers& retired,
+              FailureHandler on_failure);
   ~P2PExchange();
 
   // Ops were validated by the caller (CPU buffers, peers in range and not self).
@@ -55,8 +57,8 @@ class P2PExchange {
   struct Message;
   struct Batch;
   struct ReceiveOutcome;
-  // The mesh of the payload's direction, or `context_` if none.
-  gloo::Context& PayloadContext(int from, int to) const;
+  // The meshes of the payload's direction, or `context_` alone if none.
+  absl::Span<gloo::Context* const> PayloadStreams(int from, int to) const;
 
   ReceiveOutcome ReceiveOne(Message& m, Clock::time_point deadline, const std::string& description);
   // False if the batch failed (its buffers then go to `retired_`, not freed).
@@ -64,7 +66,8 @@ class P2PExchange {
   void RunBatch(std::unique_ptr<Batch> batch);
 
   std::shared_ptr<gloo::Context> context_;
-  std::array<std::shared_ptr<gloo::Context>, 2> payload_contexts_;
+  std::array<Streams, 2> payload_streams_;  // owned
+  std::array<std::vector<gloo::Context*>, 2> payload_meshes_;  // of payload_streams_, or context_
   const std::chrono::milliseconds timeout_;
   const size_t segment_bytes_;
   RetiredBuffers& retired_;

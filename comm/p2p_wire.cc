@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/errors.h"
 #include "comm/issue_time.h"  // TimeLeft
+#include "comm/striping.h"
 
 namespace gossipcc {
 
@@ -35,19 +36,23 @@ SentPayload::~SentPayload() = default;
 SentPayload::SentPayload(SentPayload&&) noexcept = default;
 SentPayload& SentPayload::operator=(SentPayload&&) noexcept = default;
 
-void SentPayload::Post(const P2POp& send, gloo::Context& context, uint64_t slot, const Segments& segments) {
+void SentPayload::Post(const P2POp& send, absl::Span<gloo::Context* const> streams, uint64_t slot,
+                       const Segments& segments) {
   segments_ = segments;
-  if (!send.gather.empty()) return PostGathered(send.gather, send.peer, context, slot);
-  buffers_.push_back(context.createUnboundBuffer(send.buffer.data, segments.bytes));
-  gloo::transport::UnboundBuffer* ub = buffers_.back().get();
-  for (size_t i = 0; i < segments.count(); ++i) {
+  if (!send.gather.empty()) return PostGathered(send.gather, send.peer, streams, slot);
+  const size_t count = segments.count();
+  const size_t used = std::min(streams.size(), count);  // streams that carry a segment
+  for (size_t s = 0; s < used; ++s) buffers_.push_back(streams[s]->createUnboundBuffer(send.buffer.data, segments.bytes));
+  for (size_t i = 0; i < count; ++i) {
+    gloo::transport::UnboundBuffer* ub = buffers_[StreamOf(i, streams.size())].get();
     ub->send(send.peer, slot, segments.offset(i), segments.length(i));
     segment_buffers_.push_back(ub);
   }
 }
 
 // The receiver cuts the payload into the sender's segments whatever the pieces were.
-void SentPayload::PostGathered(const std::vector<Buffer>& pieces, int peer, gloo::Context& context, uint64_t slot) {
+void SentPayload::PostGathered(const std::vector<Buffer>& pieces, int peer, absl::Span<gloo::Context* const> streams,
+                               uint64_t slot) {
   const Segments& segments = segments_;
   std::vector<size_t> ends(pieces.size());  // byte offset in the message where each piece ends
   size_t end = 0;
@@ -63,17 +68,25 @@ void SentPayload::PostGathered(const std::vector<Buffer>& pieces, int peer, gloo
     if (segments.end(i) > ends[piece_at(segments.offset(i))]) straddling_bytes += segments.length(i);
   }
   straddling_.resize(straddling_bytes);
-  std::vector<size_t> buffer_of(pieces.size(), SIZE_MAX);  // index into buffers_
-  size_t straddling_index = SIZE_MAX, copied = 0;
+  const size_t k = streams.size();
+  // Index into buffers_ of piece p's buffer on stream s (p * k + s), and of the straddling
+  // copies' buffer on stream s (pieces.size() * k + s).
+  std::vector<size_t> buffer_of((pieces.size() + 1) * k, SIZE_MAX);
+  auto buffer = [&](size_t key, size_t stream, void* data, size_t bytes) {
+    size_t& index = buffer_of[key * k + stream];
+    if (index == SIZE_MAX) {
+      index = buffers_.size();
+      buffers_.push_back(streams[stream]->createUnboundBuffer(data, bytes));
+    }
+    return buffers_[index].get();
+  };
+  size_t copied = 0;
   for (size_t i = 0; i < count; ++i) {
     const size_t offset = segments.offset(i), length = segments.length(i);
+    const size_t stream = StreamOf(i, k);
     size_t p = piece_at(offset);
     if (offset + length <= ends[p]) {
-      if (buffer_of[p] == SIZE_MAX) {
-        buffer_of[p] = buffers_.size();
-        buffers_.push_back(context.createUnboundBuffer(pieces[p].data, pieces[p].bytes()));
-      }
-      gloo::transport::UnboundBuffer* ub = buffers_[buffer_of[p]].get();
+      gloo::transport::UnboundBuffer* ub = buffer(p, stream, pieces[p].data, pieces[p].bytes());
       ub->send(peer, slot, offset - start_of(p), length);
       segment_buffers_.push_back(ub);
       continue;
@@ -86,11 +99,7 @@ void SentPayload::PostGathered(const std::vector<Buffer>& pieces, int peer, gloo
       }
       at += take;
     }
-    if (straddling_index == SIZE_MAX) {
-      straddling_index = buffers_.size();
-      buffers_.push_back(context.createUnboundBuffer(straddling_.data(), straddling_bytes));
-    }
-    gloo::transport::UnboundBuffer* ub = buffers_[straddling_index].get();
+    gloo::transport::UnboundBuffer* ub = buffer(pieces.size(), stream, straddling_.data(), straddling_bytes);
     ub->send(peer, slot, copied, length);
     segment_buffers_.push_back(ub);
     copied += length;
@@ -109,20 +118,19 @@ void SentPayload::WaitAll(absl::Span<SentPayload* const> sends, std::chrono::ste
   }
 }
 
-void ReceiveSegments(gloo::transport::UnboundBuffer& buffer, int peer, uint64_t slot, const Segments& segments,
-                     std::chrono::steady_clock::time_point deadline, TransferProgress* progress) {
+void ReceiveSegments(absl::Span<gloo::transport::UnboundBuffer* const> buffers, int peer, uint64_t slot,
+                     const Segments& segments, std::chrono::steady_clock::time_point deadline,
+                     TransferProgress* progress) {
   const size_t count = segments.count();
+  const size_t k = buffers.size();
+  auto post = [&](size_t i) { buffers[StreamOf(i, k)]->recv(peer, slot, segments.offset(i), segments.length(i)); };
   size_t posted = 0;
-  for (; posted < std::min(kReceiveWindow, count); ++posted) {
-    buffer.recv(peer, slot, segments.offset(posted), segments.length(posted));
-  }
+  for (; posted < std::min(kReceiveWindow * k, count); ++posted) post(posted);
   for (size_t done = 0; done < count; ++done) {
-    buffer.waitRecv(TimeLeft(deadline));  // segments complete in order
+    // A stream's segments complete in order, so its next completion is segment `done`.
+    buffers[StreamOf(done, k)]->waitRecv(TimeLeft(deadline));
     if (progress) progress->Advance(segments.end(done));
-    if (posted < count) {
-      buffer.recv(peer, slot, segments.offset(posted), segments.length(posted));
-      ++posted;
-    }
+    if (posted < count) post(posted++);
   }
 }
 

@@ -1,7 +1,9 @@
 // A point-to-point message on the wire: a 32-byte header the receiver checks against its buffer
 // before any payload byte moves, then the payload in segments (offset/length operations on one
 // Gloo buffer, the sender's cuts in the header, so both sides post the same ones in order), with
-// their progress. Which receive takes which message is p2p_exchange.h's and p2p_turns.h's job.
+// their progress. With several streams (meshes) per peer pair, segment i travels on stream
+// i % streams (comm/striping.h), so a payload of one segment stays on the first stream. Which
+// receive takes which message is p2p_exchange.h's and p2p_turns.h's job.
 #pragma once
 
 #include <algorithm>
@@ -57,8 +59,8 @@ struct Segments {
   size_t end(size_t i) const { return offset(i) + length(i); }
 };
 
-// Segments a receive keeps announced at once: a small window keeps an announcement from queuing
-// behind a whole payload going the other way (docs/comm.md).
+// Segments a receive keeps announced at once per stream: a small window keeps an announcement
+// from queuing behind a whole payload going the other way (docs/comm.md).
 constexpr size_t kReceiveWindow = 4;
 
 // A send's payload once posted: the Gloo buffers its segments went out on. Its memory must
@@ -71,8 +73,8 @@ class SentPayload {
   SentPayload& operator=(SentPayload&&) noexcept;
 
   // Posts every segment of `send`'s payload, from the caller's memory (with P2POp::gather, only
-  // the segments that straddle two pieces are copied).
-  void Post(const P2POp& send, gloo::Context& context, uint64_t slot, const Segments& segments);
+  // the segments that straddle two pieces are copied), segment i on streams[i % size].
+  void Post(const P2POp& send, absl::Span<gloo::Context* const> streams, uint64_t slot, const Segments& segments);
 
   // Waits for every payload's segments round robin, advancing each one's `progress` (may be null).
   static void WaitAll(absl::Span<SentPayload* const> sends, std::chrono::steady_clock::time_point deadline);
@@ -80,7 +82,8 @@ class SentPayload {
   TransferProgress* progress = nullptr;
 
  private:
-  void PostGathered(const std::vector<Buffer>& pieces, int peer, gloo::Context& context, uint64_t slot);
+  void PostGathered(const std::vector<Buffer>& pieces, int peer, absl::Span<gloo::Context* const> streams,
+                    uint64_t slot);
 
   Segments segments_{0, 0};
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> buffers_;
@@ -90,10 +93,12 @@ class SentPayload {
   std::vector<gloo::transport::UnboundBuffer*> segment_buffers_;
 };
 
-// Receives a payload cut as `segments` from `peer` on `slot` into `buffer` (which covers
-// segments.bytes), keeping kReceiveWindow segments announced, and advances `progress` (may
-// be null) to each landed prefix.
-void ReceiveSegments(gloo::transport::UnboundBuffer& buffer, int peer, uint64_t slot, const Segments& segments,
-                     std::chrono::steady_clock::time_point deadline, TransferProgress* progress);
+// Receives a payload cut as `segments` from `peer` on `slot`, segment i through
+// buffers[i % size] (one per stream, each over the same memory, covering segments.bytes),
+// keeping kReceiveWindow segments announced per stream, and advances `progress` (may be null)
+// to each landed prefix.
+void ReceiveSegments(absl::Span<gloo::transport::UnboundBuffer* const> buffers, int peer, uint64_t slot,
+                     const Segments& segments, std::chrono::steady_clock::time_point deadline,
+                     TransferProgress* progress);
 
 }  // namespace gossipcc

@@ -13,11 +13,13 @@
 #include "comm/reduce.h"
 #include "comm/ring_common.h"
 #include "comm/ring_plan.h"
+#include "comm/striping.h"
 
 namespace gossipcc {
 namespace {
 
-// The ring on `data`, with this rank's receive slots at `scratch` (kRingWindow x max segment).
+// The ring on `data`, with this rank's receive slots at `scratch` (RingWindow(k) x max segment).
+// Message u travels on stream u % k (striping.h), each stream's in order on both ends.
 void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& plan, uint8_t* scratch) {
   gloo::Context& ctx = *call.context;
   const int n = ctx.size;
@@ -27,38 +29,51 @@ void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& pla
   const int S = plan.segments();
   const int P = plan.phase_messages();
   const int U = plan.messages();
+  const int k = call.stream_count();
+  const int window = RingWindow(k);
   const size_t slot_bytes = plan.max_segment() * element;
   const ReduceFn reduce = GetReduceFn(data.dtype, op);
   const uint64_t slot = MakeSlot(kRingAllreduceSlotPrefix, call.tag);
   auto* bytes = static_cast<uint8_t*>(data.data);
 
-  PostedBuffers buffers(ctx, *call.retired);
-  gloo::transport::UnboundBuffer& scratch_ub = buffers.Create(scratch, slot_bytes * kRingWindow);
-  gloo::transport::UnboundBuffer& data_ub = buffers.Create(bytes, data.bytes());
+  // Per stream: its buffers over the scratch slots and over the data, and its sends so far.
+  std::vector<std::unique_ptr<PostedBuffers>> posted_on;
+  std::vector<gloo::transport::UnboundBuffer*> scratch_ub, data_ub;
+  std::vector<int> sends(static_cast<size_t>(k), 0);
+  for (int i = 0; i < k; ++i) {
+    posted_on.push_back(std::make_unique<PostedBuffers>(call.stream(i), *call.retired));
+    scratch_ub.push_back(&posted_on.back()->Create(scratch, slot_bytes * static_cast<size_t>(window)));
+    data_ub.push_back(&posted_on.back()->Create(bytes, data.bytes()));
+  }
+  auto stream = [&](int u) { return static_cast<size_t>(StreamOf(static_cast<size_t>(u), static_cast<size_t>(k))); };
 
-  // Reduce-scatter messages land in scratch slot u % kRingWindow, all-gather ones in place.
+  // Reduce-scatter messages land in scratch slot u % window, all-gather ones in place.
   auto post_receive = [&](int u) {
     const RingSpan s = plan.Received(u);
     if (s.count == 0) return;
     if (u < P) {
-      scratch_ub.recv(left, slot, static_cast<size_t>(u % kRingWindow) * slot_bytes, s.count * element);
+      scratch_ub[stream(u)]->recv(left, slot, static_cast<size_t>(u % window) * slot_bytes, s.count * element);
     } else {
-      data_ub.recv(left, slot, s.first * element, s.count * element);
+      data_ub[stream(u)]->recv(left, slot, s.first * element, s.count * element);
     }
   };
-  int sends = 0;
   auto send = [&](int u) {
     const RingSpan s = plan.Sent(u);
     if (s.count == 0) return;
-    data_ub.send(right, slot, s.first * element, s.count * element);
-    ++sends;
+    data_ub[stream(u)]->send(right, slot, s.first * element, s.count * element);
+    ++sends[stream(u)];
+  };
+  auto wait_sends = [&] {
+    for (int i = 0; i < k; ++i) {
+      for (; sends[static_cast<size_t>(i)] > 0; --sends[static_cast<size_t>(i)]) data_ub[static_cast<size_t>(i)]->waitSend(call.left());
+    }
   };
 
   // Before the verdict: receives only into scratch, and sends only of messages the right
-  // neighbour posted receives for before its signature left (its first kRingWindow).
-  int posted = std::min(kRingWindow, P);
+  // neighbour posted receives for before its signature left (its first `window`).
+  int posted = std::min(window, P);
   for (int u = 0; u < posted; ++u) post_receive(u);
-  const int ahead = std::min(S, kRingWindow);
+  const int ahead = std::min(S, window);
   int sent = 0;
   RunOverlappedCheck(
       call, left, right, [&] {
@@ -68,10 +83,10 @@ void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& pla
         // None of the messages that left may still refer to the caller's buffer or arrive
         // after this returns. Receives the left neighbour will never match stay posted on
         // scratch memory, which is retired.
-        for (int i = 0; i < sends; ++i) data_ub.waitSend(call.left());
+        wait_sends();
         if (left_sent) {
           for (int u = 0; u < ahead; ++u) {
-            if (plan.Received(u).count) scratch_ub.waitRecv(call.left());
+            if (plan.Received(u).count) scratch_ub[stream(u)]->waitRecv(call.left());
           }
         }
       });
@@ -79,26 +94,26 @@ void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& pla
 
   const double avg_scale = 1.0 / static_cast<double>(n);
   for (int u = 0; u < U; ++u) {
-    // A reduce-scatter slot is reused by message u + kRingWindow only once message u is reduced.
-    for (; posted < U && posted < u + kRingWindow; ++posted) post_receive(posted);
+    // A reduce-scatter slot is reused by message u + window only once message u is reduced.
+    for (; posted < U && posted < u + window; ++posted) post_receive(posted);
     const RingSpan s = plan.Received(u);
     uint8_t* target = bytes + s.first * element;
     if (s.count) {
       if (u < P) {
-        scratch_ub.waitRecv(call.left());
-        reduce(target, target, scratch + static_cast<size_t>(u % kRingWindow) * slot_bytes, s.count);
+        scratch_ub[stream(u)]->waitRecv(call.left());
+        reduce(target, target, scratch + static_cast<size_t>(u % window) * slot_bytes, s.count);
         // The last reduce-scatter step completes this rank's chunk: averaged once, here, so
         // every rank receives the same bits.
         if (u >= P - S && op == ReduceOp::kAvg) ScaleInPlace(target, s.count, data.dtype, avg_scale);
       } else {
-        data_ub.waitRecv(call.left());
+        data_ub[stream(u)]->waitRecv(call.left());
       }
     }
     // Message u + S forwards what just arrived: the partial sum one step on, the finished
     // chunk into the all-gather, or the gathered chunk one more hop.
     if (u + S < U) send(u + S);
   }
-  for (int i = 0; i < sends; ++i) data_ub.waitSend(call.left());
+  wait_sends();
 }
 
 }  // namespace
@@ -110,7 +125,8 @@ void RingAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
     return;
   }
   const RingPlan plan(n, call.context->rank, data.count, ElementSize(data.dtype));
-  const size_t scratch_bytes = plan.max_segment() * ElementSize(data.dtype) * kRingWindow;
+  const size_t scratch_bytes =
+      plan.max_segment() * ElementSize(data.dtype) * static_cast<size_t>(RingWindow(call.stream_count()));
   WithRingSlots(call, scratch_bytes, [&](uint8_t* slots) { RunRing(call, data, op, plan, slots); });
 }
 

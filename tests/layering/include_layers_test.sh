@@ -16,7 +16,7 @@ declare -A LAYER=(
   # 0: no comm/ include
   [errors.h]=0 [types.h]=0 [cuda_stream.h]=0 [issue_time.h]=0 [quantized_blocks.h]=0 [float32_packing.h]=0 [transfer_progress.h]=0 [ring_plan.h]=0
   # 1: values and interfaces
-  [listen_address.h]=1 [reduce.h]=1 [work.h]=1 [store.h]=1 [options.h]=1 [op_spec.h]=1
+  [listen_address.h]=1 [reduce.h]=1 [work.h]=1 [store.h]=1 [options.h]=1 [op_spec.h]=1 [striping.h]=1
   # 2: what the data paths are handed; a collective's fingerprint (encoding, comparison)
   [p2p_op.h]=2 [gloo_util.h]=2 [gloo_call.h]=2 [fingerprint.h]=2
   # 3: the signature check, the rings' shared plan
