@@ -153,7 +153,7 @@ def test_smoke_run_on_two_local_ranks(tmp_path):
 def test_bad_arguments_are_named(tmp_path):
     script = os.path.join(bench_script.TOOLS, "bench", "model_shapes.py")
     for argv, words in ((["--scale", "0"], "--scale"), (["--scale", "1.5"], "--scale"),
-                        (["--ranks", "4", "--hosts", "3"], "4 ranks but 3 hosts"),
+                        (["--ranks", "4", "--hosts", "3"], "--ranks N means N hosts of one rank each"),
                         (["--network", "fast"], "network 'fast'"), (["--ranks", "1", "--network", "local"], "2 ranks")):
         out = subprocess.run([sys.executable, script, "--results-dir", str(tmp_path)] + argv, capture_output=True,
                              text=True, timeout=120)

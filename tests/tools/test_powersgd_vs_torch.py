@@ -9,7 +9,9 @@ LOAD = {"loadavg_before": [0.5, 0.5, 0.5], "loadavg_after": [0.6, 0.5, 0.5], "wa
 
 
 def run(seconds, tx, acc=0.9):
-    return {"time_per_step": seconds, "bytes_per_step": tx, "test_acc": acc}
+    """One method's run; its hosts of two ranks send twice a rank's bytes."""
+    return {"time_per_step": seconds, "bytes_per_step": tx, "host_bytes_per_step": None if tx is None else 2 * tx,
+            "test_acc": acc}
 
 
 def recorded(cells):
@@ -24,7 +26,7 @@ def recorded(cells):
         for t, (g, h) in enumerate(pairs):
             r.add_trial({cell: {"gossipcc": g, "torch": h}}, LOAD, m.METHODS, group=cell)
     d = r.document()
-    d["args"].update(ranks=4, hidden=1024, batch=8, steps=60)
+    d["args"].update(ranks=4, hosts=2, ranks_per_host=2, hidden=1024, batch=8, steps=60)
     return m, d
 
 
@@ -38,13 +40,14 @@ def test_cell_takes_the_median_of_each_figure_and_the_median_of_the_per_trial_sp
     assert s["methods"]["gossipcc"]["time_per_step"] == {"median": 0.020, "min": 0.010, "max": 0.030, "n": 3}
     assert s["speedups"]["gossipcc"]["median"] == 2.5
     assert m.report_rows(d) == [["1gbit", "2", "20.0 (10.0-30.0)", "45.0 (40.0-50.0)", "2.50x (1.33-4.50)",
-                                 "77.0 (76.0-78.0)", "52.0 (51.0-53.0)", "90.0% / 80.0%"]]
+                                 "77.0 (76.0-78.0)", "52.0 (51.0-53.0)", "154.0 (152.0-156.0)",
+                                 "104.0 (102.0-106.0)", "90.0% / 80.0%"]]
 
 
 def test_a_cell_without_tx_counters_says_so():
     m, d = recorded({("local", "1"): [(run(0.02, None), run(0.04, None))]})
     row = m.report_rows(d)[0]
-    assert row[5:7] == ["-", "-"]
+    assert row[5:9] == ["-", "-", "-", "-"]
     assert row[4] == "2.00x (1 sample)"
 
 

@@ -4,11 +4,12 @@ ProcessGroupGloo), same processes and tensors, N ranks (default 4), 4 KB .. 256 
 unshaped emulated network and at 1 Gbit/s per host; and gossipcc with its lossless packing
 (GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE=1, "gossipcc packed").
 
-    tools/bench/run.sh allreduce_backends [--ranks 4] [--networks none,1gbit] [--max-bytes 268435456] [--plot PNG]
+    tools/bench/run.sh allreduce_backends [--hosts 4 [--ranks-per-host 1] | --ranks 4] [--networks none,1gbit] [--max-bytes 268435456] [--plot PNG]
                                           [--iterations K] [--quantiles] [--data gradients|constant]
                                           [--trials 5] [--max-load 0.5] [--allow-load] [--results-dir DIR]
 
-Every rank is its own host (tools/emulated_cluster.py). On tools/bench/harness.py: per network,
+Every rank is its own host by default (tools/emulated_cluster.py; --hosts H --ranks-per-host G
+puts G ranks on each of H hosts, sharing its link). On tools/bench/harness.py: per network,
 one run of the ranks: an untimed warm-up op per size and backend, then --trials trials, each
 going through every size; at each size a trial runs K iterations (--iterations; default by
 size), and in each iteration the three backends run in rotating order (iteration i of trial t
@@ -17,7 +18,8 @@ over its iterations of the slowest rank's time; a cell is the median over the tr
 min-max, and the ratios to gloo are the medians of the per-trial ratios. Bytes are the ranks'
 NIC tx counters (frames with headers, TCP ACKs included) from just before the op to after the
 barrier that follows it (so the op's last queued segments count; the barrier adds a few
-hundred bytes), averaged over ranks. Link bound: the
+hundred bytes), per rank (its own sockets) and per host (its NIC: every rank of the host),
+averaged over ranks. Link bound: the
 ring all-reduce's 2(n-1)/n * bytes at the link rate, unpacked.
 
 Data (--data): "gradients" (default): each rank's tensor is made of real gradients, those of
@@ -35,7 +37,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -104,17 +105,11 @@ def worker(args):
 
     def one(name, t):
         fill(t)
-        dist.barrier()
-        c0 = common.rank_tx_bytes()
-        t0 = time.perf_counter()
-        dist.all_reduce(t, group=groups[name])
-        dt = time.perf_counter() - t0
-        dist.barrier()  # the op's last segments may still sit in the rank's queue
-        c1 = common.rank_tx_bytes()
+        dt, tx, host_tx = common.timed(lambda: dist.all_reduce(t, group=groups[name]), dist.barrier)
         if source is None and (t[0].item() != expected or t[-1].item() != expected):
             raise AssertionError(f"{name} all-reduce of {t.numel() * 4} bytes: got {t[0].item()}, "
                                  f"{t[-1].item()}, expected {expected}")
-        return dt, None if c0 is None else c1 - c0
+        return dt, tx, host_tx
 
     for nbytes in sizes:  # warm-up, not timed: its results are the ones checked
         t = torch.empty(nbytes // 4, dtype=torch.float32)
@@ -136,14 +131,16 @@ def worker(args):
             k = iterations(nbytes, args.iterations)
             times = {name: [] for name in names}
             sent = {name: 0 for name in names}
+            host_sent = {name: 0 for name in names}
             for i in range(k):
                 for name in harness.trial_order(names, trial, i):
-                    dt, tx = one(name, t)
+                    dt, tx, host_tx = one(name, t)
                     times[name].append(dt)
-                    if tx is not None:
-                        sent[name] += tx
+                    sent[name] += tx or 0
+                    host_sent[name] += host_tx or 0
             out.append({"bytes": nbytes, "k": k, "times": times,
-                        "tx_per_op": {name: sent[name] / k for name in names}})
+                        "tx_per_op": {name: sent[name] / k for name in names},
+                        "host_tx_per_op": {name: host_sent[name] / k for name in names}})
             del t
         dist.barrier()
         trials.append({"sizes": out, "order": harness.trial_order(names, trial), "load": probe.stop()})
@@ -167,11 +164,7 @@ def check_results(results, nbytes):
                              f"{plain[bad].item()} vs {gloo[bad].item()}")
 
 
-def link_bytes_per_second(network):
-    """The preset's per-host rate in bytes/s, or None (unshaped, loopback)."""
-    import emulated_cluster
-    rate, _ = emulated_cluster.parse_network(network) if network != "local" else (None, None)
-    return emulated_cluster.rate_bits_per_second(rate) / 8 if rate else None
+link_bytes_per_second = common.link_bytes_per_second
 
 
 def cell_name(network, nbytes):
@@ -190,8 +183,10 @@ def trial_samples(docs, trial, network):
         for name in (b for b in BACKENDS if b in entry["times"]):
             per_iteration = [max(r[i]["times"][name][j] for r in runs) for j in range(entry["k"])]
             slowest[cell][name] = per_iteration
+            host = [r[i]["host_tx_per_op"][name] for r in runs if "host_tx_per_op" in r[i]]
             samples[cell][name] = {"time": common.median(per_iteration),
-                                   "tx": sum(r[i]["tx_per_op"][name] for r in runs) / len(runs)}
+                                   "tx": sum(r[i]["tx_per_op"][name] for r in runs) / len(runs),
+                                   "host_tx": sum(host) / len(host) if host else None}
     return samples, slowest
 
 
@@ -224,8 +219,8 @@ def networks_of(doc):
 def table(doc, network):
     """One network's table: per size the median time of every backend (min-max), each gossipcc
     variant's time over gloo's (the median of the per-trial ratios), the link bound and each
-    backend's time over it where the link is shaped, and each backend's bytes sent per rank per op
-    over the size."""
+    backend's time over it where the link is shaped, and each backend's bytes sent per rank and
+    per host per op over the size."""
     names = backends_in(doc, network)
     others = [b for b in names if b != "gloo"]
     cells = [(c, info) for c, info in doc["cells"].items() if info["network"] == network]
@@ -240,12 +235,14 @@ def table(doc, network):
         if shaped:
             row += [f"{1e3 * info['bound']:.2f}"] + [f"{s['methods'][b]['time']['median'] / info['bound']:.2f}"
                                                     for b in names]
-        row += [f"{s['methods'][b]['tx']['median'] / nbytes:.3f}" if network != "local" else "-" for b in names]
+        for key in ("tx", "host_tx"):
+            row += [f"{s['methods'][b][key]['median'] / nbytes:.3f}" if network != "local"
+                    and s["methods"][b].get(key) else "-" for b in names]
         body.append(row)
     header = ["size", "k per trial"] + [f"{b} (ms)" for b in names] + [f"ratio {b}/gloo" for b in others]
     if shaped:
         header += ["link bound (ms)"] + [f"{b}/bound" for b in names]
-    header += [f"sent/rank/op ÷ size, {b}" for b in names]
+    header += [f"sent/rank/op ÷ size, {b}" for b in names] + [f"sent/host/op ÷ size, {b}" for b in names]
     return harness.markdown_table(header, body)
 
 
@@ -269,7 +266,7 @@ def quantile_table(doc, network):
 
 
 def title(args):
-    return (f"all-reduce, backend gossipcc (plain and packed) vs gloo, {args['ranks']} ranks, "
+    return (f"all-reduce, backend gossipcc (plain and packed) vs gloo, {common.args_world(args)}, "
             f"{common.human_bytes(args['min_bytes'])}..{common.human_bytes(args['max_bytes'])}, "
             f"float32 {args['data']}")
 
@@ -329,8 +326,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--networks", default="none,1gbit", help="comma list of emulated_cluster presets (or local)")
+    common.add_cluster_arguments(p, hosts=4, network="none,1gbit", sweep_networks=True)
     p.add_argument("--min-bytes", type=int, default=4096)
     p.add_argument("--max-bytes", type=int, default=256 << 20)
     p.add_argument("--plot", metavar="PNG", help="also write a plot of the tables (time and ratio per size) here")
@@ -344,10 +340,11 @@ def main():
     args = p.parse_args()
     if args.worker:
         return worker(args)
+    common.resolve_cluster_arguments(args, "allreduce_backends")
     run = harness.Run("allreduce_backends", args, BACKENDS, "gloo", "time")
-    for network in args.networks.split(","):
+    for network in args.networks:
         try:
-            with common.make_cluster(args.ranks, network) as cluster:
+            with common.make_cluster(args.hosts, args.ranks_per_host, network) as cluster:
                 docs = common.run_ranks(cluster, os.path.abspath(__file__),
                                         ["--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
                                          "--data", args.data, "--trials", str(args.trials)]
@@ -355,7 +352,7 @@ def main():
                                         timeout=3600)
         except common.NamespacesUnavailable as e:
             common.fail(f"allreduce_backends: emulated network not available: {e}")
-        record(run, docs, network, args.ranks, link_bytes_per_second(network))
+        record(run, docs, network, args.ranks, common.link_bytes_per_second(network))
         print(f"network {network}: done", flush=True)
     doc = run.finish(report)
     if args.plot:

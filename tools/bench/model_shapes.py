@@ -3,8 +3,8 @@
 (25,557,032 parameters) and a GPT-2-small-sized transformer (124,439,808) - on the emulated hosts,
 against gloo's all-reduce of the same tensors in the same run.
 
-    tools/bench/run.sh model_shapes [--model resnet50|gpt2|both] [--scale 1.0] [--hosts 4] [--ranks-per-host 1]
-                                    [--ranks N] [--network 1gbit] [--iterations 1] [--bucket-mb 25]
+    tools/bench/run.sh model_shapes [--model resnet50|gpt2|both] [--scale 1.0] [--network 1gbit]
+                                    [--hosts 4 [--ranks-per-host 1] | --ranks 4] [--iterations 1] [--bucket-mb 25]
                                     [--trials 5] [--max-load 0.5] [--allow-load] [--results-dir DIR]
 
 Shapes: resnet50_shapes() walks torchvision's ResNet-50 (conv1, bn1, the four stages of [3, 4, 6, 3]
@@ -46,8 +46,9 @@ trials of --iterations iterations; in iteration i of trial t each section's meth
 order harness.trial_order(methods, t, i), each op preceded by an untimed barrier and its input
 restored untimed. A sample is the median over the trial's iterations of the slowest rank's time;
 a figure is the median over the trials with its min-max, and each ratio against gloo the median
-of the per-trial ratios. Bytes: the ranks' NIC tx counters from just before the op to after the
-barrier that follows it, averaged over the ranks (none on --network local).
+of the per-trial ratios. Bytes: the NIC tx counters from just before the op to after the
+barrier that follows it, per rank (its own sockets) and per host (its NIC, every rank of the
+host), averaged over the ranks (none on --network local).
 
 Checks (the run fails, naming the method, when one does not hold):
 - exact (gloo, gossipcc): |result - average| <= (n + 2) 2^-24 sum_r |x_r| / n per element, the
@@ -71,7 +72,6 @@ import json
 import math
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -440,14 +440,7 @@ def worker(args):
 
     def one(section, method):
         work.copy_(source)
-        dist.barrier()
-        c0 = common.rank_tx_bytes()
-        t0 = time.perf_counter()
-        run_section[section](method)
-        dt = time.perf_counter() - t0
-        dist.barrier()
-        c1 = common.rank_tx_bytes()
-        return dt, None if c0 is None or c1 is None else c1 - c0
+        return common.timed(lambda: run_section[section](method), dist.barrier)
 
     # Warm-up: every method once, untimed; these results are checked. PyTorch's hook runs its two
     # exact iterations first (start_powerSGD_iter = 2), so the checked call is its first compressed one.
@@ -474,18 +467,21 @@ def worker(args):
         probe.start()
         times = {s: {m: [] for m in ms} for s, _, ms in SECTIONS}
         sent = {s: {m: [] for m in ms} for s, _, ms in SECTIONS}
+        host_sent = {s: {m: [] for m in ms} for s, _, ms in SECTIONS}
         orders = []
         for i in range(args.iterations):
             for section, _, methods in SECTIONS:
                 order = harness.trial_order(methods, trial, i)
                 orders.append(order)
                 for method in order:
-                    dt, tx = one(section, method)
+                    dt, tx, host_tx = one(section, method)
                     times[section][method].append(dt)
                     if tx is not None:
                         sent[section][method].append(tx)
+                    if host_tx is not None:
+                        host_sent[section][method].append(host_tx)
         dist.barrier()
-        trials.append({"times": times, "sent": sent, "orders": orders, "load": probe.stop()})
+        trials.append({"times": times, "sent": sent, "host_sent": host_sent, "orders": orders, "load": probe.stop()})
     dist.barrier()
     dist.destroy_process_group()
     with open(args.out, "w") as f:
@@ -545,7 +541,10 @@ def trial_samples(docs, trial, model):
             k = len(runs[0]["times"][section][m])
             slowest = [max(r["times"][section][m][i] for r in runs) for i in range(k)]
             sent = [sum(r["sent"][section][m]) / len(r["sent"][section][m]) for r in runs if r["sent"][section][m]]
-            cell[m] = {"time": common.median(slowest), "sent": sum(sent) / len(sent) if sent else None}
+            host = [sum(r["host_sent"][section][m]) / len(r["host_sent"][section][m]) for r in runs
+                    if r.get("host_sent", {}).get(section, {}).get(m)]
+            cell[m] = {"time": common.median(slowest), "sent": sum(sent) / len(sent) if sent else None,
+                       "host_sent": sum(host) / len(host) if host else None}
         samples[cell_name(model, section)] = cell
     return samples
 
@@ -574,9 +573,9 @@ def table(doc, cell):
         sent = harness.cell_text(st["sent"], 1e-6, 2)
         over = f"{st['sent']['median'] / gloo_sent['median']:.3f}" if st["sent"] and gloo_sent else "-"
         rows.append([m, harness.cell_text(st["time"], 1e3, 1), ratio, speedup, sent, over,
-                     f"{info['checks'][m]:.2g}"])
+                     common.bytes_text(st.get("host_sent")), f"{info['checks'][m]:.2g}"])
     return harness.markdown_table(["method", "time (ms)", "time / gloo's", "speed-up vs gloo", "MB sent/rank",
-                                   "sent / gloo's", "checked: worst error / tolerance"], rows)
+                                   "sent / gloo's", "MB sent/host", "checked: worst error / tolerance"], rows)
 
 
 def report(doc):
@@ -593,24 +592,13 @@ def report(doc):
     return "\n\n".join(parts)
 
 
-def make_cluster(args):
-    import emulated_cluster
-    if args.network == "local":
-        return emulated_cluster.LocalCluster(n=args.ranks, hosts=args.hosts, ranks_per_host=args.ranks_per_host)
-    return emulated_cluster.EmulatedCluster(n=args.ranks, hosts=args.hosts, ranks_per_host=args.ranks_per_host,
-                                            network=args.network)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--model", default="both", choices=("resnet50", "gpt2", "both"))
     p.add_argument("--scale", type=float, default=1.0, help="fraction of every tensor's size, in (0, 1] (default 1)")
-    p.add_argument("--hosts", type=int, help="emulated hosts (default 4, or --ranks / --ranks-per-host)")
-    p.add_argument("--ranks-per-host", type=int, default=1)
-    p.add_argument("--ranks", type=int, help="world size (hosts x ranks per host)")
-    p.add_argument("--network", default="1gbit", help="an emulated_cluster preset or link spec, or local")
+    common.add_cluster_arguments(p, hosts=4, network="1gbit")
     p.add_argument("--iterations", type=int, default=1, help="iterations per trial (default 1)")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket cap in MiB (default 25), x --scale")
     harness.add_arguments(p)
@@ -623,24 +611,14 @@ def main():
         common.fail(f"model_shapes: --iterations must be at least 1, got {args.iterations}")
     if not args.bucket_mb > 0:
         common.fail(f"model_shapes: --bucket-mb must be > 0, got {args.bucket_mb}")
-    if args.hosts is None and args.ranks is None:
-        args.hosts = 4
-    import emulated_cluster
-    try:
-        hosts, per_host = emulated_cluster.hosts_and_ranks(args.ranks, args.hosts, args.ranks_per_host)
-        if args.network != "local":
-            emulated_cluster.parse_link(args.network)
-    except ValueError as e:
-        common.fail(f"model_shapes: {e}")
-    if hosts * per_host < 2:
-        common.fail("model_shapes: needs at least 2 ranks")
+    common.resolve_cluster_arguments(args, "model_shapes")
     run = harness.Run("model_shapes", args, METHODS, "gloo", "time")
-    run.info["world"] = f"{hosts} hosts x {per_host} rank(s)"
+    run.info["world"] = common.world_text(args.hosts, args.ranks_per_host)
     models = MODELS if args.model == "both" else (args.model,)
     for model in models:
         layout = Layout(model, args.scale, args.bucket_mb)
         try:
-            with make_cluster(args) as cluster:
+            with common.make_cluster(args.hosts, args.ranks_per_host, args.network) as cluster:
                 docs = common.run_ranks(cluster, os.path.abspath(__file__),
                                         ["--model", model, "--scale", repr(args.scale), "--bucket-mb",
                                          repr(args.bucket_mb), "--iterations", str(args.iterations),

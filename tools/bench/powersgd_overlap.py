@@ -3,12 +3,13 @@
 overlapping policy hook, with the old blocking one, and with PyTorch's powerSGD_hook on gloo,
 against backward alone and the compressed all-reduce alone, in one run (issue 30, item 4).
 
-    tools/bench/run.sh powersgd_overlap [--ranks 2] [--network 100mbit] [--width 256] [--layers 32]
+    tools/bench/run.sh powersgd_overlap [--hosts 2 [--ranks-per-host 1] | --ranks 2] [--network 100mbit] [--width 256] [--layers 32]
                                         [--batch 128] [--bucket-cap-mb 1] [--psgd-rank 2]
                                         [--steps 20] [--wait 1800] [--wait-load 1.5]
                                         [--trials 5] [--max-load 0.5] [--allow-load] [--results-dir DIR]
 
-Every rank is its own host (tools/emulated_cluster.py), one torch thread per rank. The model is
+Every rank is its own host by default (tools/emulated_cluster.py; --hosts H --ranks-per-host G:
+G ranks sharing each host's link), one torch thread per rank. The model is
 an MLP of --layers square Linear(W, W) + ReLU layers and a Linear(W, 10) head, on random
 inputs (batch --batch per rank); DDP buckets of --bucket-cap-mb (DDP's first bucket too), so
 that a bucket's communication can overlap the backward of the layers before it. The defaults
@@ -228,12 +229,13 @@ def worker(args):
         dist.barrier()
         probe.start()
         for name in order:
-            times, tx0 = [], common.rank_tx_bytes()
+            times, tx0 = [], common.tx_counters()
             for i in range(args.steps):
                 dist.barrier()
                 times.append(run(name, i))
-            tx1 = common.rank_tx_bytes()
-            got[name] = {"times": times, "tx_per_step": None if tx0 is None else (tx1 - tx0) / args.steps}
+            tx1 = common.tx_counters()
+            got[name] = {"times": times, "tx_per_step": None if tx0[0] is None else (tx1[0] - tx0[0]) / args.steps,
+                         "host_tx_per_step": None if tx0[1] is None else (tx1[1] - tx0[1]) / args.steps}
         dist.barrier()
         rounds.append({"order": list(order), "load": probe.stop(), "runs": got})
     dist.barrier()
@@ -251,8 +253,8 @@ METRICS = ("step", "bwd", "computed")
 def trial_samples(docs, trial):
     """One trial's samples from its ranks' documents: per variant and reference the median over
     the trial's steps of the slowest rank's time, for the whole step, backward ("bwd") and its
-    computing part (s; comm has the step only); bytes sent per rank per step (None without tx
-    counters); and for each variant the trial's own ratios: bwd / max(backward, comm),
+    computing part (s; comm has the step only); bytes sent per rank and per host per step (None
+    without tx counters); and for each variant the trial's own ratios: bwd / max(backward, comm),
     bwd / (backward + comm) and step / step bound (see table_rows)."""
     out = {}
     runs_of = {name: [doc["rounds"][trial]["runs"][name] for doc in docs] for name in docs[0]["rounds"][trial]["runs"]}
@@ -260,8 +262,8 @@ def trial_samples(docs, trial):
         steps = len(runs[0]["times"])
         sample = {key: common.median([max(run["times"][i][key] for run in runs) for i in range(steps)])
                   for key in METRICS if key in runs[0]["times"][0]}
-        sample["tx_per_step"] = (sum(run["tx_per_step"] for run in runs) / len(runs)
-                                 if runs[0]["tx_per_step"] is not None else None)
+        for key in ("tx_per_step", "host_tx_per_step"):
+            sample[key] = (sum(run[key] for run in runs) / len(runs) if runs[0].get(key) is not None else None)
         out[name] = sample
     if "backward" in out and "comm" in out:
         backward, comm = out["backward"]["bwd"], out["comm"]["step"]
@@ -288,7 +290,8 @@ def table_rows(doc, bytes_per_second=None):
     """The table's rows (figures in ms, each the median over the trials): one per variant (step;
     bwd+comm with its min-max over the trials, and how long backward computed (until the first
     layer's weight gradient); bwd+comm / max(backward, comm) and the goal; bwd+comm / (backward
-    + comm), 1.0 where nothing overlaps; step / step bound; KB sent per rank per step), then the
+    + comm), 1.0 where nothing overlaps; step / step bound; KB sent per rank and per host per
+    step), then the
     references. Every ratio is the median of the per-trial ratios. The step bound is the step
     without DDP with its backward replaced by max(backward, comm): forward and optimizer step
     overlap nothing."""
@@ -309,31 +312,29 @@ def table_rows(doc, bytes_per_second=None):
         ratio = v["bwd_over_bound"]
         rows.append([name, med(v["step"]), ms(v["bwd"]), med(v["computed"]), harness.cell_text(ratio, 1, 2),
                      "yes" if ratio["median"] <= GOAL else "no", harness.cell_text(v["bwd_over_sum"], 1, 2),
-                     harness.cell_text(v["step_over_step_bound"], 1, 2), kb(v["tx_per_step"])])
+                     harness.cell_text(v["step_over_step_bound"], 1, 2), kb(v["tx_per_step"]),
+                     kb(v.get("host_tx_per_step"))])
     for name, label in (("backward", "backward alone (no DDP)"), ("ddp-nocomm", "DDP, no communication")):
         if name in s:
             rows.append([label, med(s[name]["step"]), ms(s[name]["bwd"]), med(s[name]["computed"]),
-                         "", "", "", "", kb(s[name]["tx_per_step"])])
+                         "", "", "", "", kb(s[name]["tx_per_step"]), kb(s[name].get("host_tx_per_step"))])
     for name, label in (("comm", "comm alone (powersgd_allreduce)"), ("comm-buckets", "comm alone, in DDP's buckets")):
         if name not in s:
             continue
         wire = ""
         if bytes_per_second and s[name]["tx_per_step"] is not None:
             wire = f" (its bytes at the link rate: {1e3 * s[name]['tx_per_step']['median'] / bytes_per_second:.1f})"
-        rows.append([label, "", ms(s[name]["step"]) + wire, "", "", "", "", "", kb(s[name]["tx_per_step"])])
+        rows.append([label, "", ms(s[name]["step"]) + wire, "", "", "", "", "", kb(s[name]["tx_per_step"]),
+                     kb(s[name].get("host_tx_per_step"))])
     return rows
 
 
 HEADER = ["variant", "step (ms)", "**bwd+comm (ms)**", "of it, computing (ms)",
           "**bwd+comm / max(backward, comm)**", f"<= {GOAL:.2f}?", "bwd+comm / (backward + comm)",
-          "step / step bound", "KB sent/rank/step"]
+          "step / step bound", "KB sent/rank/step", "KB sent/host/step"]
 
 
-def link_bytes_per_second(network):
-    """The preset's per-host rate in bytes/s, or None (unshaped, loopback)."""
-    import emulated_cluster
-    rate, _ = emulated_cluster.parse_network(network) if network != "local" else (None, None)
-    return emulated_cluster.rate_bits_per_second(rate) / 8 if rate else None
+link_bytes_per_second = common.link_bytes_per_second
 
 
 def verdict(doc):
@@ -359,11 +360,11 @@ def verdict(doc):
 
 def report(doc):
     a = doc["args"]
-    head = (f"PowerSGD overlap: {a['ranks']} ranks, network {a['network']}, MLP {a['layers']} x {a['width']}^2 + head, "
+    head = (f"PowerSGD overlap: {common.args_world(a)}, network {a['network']}, MLP {a['layers']} x {a['width']}^2 + head, "
             f"batch {a['batch']}/rank, PowerSGD rank {a['psgd_rank']}, start_iter {a['start_iter']}, "
             f"{a['steps']} steps per variant per trial; {doc['info']['params']} parameters "
             f"({doc['info']['params'] * 4 / (1 << 20):.1f} MiB of gradients), {doc['info']['buckets']} DDP buckets")
-    rows = table_rows(doc, link_bytes_per_second(a["network"]))
+    rows = table_rows(doc, common.link_bytes_per_second(a["network"]) if "network" in a else None)
     return "\n\n".join([harness.preamble(doc), head, harness.markdown_table(HEADER, rows), verdict(doc),
                          harness.trials_table(doc)])
 
@@ -399,7 +400,7 @@ def wait_for_quiet(max_load, wait_s):
     wait_s seconds; returns the load seen last and whether it was below."""
     deadline = time.time() + wait_s
     while True:
-        load = float(common.load_average().split()[0])
+        load = harness.loadavg()[0]
         if load < max_load or time.time() >= deadline:
             return load, load < max_load
         print(f"  load {load:.2f} >= {max_load}: waiting (up to {deadline - time.time():.0f} s more)", flush=True)
@@ -410,9 +411,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--network", default="100mbit",
-                   help="an emulated_cluster preset, or local (loopback, no namespaces)")
+    common.add_cluster_arguments(p, hosts=2, network="100mbit")
     p.add_argument("--width", type=int, default=256, help="W: the MLP's square layers are W x W")
     p.add_argument("--layers", type=int, default=32, help="square layers")
     p.add_argument("--batch", type=int, default=128, help="per rank")
@@ -430,10 +429,11 @@ def main():
     if args.worker:
         worker(args)
         return
+    common.resolve_cluster_arguments(args, "powersgd_overlap")
     if args.wait > 0:
         load, quiet = wait_for_quiet(args.wait_load, args.wait)
         print(f"load {load:.2f}: {'below' if quiet else 'still not below'} {args.wait_load}, measuring", flush=True)
-    print(f"PowerSGD overlap: {args.ranks} ranks, network {args.network}, MLP {args.layers} x {args.width}^2 + head, "
+    print(f"PowerSGD overlap: {common.world_text(args.hosts, args.ranks_per_host)}, network {args.network}, MLP {args.layers} x {args.width}^2 + head, "
           f"batch {args.batch}/rank, PowerSGD rank {args.psgd_rank}, start_iter {args.start_iter}, "
           f"{args.steps} steps x {args.trials} trials per variant", flush=True)
     run = harness.Run("powersgd_overlap", args, VARIANTS + REFERENCES, "overlap", "bwd")
@@ -442,7 +442,7 @@ def main():
              "--bucket-cap-mb", str(args.bucket_cap_mb), "--steps", str(args.steps),
              "--trials", str(args.trials), "--timeout", str(args.timeout)]
     try:
-        with common.make_cluster(args.ranks, args.network) as cluster:
+        with common.make_cluster(args.hosts, args.ranks_per_host, args.network) as cluster:
             docs = common.run_ranks(cluster, os.path.abspath(__file__), flags, timeout=1800)
     except common.NamespacesUnavailable as e:
         common.fail(f"powersgd_overlap: emulated network not available: {e}")

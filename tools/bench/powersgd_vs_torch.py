@@ -3,14 +3,15 @@
 powersgd) vs PyTorch's powerSGD_hook on backend gloo: same model, rank and start_iter, at
 1 Gbit/s and 100 Mbit/s per host, N ranks (default 4).
 
-    tools/bench/run.sh powersgd_vs_torch [--ranks 4] [--networks 1gbit,100mbit] [--ranks-psgd 1,2]
+    tools/bench/run.sh powersgd_vs_torch [--hosts 4 [--ranks-per-host 1] | --ranks 4] [--networks 1gbit,100mbit] [--ranks-psgd 1,2]
                                          [--trials 5] [--max-load 0.5] [--allow-load] [--results-dir DIR]
 
 Each run is the main job's worker (tools/train/worker.py) training the digits MLP
 (64-H-H-10, default H = 1024: 1.1 M parameters, 4.3 MiB of gradients) for --steps steps; the
 first start_iter = 10 steps are exact all-reduce in both (PyTorch's warm-up), and the figures
 cover only the compressed steps after them: time per step (slowest rank's training clock,
-evaluation excluded) and bytes sent per rank per step (NIC tx counters). On
+evaluation excluded) and bytes sent per rank and per host per step (NIC tx counters; a
+host's are the sum of its ranks'). On
 tools/bench/harness.py: per network and PowerSGD rank, --trials trials, each one run of both
 methods (trial t starts with method t mod 2: the order alternates), the load recorded around
 each trial; a cell is the median over the trials with its min-max, and the speed-up (the hook's
@@ -62,8 +63,11 @@ def run_method(cluster, method, args, start_iter):
                          b["test_acc"]))
     steps = args.steps - start_iter
     tx = [p[1] for p in per_rank]
+    g = cluster.ranks_per_host
+    hosts = None if None in tx else [sum(tx[h:h + g]) for h in range(0, len(tx), g)]  # ranks host by host
     return {"time_per_step": max(p[0] for p in per_rank) / steps,
             "bytes_per_step": None if None in tx else sum(tx) / len(tx) / steps,
+            "host_bytes_per_step": None if hosts is None else sum(hosts) / len(hosts) / steps,
             "test_acc": sum(p[2] for p in per_rank) / len(per_rank)}
 
 
@@ -81,8 +85,8 @@ def worker_method(method, rank):
 
 def report_rows(doc):
     """The table's rows: per (network, rank) both variants' ms per step, the speed-up (the
-    median of the per-trial speed-ups, PyTorch's time over gossipcc's), KB sent per rank per
-    step, and the test accuracy reached (medians of the trials)."""
+    median of the per-trial speed-ups, PyTorch's time over gossipcc's), KB sent per rank and per
+    host per step, and the test accuracy reached (medians of the trials)."""
     rows = []
     for c, info in doc["cells"].items():
         s = doc["summary"]["cells"][c]
@@ -91,17 +95,20 @@ def report_rows(doc):
                      harness.cell_text(t["time_per_step"], 1e3, 1),
                      harness.cell_text(s["speedups"]["gossipcc"], 1, 2, "x"),
                      harness.cell_text(g["bytes_per_step"], 1e-3, 1), harness.cell_text(t["bytes_per_step"], 1e-3, 1),
+                     harness.cell_text(g.get("host_bytes_per_step"), 1e-3, 1),
+                     harness.cell_text(t.get("host_bytes_per_step"), 1e-3, 1),
                      f"{100 * g['test_acc']['median']:.1f}% / {100 * t['test_acc']['median']:.1f}%"])
     return rows
 
 
 HEADER = ["network", "rank", "gossipcc (ms/step)", "PyTorch hook (ms/step)", "speed-up (PyTorch/gossipcc)",
-          "gossipcc KB sent/rank/step", "PyTorch KB sent/rank/step", "test acc gossipcc / PyTorch"]
+          "gossipcc KB sent/rank/step", "PyTorch KB sent/rank/step", "gossipcc KB sent/host/step",
+          "PyTorch KB sent/host/step", "test acc gossipcc / PyTorch"]
 
 
 def title(doc):
     a = doc["args"]
-    return (f"PowerSGD: gossipcc (policy powersgd) vs PyTorch powerSGD_hook on gloo; {a['ranks']} ranks, "
+    return (f"PowerSGD: gossipcc (policy powersgd) vs PyTorch powerSGD_hook on gloo; {common.args_world(a)}, "
             f"MLP 64-{a['hidden']}-{a['hidden']}-10, batch {a['batch']}/rank, start_iter {doc['info']['start_iter']}, "
             f"figures over steps {doc['info']['start_iter'] + 1}..{a['steps']}")
 
@@ -148,8 +155,7 @@ def plot(doc, path):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--networks", default="1gbit,100mbit")
+    common.add_cluster_arguments(p, hosts=4, network="1gbit,100mbit", sweep_networks=True)
     p.add_argument("--ranks-psgd", default="1,2", help="PowerSGD matrix approximation ranks")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--hidden", type=int, default=1024)
@@ -157,6 +163,7 @@ def main():
     p.add_argument("--plot", metavar="PNG", help="also write a plot (time per step per cell, with the speed-up) here")
     harness.add_arguments(p)
     args = p.parse_args()
+    common.resolve_cluster_arguments(args, "powersgd_vs_torch")
     import methods
     start_iter = methods.POWERSGD_START_ITER
     if args.steps <= start_iter:
@@ -164,9 +171,9 @@ def main():
     run = harness.Run("powersgd_vs_torch", args, METHODS, "torch", "time_per_step")
     run.info["start_iter"] = start_iter
     probe = harness.LoadProbe()
-    for network in args.networks.split(","):
+    for network in args.networks:
         try:
-            with common.make_cluster(args.ranks, network) as cluster:
+            with common.make_cluster(args.hosts, args.ranks_per_host, network) as cluster:
                 for r in args.ranks_psgd.split(","):
                     cell = run.cell(cell_name(network, r), network=network, rank=r)
                     for trial in range(args.trials):
