@@ -43,15 +43,16 @@ def failed_lookup_worker(rank, world_size):
     def broken_lookup(group=None):
         raise RuntimeError("no backend for this device")
 
-    real = gossipcc.get_backend_object
-    gossipcc.get_backend_object = broken_lookup
+    # The policy's lookup (gossipcc/ddp.py) goes through gossipcc.backend.
+    real = gossipcc.backend.get_backend_object
+    gossipcc.backend.get_backend_object = broken_lookup
     try:
         DDP(torch.nn.Linear(4, 4))
         outcome = "built"
     except RuntimeError as e:
         outcome = str(e)
     finally:
-        gossipcc.get_backend_object = real
+        gossipcc.backend.get_backend_object = real
     dist.destroy_process_group()
     return outcome
 

@@ -243,8 +243,8 @@ def quantized_worker(rank, world_size):
             inner_step(model, inner, rank, step)
             diloco.step()
         finals[outer_sync] = flat_params(model)
-        if diloco._residuals is not None:
-            finals[outer_sync + " residual"] = max(r.abs().max().item() for r, _ in diloco._residuals)
+        if diloco.transport.residuals is not None:
+            finals[outer_sync + " residual"] = max(r.abs().max().item() for r, _ in diloco.transport.residuals)
     # Plain lists back to the test: tensors would travel as shared memory of an exiting process.
     everyone = {k: [t.tolist() for t in gather(v)] for k, v in finals.items() if isinstance(v, torch.Tensor)}
     finals = {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in finals.items()}
@@ -629,7 +629,7 @@ def psgd_worker(rank, world_size):
         diloco.step()
         if (step + 1) % PSGD_H == 0:
             after = [p.detach().clone().double() for p in params]
-            records.append((glob, local, after, psgd_state(bytes(diloco._psgd.state_dict()))))
+            records.append((glob, local, after, psgd_state(bytes(diloco.transport.powersgd.state_dict()))))
             glob = after
     dist.destroy_process_group()
     return records

@@ -50,8 +50,8 @@ def test_torchrun(tmp_path, launcher):
         if int(torch.__version__.split(".")[0]) < 2 and sys.version_info >= (3, 11):
             pytest.skip("torch 1.13's launcher fails on Python >= 3.11 before starting a worker; "
                         "python -m gossipcc.torchrun fixes that")
-        import gossipcc
-        if gossipcc._torch_lacks_libuv():
+        from gossipcc import _torch_patches
+        if _torch_patches.torch_lacks_libuv():
             pytest.skip("this torch is built without libuv and its torchrun's static rendezvous asks "
                         "for libuv whatever USE_LIBUV says; python -m gossipcc.torchrun fixes that")
     script = tmp_path / "train.py"

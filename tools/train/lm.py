@@ -297,10 +297,10 @@ def unsupported_reason(method):
     if not isinstance(method, DiLoCoMethod):
         return None
     try:
-        from gossipcc import diloco
+        from gossipcc import outer_sync
     except Exception as e:  # noqa: BLE001 - the worker will say it again
         return f"gossipcc cannot be imported ({e})"
-    parse = getattr(diloco, "_parse_outer_sync", None)
+    parse = getattr(outer_sync, "parse", None)
     if parse is None:
         return None
     try:

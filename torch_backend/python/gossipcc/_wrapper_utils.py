@@ -3,10 +3,11 @@ lookup, flat copies of a model's tensors, and rank-0 broadcasts."""
 import torch
 import torch.distributed as dist
 
+from .backend import get_backend_object
+
 
 def resolve_group(process_group):
     """(group, backend object, rank in group, group size) for `process_group` (None: default)."""
-    from . import get_backend_object
     if not dist.is_initialized():
         raise RuntimeError("gossipcc wrappers: call torch.distributed.init_process_group(backend=\"gossipcc\") first")
     backend = get_backend_object(process_group)

@@ -1,47 +1,87 @@
-"""Applies the gossipcc allreduce policy to unmodified DistributedDataParallel models.
+"""The allreduce policy: how DistributedDataParallel all-reduces its gradient buckets on a
+gossipcc process group, for unmodified DDP code.
 
-With policy "exact" nothing changes: DDP all-reduces its buckets through the backend. With a
-"powersgd" policy, every DDP model built on a gossipcc process group gets a comm hook that
-compresses its gradient buckets with gossipcc's native PowerSGD collective; DDP takes one comm
-hook, so the user's own register_comm_hook on such a model raises a RuntimeError that names the
-policy, where it was set, and how to use one's own hook (the policy "exact").
+``configure(allreduce=...)`` before ``init_process_group``, else the ``GOSSIPCC_ALLREDUCE``
+environment variable, else ``"exact"``. With "exact" nothing changes: DDP all-reduces its
+buckets through the backend. With a "powersgd" policy, every DDP model built on a gossipcc
+process group gets gossipcc's PowerSGD comm hook (hooks.powerSGD_hook, with a state made by
+``PowerSGDState.from_policy``; ``model._gossipcc_policy_state``); DDP takes one comm hook, so
+the user's own register_comm_hook on such a model raises a RuntimeError that names the policy,
+where it was set, and how to use one's own hook (the policy "exact").
 
 Registering one of torch's PowerSGD hooks (`powerSGD_hook`, `batched_powerSGD_hook`, also inside
 `fp16_compress_wrapper` / `bf16_compress_wrapper`) on a DDP model of a gossipcc group turns on the
 group's `order_nested_collectives`: those hooks issue all-reduces inside future callbacks, and with
 several buckets the order of those and of the next buckets' all-reduces must be the same on every
 rank (ProcessGroupGossipcc::set_order_nested_collectives).
+
+The functions here are what _torch_patches' DDP patches call (ddp_init_calls,
+ddp_register_comm_hook_calls); patch_for_policy / patch_for_group apply them.
 """
-import functools
+import warnings
 
-import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
-_original_init = DistributedDataParallel.__init__
-
-
-def _gossipcc_backend(process_group):
-    """The gossipcc backend behind `process_group`; None if the group uses another backend."""
-    from . import get_backend_object
-    try:
-        return get_backend_object(process_group)
-    except ValueError:  # the group uses another backend (get_backend_object says so)
-        return None
+from . import _C
+from . import _torch_patches
+from . import backend as _backend
+from .hooks import PowerSGDState, powerSGD_hook
 
 
-_warned_policy_not_applied = []
+def configure(allreduce=None, *, new_groups_only=False):
+    """Sets the backend's options for process groups created after this call; call it before
+    ``init_process_group``.
+
+    allreduce: policy string, e.g. "exact" or "powersgd:rank=2,start_iter=10" (any case; None:
+    back to GOSSIPCC_ALLREDUCE, else "exact"). Validated now; it takes precedence over the
+    GOSSIPCC_ALLREDUCE environment variable. Every rank must configure the same policy: a group
+    whose ranks differ fails its creation on every rank, naming each rank's policy.
+
+    A group's policy is fixed when the group is created (DDP models read it when they are
+    built), so while a gossipcc process group exists this raises RuntimeError: the call would
+    change nothing for that group. ``new_groups_only=True`` says that is meant: the policy then
+    applies to groups created afterwards (``dist.new_group(backend="gossipcc")``) and the
+    existing ones keep theirs (``get_backend_object(group).allreduce_policy``).
+    """
+    _backend.set_configured_policy(allreduce, new_groups_only)
+    patch_for_policy()
 
 
 def _requested_policy():
     """(normal form, source) of the policy the user set, or None if it is "exact"."""
-    from . import _C, _policy_and_source
-    text, source = _policy_and_source()
+    text, source = _backend.policy_and_source()
     try:
         policy = _C.parse_allreduce_policy(text)
     except ValueError:  # an invalid policy: creating a gossipcc group reports it, naming the source
         return None
     return None if policy == "exact" else (policy, source)
+
+
+def patch_for_policy():
+    """Puts the policy onto DDP models (DDP.__init__ and register_comm_hook patched) once a
+    policy other than "exact" is asked for; with "exact" DDP stays as torch has it."""
+    if _requested_policy() is not None:
+        _torch_patches.ddp_init_calls(after_ddp_init)
+        _torch_patches.ddp_register_comm_hook_calls(before_register_comm_hook, after_register_comm_hook)
+
+
+def patch_for_group(backend):
+    """A gossipcc group was created: torch's PowerSGD hooks on its DDP models need their nested
+    collectives ordered, and its policy, if not "exact", goes onto its DDP models."""
+    _torch_patches.ddp_register_comm_hook_calls(before_register_comm_hook, after_register_comm_hook)
+    if backend.allreduce_policy != "exact":
+        _torch_patches.ddp_init_calls(after_ddp_init)
+
+
+def _gossipcc_backend(process_group):
+    """The gossipcc backend behind `process_group`; None if the group uses another backend."""
+    try:
+        return _backend.get_backend_object(process_group)
+    except ValueError:  # the group uses another backend (get_backend_object says so)
+        return None
+
+
+_warned_policy_not_applied = []
 
 
 def _policy_backend(ddp_model):
@@ -70,29 +110,30 @@ def _policy_backend(ddp_model):
                 name = dist.get_backend(group)
             except Exception:  # noqa: BLE001 - only for the message
                 name = type(group).__name__
-            import warnings
             warnings.warn(
                 f"gossipcc: the allreduce policy {requested[0]!r} (from {requested[1]}) is not applied to this "
                 f"DistributedDataParallel model: its process group uses the {name!r} backend, and the policy "
                 "applies to gossipcc process groups only; this model's gradients are averaged exactly by "
                 f"{name!r}. Build DDP on a gossipcc group (init_process_group(backend=\"gossipcc\")) to get the "
-                "policy (this warning is shown once per process)", UserWarning, stacklevel=3)
+                "policy (this warning is shown once per process)", UserWarning, stacklevel=4)
     return backend
 
 
-@functools.wraps(_original_init)
-def _init_with_policy(self, *args, **kwargs):
-    _original_init(self, *args, **kwargs)
-    backend = _policy_backend(self)
+def install_policy_hook(ddp_model, backend):
+    """Registers the policy's PowerSGD hook on `ddp_model` (`model._gossipcc_policy_state`)."""
+    options = _C.powersgd_policy_options(backend.allreduce_policy)
+    state = PowerSGDState.from_policy(backend, ddp_model.module, options,
+                                      process_group=getattr(ddp_model, "process_group", None))
+    ddp_model.register_comm_hook(state, powerSGD_hook)
+    ddp_model._gossipcc_policy_state = state
+    return state
+
+
+def after_ddp_init(ddp_model):
+    backend = _policy_backend(ddp_model)
     if backend is None or backend.allreduce_policy == "exact":
         return
-    from . import powersgd
-    powersgd.install_policy_hook(self, backend)
-
-
-DistributedDataParallel.__init__ = _init_with_policy
-
-_original_register_comm_hook = DistributedDataParallel.register_comm_hook
+    install_policy_hook(ddp_model, backend)
 
 
 def _issues_collectives_in_callbacks(hook):
@@ -122,7 +163,7 @@ def _issues_collectives_in_callbacks(hook):
     return visit(hook, 0)
 
 
-def _refuse_second_hook(ddp_model, hook):
+def before_register_comm_hook(ddp_model, hook):
     """DDP takes one comm hook; under a powersgd policy gossipcc has registered one already."""
     state = getattr(ddp_model, "_gossipcc_policy_state", None)
     if state is None:
@@ -138,17 +179,10 @@ def _refuse_second_hook(ddp_model, hook):
         "gossipcc.configure(allreduce=\"exact\")); to keep gossipcc's PowerSGD, do not register a hook")
 
 
-@functools.wraps(_original_register_comm_hook)
-def _register_comm_hook(self, state, hook, *args, **kwargs):
-    _refuse_second_hook(self, hook)
-    result = _original_register_comm_hook(self, state, hook, *args, **kwargs)
+def after_register_comm_hook(ddp_model, state, hook):
     if _issues_collectives_in_callbacks(hook):
         # DDP's group, and the hook's own if its state names another one.
-        for group in (getattr(self, "process_group", None), getattr(state, "process_group", None)):
+        for group in (getattr(ddp_model, "process_group", None), getattr(state, "process_group", None)):
             backend = _gossipcc_backend(group) if group is not None else None
             if backend is not None:
                 backend.order_nested_collectives = True
-    return result
-
-
-DistributedDataParallel.register_comm_hook = _register_comm_hook

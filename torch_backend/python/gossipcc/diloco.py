@@ -27,7 +27,8 @@ The outer step of a fragment (the whole model when fragments=1), at the inner st
   3. theta_global <- outer_optimizer step from theta_global with gradient avg(delta)
   4. theta_local  <- mix * theta_local + (1 - mix) * theta_global   (mix = 0: DiLoCo's reset)
 
-outer_sync (how delta travels; case-insensitive, kept in lower case as .outer_sync):
+outer_sync (how delta travels; case-insensitive, kept in lower case as .outer_sync; one
+transport object each, outer_sync.py, as .transport):
   "exact"             the process group's all-reduce (any backend), divided by the group size
   "powersgd:rank=r"   gossipcc's PowerSGD collective (low rank, error feedback, warm start),
                       each parameter with its own shape; other PowerSGD keys may follow
@@ -70,49 +71,9 @@ import types
 import torch
 import torch.distributed as dist
 
+from . import outer_sync as _outer_sync
+from .backend import get_backend_object
 from ._wrapper_utils import check_params, flatten, global_rank, refuse_ddp, unflatten_into
-
-_EXACT, _POWERSGD, _GOSSIP, _QUANTIZED = 0, 1, 2, 3
-
-
-def _option_keys(rest):
-    """{lower-case key: value} of a "key=value,..." string."""
-    items = [kv.strip() for kv in rest.split(",") if kv.strip()] if rest else []
-    return {k.strip().lower(): v.strip() for k, _, v in (kv.partition("=") for kv in items)}
-
-
-def _parse_outer_sync(text):
-    """(kind, PowerSGD options string or quantized bits, normal form) of an outer_sync string;
-    ValueError naming what is wrong. Case-insensitive; the normal form is lower-case (PowerSGD's
-    options go to their parser as given: it ignores the case of keys too)."""
-    if not isinstance(text, str):
-        raise ValueError(f"DiLoCo: outer_sync must be a string, got {type(text).__name__}")
-    name, _, rest = text.strip().partition(":")
-    name, rest = name.strip().lower(), rest.strip()
-    if name == "exact" and not rest:
-        return _EXACT, "", "exact"
-    if name == "gossip" and not rest:
-        return _GOSSIP, "", "gossip"
-    if name == "powersgd":
-        keys = _option_keys(rest)
-        if "rank" not in keys and "matrix_approximation_rank" not in keys:
-            raise ValueError(f"DiLoCo: outer_sync {text!r}: powersgd needs rank=<r> (e.g. 'powersgd:rank=4')")
-        # The outer step is rare: compress from the first one.
-        given_start = "start_iter" in keys or "start_powersgd_iter" in keys
-        options = rest if given_start else rest + ",start_iter=0"
-        return _POWERSGD, options, "powersgd:" + rest.lower()
-    if name == "quantized":
-        keys = _option_keys(rest)
-        unknown = sorted(set(keys) - {"bits"})
-        if unknown:
-            raise ValueError(f"DiLoCo: outer_sync {text!r}: unknown key(s) {unknown}; expected 'quantized:bits=8' "
-                             "or 'quantized:bits=4'")
-        if keys.get("bits") not in ("4", "8"):
-            raise ValueError(f"DiLoCo: outer_sync {text!r}: quantized needs bits=8 or bits=4, got "
-                             f"{keys.get('bits', 'none')!r} (e.g. 'quantized:bits=8')")
-        return _QUANTIZED, int(keys["bits"]), f"quantized:bits={keys['bits']}"
-    raise ValueError(f"DiLoCo: unknown outer_sync {text!r}: expected 'exact', 'powersgd:rank=<r>[,...]', 'gossip' "
-                     "or 'quantized:bits=8|4'")
 
 
 def _count_outside_steps(opt):
@@ -208,11 +169,6 @@ class DiLoCo:
         # Calls of outer_optimizer.step() made outside DiLoCo (the training loop stepping it: the
         # optimizers swapped), refused at the next step() or sync().
         self._outer_calls = _count_outside_steps(outer_optimizer)
-        self._psgd = None
-        self._bits = self._psgd_options if self.kind == _QUANTIZED else None
-        if self.kind == _POWERSGD:
-            from . import _C
-            self._psgd = _C.PowerSGD(self._psgd_options)
         self.fragment_params = split_fragments(self.params, fragments)
         self.offsets = [f * sync_every // fragments for f in range(fragments)]
         with torch.no_grad():
@@ -221,17 +177,14 @@ class DiLoCo:
         self.outer_steps = [0] * fragments  # synchronisations started, per fragment
         self._last_launch = [0] * fragments  # inner step of each fragment's latest synchronisation
         self._pending = {}
-        # Quantized transport: per fragment the error-feedback residuals (this rank's delta, and
-        # the average of the blocks this rank owns), updated in place by each averaging.
-        self._residuals = None
-        if self.kind == _QUANTIZED:
-            self._residuals = [(torch.zeros(g.numel()), torch.zeros(g.numel())) for g in self._global]
+        self.transport.attach(self.group, self.world_size, self.backend, self.params, self.fragment_params,
+                              [g.numel() for g in self._global])
 
     # ---- checks --------------------------------------------------------------------------
     def _check_arguments(self, model, inner_optimizer, sync_every, fragments, overlap, mix, outer_sync,
                          outer_optimizer, process_group):
-        """This rank's arguments; ValueError naming the first bad one. Sets kind, backend, outer_sync
-        (normal form)."""
+        """This rank's arguments; ValueError naming the first bad one. Sets transport, backend,
+        outer_sync (normal form)."""
         refuse_ddp(model, "DiLoCo", "gossipcc.DiLoCo(model, inner_optimizer, outer_optimizer, ...)")
         if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
             raise ValueError(f"DiLoCo: sync_every (H) must be an integer >= 1, got {sync_every!r}")
@@ -244,13 +197,11 @@ class DiLoCo:
                              f"got {overlap!r}")
         if not isinstance(mix, (int, float)) or isinstance(mix, bool) or not 0.0 <= mix <= 1.0:
             raise ValueError(f"DiLoCo: mix (alpha) must be a number in [0, 1], got {mix!r}")
-        self.kind, self._psgd_options, self.outer_sync = _parse_outer_sync(outer_sync)
-        if self.kind == _QUANTIZED and self.params[0].dtype != torch.float32:
-            raise ValueError(f"DiLoCo: outer_sync {outer_sync!r} averages float32 only; the model's parameters are "
-                             f"{self.params[0].dtype}")
+        self.transport = _outer_sync.parse(outer_sync)
+        self.outer_sync = self.transport.name
+        self.transport.check_params(self.params, outer_sync)
         self.backend = None
-        if self.kind != _EXACT:
-            from . import get_backend_object
+        if self.transport.needs_gossipcc:
             try:
                 self.backend = get_backend_object(process_group)
             except Exception as e:  # noqa: BLE001 - named below
@@ -354,31 +305,7 @@ class DiLoCo:
         k = self.outer_steps[f]
         self.outer_steps[f] += 1
         self._last_launch[f] = self.inner_steps
-        if self.kind == _EXACT:
-            work = dist.all_reduce(delta, group=self.group, async_op=True)
-            finish = lambda: delta.div_(self.world_size)  # noqa: E731
-        elif self.kind == _POWERSGD:
-            views, offset = [], 0
-            for i in idx:
-                n = self.params[i].numel()
-                views.append(delta[offset:offset + n])
-                offset += n
-            shapes = [list(self.params[i].shape) for i in idx]
-            work = self.backend.powersgd_allreduce(views, shapes, self._psgd, [f"param{i}" for i in idx])
-            finish = lambda: delta  # noqa: E731
-        elif self.kind == _QUANTIZED:
-            residual, owned = self._residuals[f]
-            # The collective takes CPU buffers: a CUDA delta goes through host memory (one copy
-            # each way per outer step, small beside the wire); the residuals stay on the CPU.
-            host = delta if delta.device.type == "cpu" else delta.to("cpu")
-            work = self.backend.quantized_allreduce([host], self._bits, True, residual, owned)
-            finish = (lambda: host) if host is delta else (lambda: host.to(delta.device))  # noqa: E731
-        else:
-            weight = torch.ones(1, dtype=torch.float64)
-            # One round per outer step; the round index (the same on every rank) picks the peer.
-            round_index = k * self.fragments + f
-            work = self.backend.push_sum_round([delta], weight, round_index, "exponential:peers=1", None)
-            finish = lambda: delta.div_(weight.item())  # noqa: E731
+        work, finish = self.transport.launch(f, delta, k)
         self._pending[f] = _Pending(self.inner_steps + self.overlap, work, finish)
 
     def _apply(self, f):
@@ -446,9 +373,7 @@ class DiLoCo:
                 self._apply(f)
         with torch.no_grad():
             flat = torch.cat(self._global)
-            if self.kind == _GOSSIP:
-                dist.all_reduce(flat, group=self.group)
-                flat.div_(self.world_size)
+            self.transport.final_average(flat)
             dist.broadcast(flat, src=global_rank(self.group, 0), group=self.group)
             offset = 0
             for f, idx in enumerate(self.fragment_params):
@@ -467,15 +392,14 @@ class DiLoCo:
         """DiLoCo's state (see the module docstring); averagings in flight are waited for and
         kept, to be applied at their step after a resume."""
         pending = {f: {"apply_at": p.apply_at, "average": p.get().clone()} for f, p in self._pending.items()}
-        return {"config": self._config(),
-                "inner_steps": self.inner_steps, "outer_steps": list(self.outer_steps),
-                "last_launch": list(self._last_launch),
-                "global": [g.clone() for g in self._global], "pending": pending,
-                "outer_optimizer": self.outer_optimizer.state_dict(),
-                "powersgd": self._psgd.state_dict() if self._psgd is not None else None,
-                # After the pending averagings above were waited for: their residual updates are in.
-                "quantized_residuals": None if self._residuals is None else
-                [(r.clone(), o.clone()) for r, o in self._residuals]}
+        state = {"config": self._config(),
+                 "inner_steps": self.inner_steps, "outer_steps": list(self.outer_steps),
+                 "last_launch": list(self._last_launch),
+                 "global": [g.clone() for g in self._global], "pending": pending,
+                 "outer_optimizer": self.outer_optimizer.state_dict()}
+        # "powersgd", "quantized_residuals": after the averagings in flight were waited for above.
+        state.update(self.transport.state())
+        return state
 
     def load_state_dict(self, state):
         """Restores state_dict() of a DiLoCo with the same configuration and model (ValueError
@@ -491,19 +415,10 @@ class DiLoCo:
             if g.shape != mine.shape or g.dtype != mine.dtype:
                 raise ValueError(f"DiLoCo.load_state_dict: fragment {f} has {g.numel()} {g.dtype} elements in the "
                                  f"checkpoint, {mine.numel()} {mine.dtype} here: a checkpoint of another model?")
-        if self._residuals is not None:
-            saved = state.get("quantized_residuals")
-            if saved is None or len(saved) != len(self._residuals) or any(
-                    r.shape != mine[0].shape or o.shape != mine[1].shape or r.dtype != torch.float32
-                    or o.dtype != torch.float32 for (r, o), mine in zip(saved, self._residuals)):
-                raise ValueError("DiLoCo.load_state_dict: the checkpoint's quantized residuals are missing or do "
-                                 "not fit this model's fragments")
+        self.transport.check_state(state)
         self.outer_optimizer.load_state_dict(state["outer_optimizer"])
-        if self._psgd is not None:
-            self._psgd.load_state_dict(state["powersgd"])
+        self.transport.load_state(state)
         self._global = [g.clone() for g in state["global"]]
-        if self._residuals is not None:
-            self._residuals = [(r.clone(), o.clone()) for r, o in state["quantized_residuals"]]
         self.inner_steps = int(state["inner_steps"])
         self.outer_steps = list(state["outer_steps"])
         self._last_launch = [int(t) for t in state["last_launch"]]

@@ -14,10 +14,10 @@ import sys
 
 import torch
 
-import gossipcc
-from gossipcc import _build_info, _C
+from . import _build_info, _C
+from .version import __version__
 
-# Read by torch's TCPStore (and by gossipcc's fixes of its callers, gossipcc/__init__.py), not by
+# Read by torch's TCPStore (and by gossipcc's fixes of its callers, _torch_patches.py), not by
 # the backend: (name, default, must every rank agree).
 _PYTHON_ENVIRONMENT = [
     ("USE_LIBUV", "set to 0 by `import gossipcc` on a torch built without libuv", False),
@@ -116,8 +116,8 @@ def info():
     other = {k: v for k, v in sorted(os.environ.items()) if k.startswith("GOSSIPCC_") and k not in known}
     cuda_ok, cuda_why = cuda_tensors()
     return {
-        "gossipcc": gossipcc.__version__,
-        "package": os.path.dirname(os.path.abspath(gossipcc.__file__)),
+        "gossipcc": __version__,
+        "package": os.path.dirname(os.path.abspath(__file__)),
         "extension": os.path.abspath(_C.__file__),
         "python": "%d.%d.%d" % sys.version_info[:3],
         "python_executable": sys.executable,

@@ -1,10 +1,10 @@
 """``/usr/bin/python3 -m gossipcc.torchrun ...``: torch.distributed.run (torchrun), usable on Debian bookworm.
 
-torch 1.13's launcher fails on Python >= 3.11 before starting any worker ("'NoneType' object
-has no attribute 'get'"): its Std.from_str looks flags up by iterating the IntFlag, which on
-3.11 no longer yields NONE (0) or ALL (3). This wrapper fixes that lookup, then runs torchrun
-unchanged; on torch versions without the bug it changes nothing. It also defaults USE_LIBUV=0
-where torch was built without libuv (Debian's torch 2.x), as `import gossipcc` does.
+torch 1.13's launcher fails on Python >= 3.11 before starting any worker; this wrapper applies
+_torch_patches.torchrun_std_from_str where this torch needs it, then runs torchrun unchanged;
+on torch versions without the bug it changes nothing. Like `import gossipcc` (which running
+this module does first), it defaults USE_LIBUV=0 where torch was built without libuv (Debian's
+torch 2.x) and makes torchrun's own TCPStores honour it (_torch_patches).
 
 It accepts both spellings of torchrun's own options on every torch: torch 2.x's launcher takes
 `--nproc-per-node` and `--nproc_per_node` alike, torch 1.13's only the underscore one, so a
@@ -12,22 +12,9 @@ hyphen spelling that this torch's launcher does not know is rewritten to its und
 before torchrun parses the command line. Only the launcher's options are rewritten, those before
 the training script; the script's own arguments pass unchanged.
 """
-import re
 import sys
 
-from torch.distributed.elastic.multiprocessing import api as _api
-
-
-def _needs_fix():
-    return not any(s == 0 for s in _api.Std)
-
-
-def _from_str(cls, vm):
-    if re.fullmatch(r"[0-3]", vm):
-        return cls(int(vm))
-    if re.fullmatch(r"(\d+:[0-3],)*\d+:[0-3]", vm):
-        return {int(k): cls(int(v)) for k, v in (item.split(":") for item in vm.split(","))}
-    raise ValueError(f"{vm} does not match: <0|1|2|3> or <local_rank:<0|1|2|3>,...>")
+from . import _torch_patches
 
 
 def translate_flags(argv, parser):
@@ -58,11 +45,8 @@ def translate_flags(argv, parser):
 
 
 def main():
-    # Sets USE_LIBUV=0 where torch lacks libuv (Debian's torch 2.x) and makes torchrun's own
-    # TCPStores honour it.
-    import gossipcc  # noqa: F401
-    if _needs_fix():
-        _api.Std.from_str = classmethod(_from_str)
+    if _torch_patches.std_from_str_is_broken():
+        _torch_patches.torchrun_std_from_str()
     from torch.distributed.run import get_args_parser, main as torchrun_main
     torchrun_main(translate_flags(sys.argv[1:], get_args_parser()))
 
