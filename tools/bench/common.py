@@ -135,10 +135,12 @@ def _delta(a, b):
 
 def timed(op, barrier):
     """Runs op() between two barriers: (seconds of op(), bytes this rank sent, bytes its host's
-    NIC sent) from just before op() to after the barrier that follows it (so the op's last
-    queued segments count; the barrier adds a few hundred bytes). Bytes are None where not counted."""
-    barrier()
+    NIC sent). The counters are read before the first barrier and after the second: no rank
+    starts op() before every rank has read its counters, and none reads them again before every
+    rank has finished op(), so the host's count holds all its ranks' bytes of op() (and its last
+    queued segments); the barriers add a few hundred bytes. Bytes are None where not counted."""
     c0 = tx_counters()
+    barrier()
     t0 = time.perf_counter()
     op()
     dt = time.perf_counter() - t0
