@@ -19,7 +19,7 @@ shaper's 64 KB burst (at 100 Mbit/s). PowerSGD rank --psgd-rank, start_iter --st
 all-reduce before it) in all three variants:
 
   overlap   DDP on a gossipcc group with policy "powersgd:rank=R,start_iter=S": the comm hook
-            that gossipcc installs (gossipcc.powersgd.policy_hook, the native asynchronous
+            that gossipcc installs (gossipcc.hooks.powerSGD_hook, the native asynchronous
             powersgd_allreduce; its future completes off the Python thread).
   blocking  DDP on a gossipcc group (policy exact) with BLOCKING_HOOK below: the policy hook as it
             was before 741b47b, which ran the whole compressed all-reduce inside the hook
@@ -69,14 +69,14 @@ GOAL = 1.15  # bwd+comm <= GOAL * max(backward, comm)
 
 
 def blocking_policy_hook(state, bucket):
-    """BLOCKING_HOOK: gossipcc.powersgd.policy_hook as it was before 741b47b (the baseline the
-    overlapping hook replaced), the same code (its comments aside): the whole compressed all-reduce
+    """BLOCKING_HOOK: the policy hook as it was before 741b47b (the baseline the
+    overlapping hook replaced), the same code (its comments and key lookup aside): the whole compressed all-reduce
     runs here, on the Python thread inside backward, through the blocking binding
     PowerSGD.allreduce(pg, tensors, keys); the returned future is already complete. `state` is a
-    gossipcc.powersgd.PolicyHookState."""
+    gossipcc.hooks.PowerSGDState made by PowerSGDState.from_policy."""
     import torch
     grads = bucket.gradients()
-    keys = [f"param{state.param_index[id(p)]}" for p in bucket.parameters()]
+    keys = state.parameter_keys(bucket.parameters())  # "param<i>": i the position in the model
     contiguous = [g if g.is_contiguous() else g.contiguous() for g in grads]
     state.powersgd.allreduce(state.backend, contiguous, keys)
     for g, c in zip(grads, contiguous):
@@ -109,7 +109,7 @@ def worker(args):
     import torch.distributed as dist
     import gossipcc
     from gossipcc import _C
-    from gossipcc import powersgd as gpowersgd
+    from gossipcc.hooks import PowerSGDState
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
     from torch.nn.parallel import DistributedDataParallel as DDP
     torch.set_num_threads(1)
@@ -147,10 +147,10 @@ def worker(args):
     bucket_params = []  # each bucket's parameter indices as DDP hands them over (blocking variant)
 
     def recording_blocking_hook(state, bucket):
-        bucket_params.append([state.param_index[id(p)] for p in bucket.parameters()])
+        bucket_params.append([int(k[5:]) for k in state.parameter_keys(bucket.parameters())])
         return blocking_policy_hook(state, bucket)
 
-    models["blocking"].register_comm_hook(gpowersgd.PolicyHookState(plain_backend, modules["blocking"], options),
+    models["blocking"].register_comm_hook(PowerSGDState.from_policy(plain_backend, modules["blocking"], options),
                                           recording_blocking_hook)
     # PyTorch's hook on gloo gets one bucket: with several, it issues a bucket's second
     # all-reduce from the first one's callback on gloo's thread, the ranks can issue them in

@@ -13,7 +13,10 @@ See docs/pytorch.md.
 
 Training wrappers (docs/algorithms.md): ``GossipDataParallel`` (SGP, OSGP, D-PSGD),
 ``BilatGossipDataParallel`` (AD-PSGD), ``AllReduceEA`` (elastic averaging) and ``AllReduceSGD``
-(all-reduce SGD with uneven step counts).
+(all-reduce SGD with uneven step counts); ``DiLoCo`` (docs/diloco.md).
+
+This file registers the backend (_install.py) and re-exports; the modules and what each holds:
+docs/pytorch.md, "The package". What gossipcc changes in torch, and when: _torch_patches.py.
 """
 import warnings as _warnings
 

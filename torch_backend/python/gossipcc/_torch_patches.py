@@ -11,7 +11,7 @@ changes nothing.
 | default_use_libuv_off          | the USE_LIBUV environment variable (default 0)    | 2.x without libuv | at import, where needed |
 | tcpstores_pass_use_libuv       | TCPStore of 3 rendezvous modules, the dynamic rendezvous' store | 2.x with USE_LIBUV=0 | at import, where needed |
 | shut_down_on_destroy           | dist.destroy_process_group (+ an atexit hook)     | 1.13, 2.x       | first gossipcc group |
-| ddp_register_comm_hook_calls   | DistributedDataParallel.register_comm_hook        | 1.13, 2.x       | first gossipcc group |
+| ddp_register_comm_hook_calls   | DistributedDataParallel.register_comm_hook        | 1.13, 2.x       | first gossipcc group, or a policy is asked for |
 | ddp_init_calls                 | DistributedDataParallel.__init__                  | 1.13, 2.x       | a policy other than "exact" is asked for |
 | torchrun_std_from_str          | torch.distributed.elastic's Std.from_str          | 1.13 on Python >= 3.11 | python -m gossipcc.torchrun, where needed |
 
