@@ -31,6 +31,7 @@ import harness  # noqa: E402
 BENCHMARKS = {"allreduce_backends": "allreduce_backends", "gossip_vs_allreduce": "gossip_vs_allreduce",
               "model_shapes": "model_shapes", "p2p_segments": "p2p_segments", "powersgd_overlap": "powersgd_overlap",
               "powersgd_vs_torch": "powersgd_vs_torch", "quantized_allreduce": "quantized_allreduce",
+              "projection": "projection",
               "digits": "main_job", "lm": "main_job", "sitting": "sitting"}
 PLOT_DIR = os.path.join("img", "sitting")  # relative to the page
 

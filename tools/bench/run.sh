@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs one benchmark of tools/bench with the gossipcc package built and importable:
 #   tools/bench/run.sh allreduce_backends|gossip_vs_allreduce|model_shapes|p2p_segments|powersgd_overlap|
-#                      powersgd_vs_torch|quantized_allreduce [flags]
+#                      powersgd_vs_torch|projection|quantized_allreduce [flags]
 # (each takes --help). Each runs on tools/bench/harness.py (--trials, --max-load, --allow-load,
 # --results-dir), prints its tables and writes results/<benchmark>-<UTC time>/results.json, which
 # tools/bench/report.py renders again. The emulated network needs root (tools/emulated_cluster.py).
