@@ -43,6 +43,12 @@ def test_hosts_ranks_per_host_and_ranks():
     assert (a.hosts, a.ranks) == ([2, 4], [4, 8])
     a = resolve(["--networks", "local,1gbit-wan"], sweep_networks=True)
     assert a.networks == ["local", "1gbit-wan"]
+    # A link spec's own commas stay with it.
+    a = resolve(["--networks", "rate=100mbit,delay=25ms"], sweep_networks=True)
+    assert a.networks == ["rate=100mbit,delay=25ms"]
+    a = resolve(["--networks", "none,rate=1gbit,delay=10ms,jitter=1ms,loss=1%,1gbit,delay=5ms"], sweep_networks=True)
+    assert a.networks == ["none", "rate=1gbit,delay=10ms,jitter=1ms,loss=1%", "1gbit", "delay=5ms"]
+    assert common().split_networks("rate=1gbit,delay=1ms,delay=2ms") == ["rate=1gbit,delay=1ms", "delay=2ms"]
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -53,12 +53,31 @@ def add_cluster_arguments(p, hosts=4, ranks_per_host=1, network="1gbit", sweep_h
     if sweep_networks:
         p.add_argument("--networks", default=network,
                        help=f"comma list of networks, each a preset ({presets}), a link spec "
-                            f"rate=..[,delay=..[,jitter=..]][,loss=..%%], or local (default {network})")
+                            f"rate=..[,delay=..[,jitter=..]][,loss=..%%] (its delay=, jitter= and loss= parts "
+                            f"stay with it), or local (default {network})")
     else:
         p.add_argument("--network", default=network,
                        help=f"a preset ({presets}), a link spec rate=..[,delay=..[,jitter=..]][,loss=..%%], "
                             f"or local: processes on loopback (default {network})")
     p.set_defaults(_cluster_defaults=(hosts, sweep_hosts, sweep_networks))
+
+
+SPEC_TAIL = ("delay=", "jitter=", "loss=")
+
+
+def split_networks(text):
+    """A comma list of networks -> the networks. A link spec's own commas stay in it: a
+    delay=, jitter= or loss= part belongs to the link spec before it ("rate=100mbit,delay=25ms,
+    1gbit" is two networks), so a spec of a delay alone can only come first or after a preset."""
+    out = []
+    for part in text.split(","):
+        key = part.split("=")[0] + "="
+        if out and part.startswith(SPEC_TAIL) and "=" in out[-1] and key not in [k.split("=")[0] + "="
+                                                                                 for k in out[-1].split(",")]:
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return out
 
 
 def _whole(text, flag):
@@ -89,7 +108,7 @@ def resolve_cluster_arguments(args, prog, min_ranks=2):
         small = [h * g for h, g in layouts if h * g < min_ranks]
         if small:
             raise ValueError(f"needs at least {min_ranks} ranks, got {small[0]} ({flag}, --ranks-per-host)")
-        networks = args.networks.split(",") if sweep_networks else [args.network]
+        networks = split_networks(args.networks) if sweep_networks else [args.network]
         for network in networks:
             if network != "local":
                 emulated_cluster.parse_link(network)
