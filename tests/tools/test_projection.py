@@ -31,6 +31,11 @@ def test_ring_allreduce_by_hand():
     c = m.ring_allreduce(4e6, m.World(2, 2), link(m))
     assert c.latency == pytest.approx(0.033) and c.wire == pytest.approx(6.0)
     assert m.ring_bytes_per_host(4e6, m.World(4, 1)) == pytest.approx(6e6)
+    # Idle connections: the first step's 100 kB chunk in slow start (14480 + 28960 bytes in two
+    # round trips of 0.1 s, then the rest at 1 MB/s) instead of 0.1 s at beta.
+    c = m.ring_allreduce(4e5, m.World(4, 1), link(m, rtt=0.1), idle=True)
+    assert c.latency == pytest.approx(6 * 0.01 + 0.2 + (1e5 - 43_440) / 1e6 - 0.1)
+    assert m.ring_allreduce(4e5, m.World(4, 1), link(m, rtt=0.1)).latency == pytest.approx(0.06)
 
 
 def test_eager_and_direct_by_hand():
@@ -85,9 +90,17 @@ def test_powersgd_push_sum_diloco_by_hand():
     w = m.World(4, 1)
     ln = link(m, exchange=0.02)
     c = m.powersgd_allreduce([(64, 64), (100,)], w, ln, cpu_per_nmr=1e-9)
-    # The check, then three eager all-reduces (400, 1024 and 1024 bytes): four exchanges.
-    assert c.latency == pytest.approx(4 * 0.02)
-    assert c.wire == pytest.approx(sum(max(3 * b / 1e7, b / 1e6) for b in (400, 1024, 1024)))
+    # The check carries the exact part and the first P (1424 bytes, within the eager limit), then
+    # the Q all-reduce (eager, 1024 bytes): two exchanges.
+    assert c.latency == pytest.approx(2 * 0.02)
+    assert c.wire == pytest.approx(sum(max(3 * b / 1e7, b / 1e6) for b in (1424, 1024)))
+    assert m.powersgd_bytes_per_host([(64, 64), (100,)], w) == pytest.approx(3 * (1424 + 1024))
+    # Above the eager limit the exact part and P go in all-reduces of their own (direct: 3 exchanges each).
+    big = [(2048, 2048), (40_000,)]
+    exact, p, q, _ = m.psgd_sizes(big)
+    assert exact + p > m.eager_max_bytes(4)
+    assert m.powersgd_allreduce(big, w, ln).latency == pytest.approx(
+        0.02 + sum(m.gossipcc_allreduce(b, w, ln).latency for b in (exact, p, q)))
     assert c.cpu == pytest.approx(64 * 64 * 4 * 1e-9)
     assert m.exponential_distances(4) == [1, 2] and m.exponential_distances(8) == [1, 2, 4]
     c = m.push_sum_round(1e6, w, ln, cpu_per_element=4e-9)
@@ -150,6 +163,12 @@ def test_fits_recover_their_constants():
         assert m.step_cost(t, 640 << 10, world, link(m)) == pytest.approx(0.013)
         t = m.ring_allreduce(64 << 10, world, ln, gloo=True).total
         assert m.step_cost(t, 64 << 10, world, link(m), gloo=True) == pytest.approx(0.021)
+    # restart_window inverts idle_message: 2 MiB at 4 MB/s, rtt 50 ms, from a window of 4 x 14480.
+    extra = m.idle_message(2 << 20, 0.0, 4e6, 0.05, 4 * 14480) - (2 << 20) / 4e6
+    w = m.restart_window(extra, 2 << 20, 4e6, 0.05)
+    assert 2 * 14480 < w <= 4 * 14480
+    assert m.idle_message(2 << 20, 0.0, 4e6, 0.05, w) == pytest.approx(extra + (2 << 20) / 4e6)
+    assert m.restart_window(0.0, 2 << 20, 4e6, 0.05) == pytest.approx(4e6 * 0.05)  # no slow start seen
     d, s = m.per_delay([(0.0, 0.002), (0.025, 0.102), (0.025, 0.098)])
     assert s == pytest.approx(0.002) and d == pytest.approx(3.92)
     assert m.per_delay([(0.01, 0.05)]) == pytest.approx((5.0, 0.0))
@@ -187,7 +206,7 @@ def fake_check(p):
     configs = {}
     for name, delay, alpha in (("a", 0.0, 0.001), ("b", 0.025, 0.101)):
         ln = {"alpha": alpha, "exchange": alpha / 2, "ring": alpha / 2, "gloo": alpha, "nic": 1.2e7,
-              "beta": 1.2e7 if delay == 0 else 6e6}
+              "beta": 1.2e7 if delay == 0 else 6e6, "rtt": 2 * delay, "restart": 14480 if delay == 0 else 100_000}
         configs[name] = {"hosts": 4, "ranks_per_host": 1, "delay": delay, "fits": {"cross": [alpha, ln["beta"]]},
                          "link": ln, "local": local}
     return {"info": {"mode": "check", "cores": 2, "configs": configs}, "args": {"scale": 0.01},
@@ -201,6 +220,7 @@ def test_projection_from_a_check():
     k = s.constants(check)
     assert k["costs"]["alpha"] == pytest.approx((4.0, 0.001))
     assert k["window"] == pytest.approx(6e6 * 0.05) and k["window_from"] == "calibrated"
+    assert k["restart"] == 100_000  # from the delayed configuration only
     # 4 ranks on 2 cores: the local time counts for half a core's work.
     assert k["cpu"]["diloco/push-sum round (gossipcc)"] == pytest.approx(0.02 * 0.5 / layout.total)
     args = type("A", (), dict(compute_124m=0.25, compute_1b=2.0, diloco_h=20, streams=1, gpus_per_host=8,

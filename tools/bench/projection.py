@@ -17,7 +17,8 @@ check: per configuration (H x G hosts and ranks, a network; `;`-separated):
      local_rate; nic: the link's rate x the payload share of full frames. The per-step costs of
      an exchange, of gossipcc's ring and of gloo's ring from SMALL_OPS (the slowest rank's time,
      median of PING_REPS; the ring's inverted by projection_model.step_cost), sizes that the
-     checked tensors do not have.
+     checked tensors do not have. The restart window (Link.restart) from IDLE_BYTES sent after
+     the connection sat idle (projection_model.restart_window).
   2. Each method's CPU: tools/bench/model_shapes.py's measurement (its worker, its checks) of the
      same tensors on the same number of local ranks over loopback (`--network local`): the
      median time of each method there is the model's cpu term of that method (its codec, reduce
@@ -56,6 +57,9 @@ PING_REPS = 5
 # The small collectives the per-step costs come from: (name, backend, bytes): an eager all-reduce
 # (one exchange of the signature check), gossipcc's ring just above the direct all-reduce's
 # limit, and gloo's ring.
+# The restart window: IDLE_BYTES sent after IDLE_SECONDS without traffic (longer than TCP's
+# retransmission timeout), the median of IDLE_REPS, against the ping-pong's fit.
+IDLE_BYTES, IDLE_SECONDS, IDLE_REPS = 2 << 20, 1.0, 3
 SMALL_OPS = (("exchange", "gossipcc", 1 << 10), ("ring", "gossipcc", 640 << 10), ("gloo", "gloo", 64 << 10))
 GOAL_PERCENT = 15.0
 CHECKED = (("ddp", "gloo"), ("ddp", "gossipcc exact"), ("ddp", "quantized 8 bits"), ("ddp", "quantized 4 bits"),
@@ -125,6 +129,21 @@ def pingpong_worker(args):
                     dist.recv(buf, a, group=groups["gossipcc"])
                     dist.send(ack, a, group=groups["gossipcc"])
             pings[name][str(size)] = statistics.median(times[1:]) if times else None
+    idle = []
+    if pairs and pairs[0][0] == "cross":  # the same message after the connection sat idle
+        a, b = pairs[0][1], pairs[0][2]
+        buf = torch.zeros(IDLE_BYTES, dtype=torch.uint8)
+        for _ in range(IDLE_REPS):
+            time.sleep(IDLE_SECONDS)
+            dist.barrier()  # (on the gloo group: gossipcc's connections stay idle)
+            if rank == a:
+                t0 = time.perf_counter()
+                dist.send(buf, b, group=groups["gossipcc"])
+                dist.recv(ack, b, group=groups["gossipcc"])
+                idle.append(time.perf_counter() - t0)
+            elif rank == b:
+                dist.recv(buf, a, group=groups["gossipcc"])
+                dist.send(ack, a, group=groups["gossipcc"])
     ops = {}
     for name, backend, size in SMALL_OPS:
         x = torch.ones(size // 4)
@@ -138,7 +157,7 @@ def pingpong_worker(args):
     dist.barrier()
     dist.destroy_process_group()
     with open(args.out, "w") as f:
-        json.dump({"pings": pings if rank == 0 else {}, "ops": ops}, f)
+        json.dump({"pings": pings if rank == 0 else {}, "idle": idle, "ops": ops}, f)
 
 
 def fit_pairs(pings):
@@ -169,6 +188,9 @@ def link_of(network, world, docs):
     spec = common.emulated_cluster.parse_link(network) if network != "local" else None
     delay = common.emulated_cluster.wan_link.seconds(spec.delay) if spec and spec.delay else 0.0
     link = pm.Link(alpha, beta, nic, rtt=2 * delay, **kw)
+    if docs[0]["idle"] and delay > 0:
+        extra = statistics.median(docs[0]["idle"]) - (2 * alpha + IDLE_BYTES / beta)
+        link.restart = pm.restart_window(extra, IDLE_BYTES, min(beta, nic), 2 * delay)
     sizes = {name: size for name, _, size in SMALL_OPS}
     link.exchange = op_seconds(docs, "exchange") - pm.exchange(sizes["exchange"], world, link)[1]
     link.ring = pm.step_cost(op_seconds(docs, "ring"), sizes["ring"], world, link)
@@ -187,10 +209,11 @@ def network_cost(section, method, layout, world, link):
     total = layout.total
     if section == "ddp":
         sizes = [4 * sum(math.prod(layout.shapes[i]) for i in b) for b in layout.buckets]
+        idle = [i < pm.COLLECTIVE_LANES for i in range(len(sizes))]  # each lane's first bucket
         if method == "gloo":
-            return pm.bucketed(pm.ring_allreduce(s, world, link, gloo=True) for s in sizes)
+            return pm.bucketed(pm.ring_allreduce(s, world, link, gloo=True, idle=i) for s, i in zip(sizes, idle))
         if method == "gossipcc exact":
-            return pm.bucketed(pm.gossipcc_allreduce(s, world, link) for s in sizes)
+            return pm.bucketed(pm.gossipcc_allreduce(s, world, link, idle=i) for s, i in zip(sizes, idle))
         if method.startswith("quantized"):
             bits = 8 if "8" in method else 4
             return pm.bucketed((pm.quantized_allreduce(s // 4, bits, world, link) for s in sizes), lanes=1)
@@ -198,9 +221,9 @@ def network_cost(section, method, layout, world, link):
             return pm.bucketed((pm.powersgd_allreduce(b, world, link) for b in bucket_shapes(layout)), lanes=1)
     else:
         if method == "gloo":
-            return pm.ring_allreduce(4 * total, world, link, gloo=True)
+            return pm.ring_allreduce(4 * total, world, link, gloo=True, idle=True)
         if method == "gossipcc exact":
-            return pm.gossipcc_allreduce(4 * total, world, link)
+            return pm.gossipcc_allreduce(4 * total, world, link, idle=True)
         if method.startswith("quantized"):
             return pm.quantized_allreduce(total, 8 if "8" in method else 4, world, link)
         if method.startswith("push-sum"):
@@ -306,9 +329,10 @@ def calibration_table(doc):
         ln = c["link"]
         rows.append([name, f"{alpha * 1e3:.2f}", f"{ln['exchange'] * 1e3:.2f}", f"{ln['ring'] * 1e3:.2f}",
                      f"{ln['gloo'] * 1e3:.2f}", f"{beta * 8 / 1e6:.1f}", f"{ln['nic'] * 8 / 1e6:.1f}",
+                     f"{ln['restart'] / 1024:.0f}" if ln["rtt"] > 0 else "-",
                      "-" if not intra else f"{intra[0] * 1e3:.3f} ms, {intra[1] * 8 / 1e9:.2f} Gbit/s"])
     return harness.markdown_table(["configuration", "alpha: message (ms)", "exchange (ms)", "ring step (ms)",
-                                   "gloo ring step (ms)", "beta (Mbit/s)", "nic (Mbit/s)",
+                                   "gloo ring step (ms)", "beta (Mbit/s)", "nic (Mbit/s)", "restart window (KiB)",
                                    "intra-host alpha, rate"], rows)
 
 

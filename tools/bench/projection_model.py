@@ -32,6 +32,7 @@ QUANTIZED_BLOCK = 256                # comm/quantized_allreduce.h kDefaultQuanti
 QUANTIZED_EAGER_BYTES = 64 << 10     # comm/quantized_allreduce.h kQuantizedEagerBytes
 COLLECTIVE_LANES = 2                 # comm/options.h collective_lanes: DDP's buckets on 2 lanes
 PAYLOAD_SHARE = 1448 / (1448 + 66)   # full TCP frames: MSS 1448 of 1514 bytes (tools/wan_calibration.py)
+INITIAL_WINDOW = 10 * 1448           # Linux's initial congestion window: 10 segments
 
 
 class ModelError(ValueError):
@@ -43,10 +44,11 @@ class Link:
     alpha, one point-to-point message (gossipcc's send: a header, then the payload); exchange,
     one exchange of a collective's signature check, which carries eager payloads
     (comm/consistency_check.cc); ring, one step of gossipcc's ring (comm/ring_common.cc); gloo,
-    one step of gloo's ring. Each defaults to alpha."""
+    one step of gloo's ring. Each defaults to alpha. rtt: the round trip; restart: the window a
+    connection idle for longer than TCP's retransmission timeout restarts from (idle_message)."""
 
     def __init__(self, alpha, beta, nic, local_alpha=20e-6, local_rate=2e9, exchange=None, ring=None, gloo=None,
-                 rtt=0.0):
+                 rtt=0.0, restart=INITIAL_WINDOW):
         for name, v in (("alpha", alpha), ("local_alpha", local_alpha), ("rtt", rtt)):
             if not v >= 0:
                 raise ModelError(f"Link: {name} must be >= 0 seconds, got {v}")
@@ -58,7 +60,7 @@ class Link:
         self.exchange = alpha if exchange is None else exchange
         self.ring = alpha if ring is None else ring
         self.gloo = alpha if gloo is None else gloo
-        self.rtt = rtt
+        self.rtt, self.restart = rtt, restart
 
     def __repr__(self):
         return (f"Link(alpha={self.alpha:.3g} s, beta={self.beta:.4g} B/s, nic={self.nic:.4g} B/s, "
@@ -79,7 +81,8 @@ def stream_rate(nic, delay, window, streams=1):
 PRIMITIVES = ("alpha", "exchange", "ring", "gloo")
 
 
-def network_link(rate_bits, delay, window, costs, streams=1, local_alpha=20e-6, local_rate=2e9):
+def network_link(rate_bits, delay, window, costs, streams=1, local_alpha=20e-6, local_rate=2e9,
+                 restart=INITIAL_WINDOW):
     """A Link from a NIC's line rate (bits/s), the one-way delay, a stream's TCP window (bytes)
     and per primitive (PRIMITIVES) its cost as (one-way delays per message, software seconds):
     cost = delays x delay + seconds; beta = stream_rate()."""
@@ -89,25 +92,40 @@ def network_link(rate_bits, delay, window, costs, streams=1, local_alpha=20e-6, 
     nic = rate_bits / 8 * PAYLOAD_SHARE
     cost = {p: costs[p][0] * delay + costs[p][1] for p in PRIMITIVES}
     return Link(cost["alpha"], stream_rate(nic, delay, window, streams), nic, local_alpha, local_rate,
-                exchange=cost["exchange"], ring=cost["ring"], gloo=cost["gloo"], rtt=2 * delay)
+                exchange=cost["exchange"], ring=cost["ring"], gloo=cost["gloo"], rtt=2 * delay, restart=restart)
 
 
-INITIAL_WINDOW = 10 * 1448  # Linux's initial congestion window: 10 segments
-
-
-def idle_message(size, alpha, rate, rtt):
+def idle_message(size, alpha, rate, rtt, initial=INITIAL_WINDOW):
     """One message on a connection idle for longer than TCP's retransmission timeout, which
-    Linux restarts from its initial window (net.ipv4.tcp_slow_start_after_idle): the window
-    doubles each round trip until it carries `rate` x rtt, then the rest goes at `rate`.
+    Linux restarts from a smaller window (net.ipv4.tcp_slow_start_after_idle; `initial`, at
+    least the initial window: calibrated as Link.restart): the window doubles each round trip
+    until it carries `rate` x rtt, then the rest goes at `rate`.
     alpha + (round trips of slow start) x rtt + the rest / rate."""
     if rtt <= 0 or size <= 0:
         return alpha + size / rate
-    sent, window, rounds = 0.0, float(INITIAL_WINDOW), 0
+    sent, window, rounds = 0.0, float(initial), 0
     while sent + window < size and window < rate * rtt:
         sent += window
         window *= 2
         rounds += 1
     return alpha + rounds * rtt + (size - sent) / rate
+
+
+def restart_window(extra, size, rate, rtt):
+    """The window a restarted connection starts from (idle_message's `initial`, between the
+    initial window and rate x rtt) for which a message of `size` bytes takes `extra` seconds
+    more than size / rate: the calibration's inverse of idle_message (bisection; the slow
+    start's time only falls as the window grows)."""
+    lo, hi = float(INITIAL_WINDOW), max(float(INITIAL_WINDOW), rate * rtt)
+    if rtt <= 0 or idle_message(size, 0.0, rate, rtt, lo) - size / rate <= extra:
+        return lo
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        if idle_message(size, 0.0, rate, rtt, mid) - size / rate > extra:
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 def shared_rate(link, streams):
@@ -131,13 +149,15 @@ class World:
 
 # ---- the exact all-reduce ---------------------------------------------------------------------
 
-def ring_allreduce(size, world, link, cpu_per_byte=0.0, gloo=False):
+def ring_allreduce(size, world, link, cpu_per_byte=0.0, gloo=False, idle=False):
     """comm/ring_allreduce.cc (gloo=True: gloo's ring, ProcessGroupGloo's all-reduce): 2(n-1)
     steps of size/n bytes to the next rank. The NIC carries one stream each way (only host h's
     last rank sends to another host), so the wire term is 2(n-1) size/n at beta; each step costs
     the hop's per-step cost (link.ring or link.gloo between hosts, local_alpha inside one), and
-    a step's hop crosses hosts for H of the n ranks. cpu: cpu_per_byte per byte of the buffer
-    (measured: the reduce and the copies)."""
+    a step's hop crosses hosts for H of the n ranks. idle: the ring's connections were idle for
+    longer than TCP's retransmission timeout (between training steps, between outer syncs), so
+    its first step's chunk goes out in slow start (idle_message). cpu: cpu_per_byte per byte of
+    the buffer (measured: the reduce and the copies)."""
     n = world.n
     if n == 1 or size == 0:
         return Cost(0.0, 0.0, 0.0)
@@ -146,6 +166,8 @@ def ring_allreduce(size, world, link, cpu_per_byte=0.0, gloo=False):
     cross = world.hosts / n if world.hosts > 1 else 0.0
     latency = steps * (cross * (link.gloo if gloo else link.ring) + (1 - cross) * link.local_alpha)
     rate = min(link.beta, link.nic) if world.hosts > 1 else link.local_rate
+    if idle and world.hosts > 1:
+        latency += idle_message(chunk, 0.0, rate, link.rtt, link.restart) - chunk / rate
     return Cost(latency, steps * chunk / rate, size * cpu_per_byte)
 
 
@@ -181,13 +203,14 @@ def direct_allreduce(size, world, link, cpu_per_byte=0.0):
     return Cost(3 * a, 2 * w, size * cpu_per_byte)
 
 
-def gossipcc_allreduce(size, world, link, cpu_per_byte=0.0):
+def gossipcc_allreduce(size, world, link, cpu_per_byte=0.0, idle=False):
     """comm/gloo_collectives.cc (collective_plan.cc): eager up to EagerCollectiveMaxBytes, the
-    direct all-reduce up to 512 KiB, the ring above."""
+    direct all-reduce up to 512 KiB, the ring above (idle: as ring_allreduce's)."""
     if size <= eager_max_bytes(world.n):
         return eager_allreduce(size, world, link, cpu_per_byte)
-    f = direct_allreduce if size <= DIRECT_MAX_BYTES else ring_allreduce
-    return f(size, world, link, cpu_per_byte)
+    if size <= DIRECT_MAX_BYTES:
+        return direct_allreduce(size, world, link, cpu_per_byte)
+    return ring_allreduce(size, world, link, cpu_per_byte, idle=idle)
 
 
 def ring_bytes_per_host(size, world):
@@ -243,7 +266,7 @@ def quantized_allreduce(count, bits, world, link, cpu_per_element=0.0):
         s = off_host_senders(world, d)
         if s:
             rate = shared_rate(link, s)
-            t = idle_message(chunk, link.alpha, rate, link.rtt)
+            t = idle_message(chunk, link.alpha, rate, link.rtt, link.restart)
             latency += t - chunk / rate
             wire += chunk / rate
         else:
@@ -294,19 +317,24 @@ def psgd_sizes(shapes, rank=4):
 
 
 def powersgd_allreduce(shapes, world, link, cpu_per_nmr=0.0, rank=4):
-    """compression/power_sgd.cc (steps: compression/power_sgd_steps.h): the cross-rank check (one
-    exchange), the exact all-reduce of the tensors left uncompressed, the all-reduce of every P
-    packed in one buffer, then of every Q: three of gossipcc's all-reduces. cpu: M Q, M^T P and
-    P Q^T with the error memory, cpu_per_nmr per n m r (measured)."""
+    """compression/power_sgd.cc (steps: compression/power_sgd_steps.h): the cross-rank check, one
+    exchange (compression/power_sgd_check.h), which carries the exact part and the first P when
+    they fit the eager limit together; else the exact all-reduce of the tensors left
+    uncompressed and the all-reduce of every P packed in one buffer after it; then the Q
+    all-reduce: gossipcc's all-reduces. cpu: M Q, M^T P and P Q^T with the error memory,
+    cpu_per_nmr per n m r (measured)."""
     exact, p, q, nmr = psgd_sizes(shapes, rank)
-    parts = [gossipcc_allreduce(b, world, link) for b in (exact, p, q) if b]
-    check = link.exchange if world.hosts > 1 else link.local_alpha
-    return Cost(check + sum(c.latency for c in parts), sum(c.wire for c in parts), nmr * cpu_per_nmr)
+    riding = exact + p <= eager_max_bytes(world.n)
+    check = eager_allreduce(exact + p, world, link) if riding else Cost(
+        link.exchange if world.hosts > 1 else link.local_alpha, 0.0, 0.0)
+    parts = [check] + [gossipcc_allreduce(b, world, link) for b in ([q] if riding else [exact, p, q]) if b]
+    return Cost(sum(c.latency for c in parts), sum(c.wire for c in parts), nmr * cpu_per_nmr)
 
 
 def powersgd_bytes_per_host(shapes, world, rank=4):
     exact, p, q, _ = psgd_sizes(shapes, rank)
-    return sum(allreduce_bytes_per_host(b, world) for b in (exact, p, q) if b)
+    riding = exact + p <= eager_max_bytes(world.n)
+    return sum(allreduce_bytes_per_host(b, world) for b in ([exact + p, q] if riding else [exact, p, q]) if b)
 
 
 def allreduce_bytes_per_host(size, world):
@@ -343,7 +371,7 @@ def push_sum_round(size, world, link, cpu_per_element=0.0):
         s = off_host_senders(world, d)
         if s:
             rate = shared_rate(link, s)
-            costs.append((idle_message(size + 8, link.alpha, rate, link.rtt) - (size + 8) / rate, (size + 8) / rate))
+            costs.append((idle_message(size + 8, link.alpha, rate, link.rtt, link.restart) - (size + 8) / rate, (size + 8) / rate))
         else:
             costs.append((link.local_alpha, (size + 8) / link.local_rate))
     k = len(costs)
@@ -395,7 +423,7 @@ def step_cost(seconds, size, world, link, gloo=False):
     """The per-step cost between hosts of a ring (link.ring, or link.gloo) that makes
     ring_allreduce(size) take `seconds`: (seconds - wire - the steps inside hosts) / the steps
     between hosts. The calibration's inverse of ring_allreduce."""
-    zero = Link(link.alpha, link.beta, link.nic, link.local_alpha, link.local_rate, ring=0.0, gloo=0.0)
+    zero = Link(link.alpha, link.beta, link.nic, link.local_alpha, link.local_rate, ring=0.0, gloo=0.0, rtt=link.rtt)
     base = ring_allreduce(size, world, zero, gloo=gloo)
     crossing = 2 * (world.n - 1) * world.hosts / world.n
     if world.hosts < 2:

@@ -58,13 +58,15 @@ def constants(check):
         raise harness.HarnessError("--calibration: not a results file of `projection.py check`")
     layout = model_shapes.Layout("resnet50", check["args"]["scale"], 25.0)
     cores = info["cores"]
-    per_message, windows, cpu = {p: [] for p in pm.PRIMITIVES}, [], {}
+    per_message, windows, restarts, cpu = {p: [] for p in pm.PRIMITIVES}, [], [], {}
     for c in info["configs"].values():
         alpha, beta = c["fits"]["cross"]
         for p in pm.PRIMITIVES:
             per_message[p].append((c["delay"], c["link"][p]))
         if c["delay"] > 0 and beta < 0.9 * c["link"]["nic"]:
             windows.append(beta * 2 * c["delay"])
+        if c["delay"] > 0:
+            restarts.append(c["link"]["restart"])
         n = c["hosts"] * c["ranks_per_host"]
         for cell, per in c["local"].items():
             section = "ddp" if cell.endswith("DDP step") else "diloco"
@@ -74,6 +76,7 @@ def constants(check):
     return {"costs": {p: pm.per_delay(v) for p, v in per_message.items()},
             "window": statistics.median(windows) if windows else STOCK_RMEM_MAX / 2,
             "window_from": "calibrated" if windows else "stock tcp_rmem max / 2",
+            "restart": statistics.median(restarts) if restarts else pm.INITIAL_WINDOW,
             "cpu": {k: statistics.median(v) for k, v in cpu.items()}}
 
 
@@ -92,7 +95,8 @@ def step_costs(model, world, link, k, compute, every):
     byte = 4 * model.total
 
     def ddp_exact(w):
-        return pm.bucketed(pm.gossipcc_allreduce(s, w, link, cpu["ddp/gossipcc exact"]) for s in model.bucket_bytes)
+        return pm.bucketed(pm.gossipcc_allreduce(s, w, link, cpu["ddp/gossipcc exact"], idle=i < pm.COLLECTIVE_LANES)
+                           for i, s in enumerate(model.bucket_bytes))
 
     def quantized(bits, w, section="ddp"):
         c = cpu[f"{section}/quantized {bits} bits"]
@@ -105,7 +109,7 @@ def step_costs(model, world, link, k, compute, every):
 
     psgd = pm.bucketed((pm.powersgd_allreduce(b, world, link, cpu["ddp/PowerSGD r4 (gossipcc)"])
                         for b in model.buckets), lanes=1)
-    exact_sync = pm.gossipcc_allreduce(byte, world, link, cpu["diloco/gossipcc exact"])
+    exact_sync = pm.gossipcc_allreduce(byte, world, link, cpu["diloco/gossipcc exact"], idle=True)
     q4_sync = quantized(4, world, "diloco")
     ddp_bytes = sum(pm.allreduce_bytes_per_host(s, world) for s in model.bucket_bytes)
     q_bytes = {b: sum(pm.quantized_bytes_per_host(s // 4, b, world) for s in model.bucket_bytes) for b in (8, 4)}
@@ -140,7 +144,7 @@ def project(k, args):
             for rate in RATES_GBIT:
                 for delay in DELAYS_MS:
                     link = pm.network_link(rate * 1e9, delay / 1e3, k["window"], k["costs"], args.streams,
-                                           args.intra_alpha_us * 1e-6, args.intra_gbit * 1e9 / 8)
+                                           args.intra_alpha_us * 1e-6, args.intra_gbit * 1e9 / 8, k["restart"])
                     rows.append({"model": name, "parameters": model.total, "hosts": hosts, "rate_gbit": rate,
                                  "delay_ms": delay, "beta": link.beta, "compute": compute,
                                  "costs": step_costs(model, world, link, k, compute, args.diloco_h)})
@@ -185,8 +189,9 @@ def assumptions(doc):
         + f"; one stream's window "
         f"{k['window'] / 2**20:.2f} MiB ({k['window_from']}), {a['streams']} stream(s) per peer: beta = "
         "min(NIC x 1448/1514, streams x window / RTT).",
-        f"- A message on a connection idle since the previous call restarts from TCP's initial window "
-        "(10 segments; slow start after idle).",
+        f"- A message on a connection idle since the previous call restarts from a window of "
+        f"{k['restart'] / 1024:.0f} KiB (calibrated; slow start after idle): every quantized scatter round and "
+        "push-sum message, the first step of each DDP lane's first bucket and of DiLoCo's ring.",
         f"- Compute per step (given): 124M {a['compute_124m']:g} s, 1B {a['compute_1b']:g} s; communication is "
         "not overlapped with it (DDP's overlap with backward would hide up to the compute).",
         f"- CPU per unit on one core (calibrated on this machine, CPU tensors): {cpu} (per byte for exact, per "
