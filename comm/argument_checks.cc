@@ -55,11 +55,15 @@ void ArgumentChecks::Counts(const char* op, const char* name, const std::vector<
   }
 }
 
-void ArgumentChecks::Reduce(const char* op, DType dtype, ReduceOp reduce) const {
+void ArgumentChecks::Reduce(const char* op, const gossipcc::Buffer& b, ReduceOp reduce) const {
   try {
-    CheckReduceSupported(dtype, reduce);
+    CheckReduceSupported(b.dtype, reduce);
   } catch (const InvalidArgumentError& e) {
     throw InvalidArgumentError(absl::StrCat(Where(op), ": ", e.what()));
+  }
+  if (IsBitwise(reduce) && b.device.is_cuda()) {
+    throw InvalidArgumentError(absl::StrCat(Where(op), ": reduce op ", ReduceOpName(reduce),
+                                            " is not supported on CUDA buffers (NCCL has no bitwise reductions)"));
   }
 }
 

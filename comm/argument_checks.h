@@ -27,7 +27,9 @@ struct ArgumentChecks {
   void Same(const char* op, const gossipcc::Buffer& a, const gossipcc::Buffer& b) const;
   void Peer(const char* op, int peer, const char* what) const;  // in [0, size)
   void Counts(const char* op, const char* name, const std::vector<size_t>& counts) const;  // one per rank
-  void Reduce(const char* op, DType dtype, ReduceOp reduce) const;  // the op applies to the dtype
+  // The op applies to the buffer's dtype (CheckReduceSupported) and device (no bitwise op on
+  // CUDA: NCCL has none).
+  void Reduce(const char* op, const gossipcc::Buffer& b, ReduceOp reduce) const;
   // A point-to-point batch (not empty): each buffer (or gathered send) valid, peers in range and
   // not this rank, kAnySource only for CPU receives and only where `any_source` (recv_any_source
   // and p2p batches; plain recv() keeps -1 an out-of-range peer), CPU and CUDA not mixed,

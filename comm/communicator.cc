@@ -322,7 +322,7 @@ std::vector<int> Communicator::UnresponsivePeers() { return impl_->UnresponsiveP
 
 std::shared_ptr<Work> Communicator::allreduce(Buffer data, ReduceOp op) {
   impl_->check().Buffer("allreduce", "data", data);
-  impl_->check().Reduce("allreduce", data.dtype, op);
+  impl_->check().Reduce("allreduce", data, op);
   return impl_->Submit(PlanAllreduce(size(), data, op));
 }
 
@@ -365,7 +365,7 @@ std::shared_ptr<Work> Communicator::reduce_scatter(Buffer input, Buffer output, 
   impl_->check().Buffer("reduce_scatter", "input", input);
   impl_->check().Buffer("reduce_scatter", "output", output);
   impl_->check().Same("reduce_scatter", input, output);
-  impl_->check().Reduce("reduce_scatter", input.dtype, op);
+  impl_->check().Reduce("reduce_scatter", input, op);
   if (input.count != output.count * size()) {
     throw InvalidArgumentError(absl::StrCat(impl_->Where("reduce_scatter"), ": input has ", input.count,
                                             " elements but size() * output.count = ", size(), " * ", output.count,

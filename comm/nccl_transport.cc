@@ -71,6 +71,9 @@ ncclRedOp_t ToNccl(ReduceOp op) {
     case ReduceOp::kMin: return ncclMin;
     case ReduceOp::kMax: return ncclMax;
     case ReduceOp::kProduct: return ncclProd;
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor: break;  // refused for CUDA buffers by the argument checks
   }
   return ncclSum;
 }

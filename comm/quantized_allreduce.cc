@@ -72,7 +72,7 @@ std::string FieldValue(Field f, int64_t v) {
     case kDType:
       return v >= 0 && v < kNumDTypes ? DTypeName(static_cast<DType>(v)) : std::to_string(v);
     case kOp:
-      return v >= 0 && v <= static_cast<int64_t>(ReduceOp::kProduct) ? ReduceOpName(static_cast<ReduceOp>(v))
+      return v >= 0 && v < kNumReduceOps ? ReduceOpName(static_cast<ReduceOp>(v))
                                                                       : std::to_string(v);
     case kDevice:
       return v == 0 ? "cpu" : "cuda";

@@ -41,6 +41,13 @@ struct WrappingProd {
   }
 };
 
+template <typename T>
+struct BitAnd { static T Apply(T a, T b) { return static_cast<T>(a & b); } };
+template <typename T>
+struct BitOr { static T Apply(T a, T b) { return static_cast<T>(a | b); } };
+template <typename T>
+struct BitXor { static T Apply(T a, T b) { return static_cast<T>(a ^ b); } };
+
 template <typename T, template <typename> class Op>
 void Kernel(void* out, const void* a, const void* b, size_t n) {
   T* o = static_cast<T*>(out);
@@ -57,6 +64,9 @@ ReduceFn ForFloat(ReduceOp op) {
     case ReduceOp::kProduct: return &Kernel<T, Prod>;
     case ReduceOp::kMin: return &Kernel<T, NanMin>;
     case ReduceOp::kMax: return &Kernel<T, NanMax>;
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor: return nullptr;  // refused by CheckReduceSupported
   }
   return nullptr;
 }
@@ -68,6 +78,9 @@ ReduceFn ForInt(ReduceOp op) {
     case ReduceOp::kProduct: return &Kernel<T, WrappingProd>;
     case ReduceOp::kMin: return &Kernel<T, Min>;
     case ReduceOp::kMax: return &Kernel<T, Max>;
+    case ReduceOp::kBand: return &Kernel<T, BitAnd>;
+    case ReduceOp::kBor: return &Kernel<T, BitOr>;
+    case ReduceOp::kBxor: return &Kernel<T, BitXor>;
     case ReduceOp::kAvg: return nullptr;
   }
   return nullptr;
@@ -79,6 +92,10 @@ void CheckReduceSupported(DType dtype, ReduceOp op) {
   if (op == ReduceOp::kAvg && !IsFloatingPoint(dtype)) {
     throw InvalidArgumentError(absl::StrCat("reduce op avg is not supported for integer dtype ", DTypeName(dtype),
                                             " (integer division would truncate); use sum and divide"));
+  }
+  if (IsBitwise(op) && IsFloatingPoint(dtype)) {
+    throw InvalidArgumentError(absl::StrCat("reduce op ", ReduceOpName(op), " needs an integer dtype (int8, uint8, int32, ",
+                                            "int64; bool travels as uint8), got ", DTypeName(dtype)));
   }
 }
 

@@ -16,7 +16,8 @@ using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t count)
 // Kernel for a non-half dtype; InvalidArgumentError for half dtypes and integer kAvg.
 ReduceFn GetReduceFn(DType dtype, ReduceOp op);
 
-// Throws InvalidArgumentError naming the combination when `op` cannot apply to `dtype`.
+// Throws InvalidArgumentError naming the combination when `op` cannot apply to `dtype` (avg on
+// integers, bitwise ops on floating dtypes).
 void CheckReduceSupported(DType dtype, ReduceOp op);
 
 // data[i] *= factor, for float32/float64.

@@ -27,8 +27,11 @@ bool IsFloatingPoint(DType dtype);
 // float16 and bfloat16: reduced in float32 ("accumulate wide").
 bool IsHalfPrecision(DType dtype);
 
-enum class ReduceOp : uint8_t { kSum, kAvg, kMin, kMax, kProduct };
+// kBand/kBor/kBxor: bitwise and/or/xor, for integer dtypes only (CheckReduceSupported).
+enum class ReduceOp : uint8_t { kSum, kAvg, kMin, kMax, kProduct, kBand, kBor, kBxor };
+inline constexpr int kNumReduceOps = 8;
 const char* ReduceOpName(ReduceOp op);
+inline bool IsBitwise(ReduceOp op) { return op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor; }
 
 struct Device {
   enum class Type : uint8_t { kCPU, kCUDA };

@@ -40,9 +40,11 @@ ReduceOp ToReduceOp(const ::c10d::ReduceOp& op, const at::Tensor& tensor, const 
     case ::c10d::ReduceOp::PRODUCT: return is_bool ? ReduceOp::kMin : ReduceOp::kProduct;
     case ::c10d::ReduceOp::MIN: return ReduceOp::kMin;
     case ::c10d::ReduceOp::MAX: return ReduceOp::kMax;
-    case ::c10d::ReduceOp::BAND: Unsupported(std::string(where) + " with ReduceOp.BAND");
-    case ::c10d::ReduceOp::BOR: Unsupported(std::string(where) + " with ReduceOp.BOR");
-    case ::c10d::ReduceOp::BXOR: Unsupported(std::string(where) + " with ReduceOp.BXOR");
+    // Integer and bool tensors (bool as uint8 0/1: logical and/or/xor); the comm layer refuses
+    // floating dtypes and CUDA tensors, naming the op.
+    case ::c10d::ReduceOp::BAND: return ReduceOp::kBand;
+    case ::c10d::ReduceOp::BOR: return ReduceOp::kBor;
+    case ::c10d::ReduceOp::BXOR: return ReduceOp::kBxor;
     default: Unsupported(std::string(where) + " with this ReduceOp (PREMUL_SUM or unknown)");
   }
 }

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "comm/errors.h"
@@ -50,6 +51,43 @@ TEST(ReduceKernelTest, IntegerSumsWrapLikeTorch) {
 TEST(ReduceKernelTest, RejectsAvgOnIntegersAndDirectHalfKernels) {
   EXPECT_THROW(GetReduceFn(DType::kInt32, ReduceOp::kAvg), InvalidArgumentError);
   EXPECT_THROW(GetReduceFn(DType::kFloat16, ReduceOp::kSum), InvalidArgumentError);
+}
+
+// Bitwise and/or/xor on every integer dtype, with the sign bit included; refused on floating
+// dtypes (as by torch's Gloo backend), with the op and dtype named.
+template <typename T>
+void ExpectBitwise() {
+  const T a[3] = {static_cast<T>(0x5a), static_cast<T>(-1), 0}, b[3] = {static_cast<T>(0x3c), static_cast<T>(0x0f), static_cast<T>(-1)};
+  T out[3];
+  GetReduceFn(DTypeOf<T>::value, ReduceOp::kBand)(out, a, b, 3);
+  EXPECT_EQ(out[0], static_cast<T>(0x18)); EXPECT_EQ(out[1], static_cast<T>(0x0f)); EXPECT_EQ(out[2], static_cast<T>(0));
+  GetReduceFn(DTypeOf<T>::value, ReduceOp::kBor)(out, a, b, 3);
+  EXPECT_EQ(out[0], static_cast<T>(0x7e)); EXPECT_EQ(out[1], static_cast<T>(-1)); EXPECT_EQ(out[2], static_cast<T>(-1));
+  GetReduceFn(DTypeOf<T>::value, ReduceOp::kBxor)(out, a, b, 3);
+  EXPECT_EQ(out[0], static_cast<T>(0x66)); EXPECT_EQ(out[1], static_cast<T>(~T{0x0f})); EXPECT_EQ(out[2], static_cast<T>(-1));
+}
+
+TEST(ReduceKernelTest, BitwiseOpsOnIntegersRefusedOnFloats) {
+  ExpectBitwise<int8_t>();
+  ExpectBitwise<uint8_t>();
+  ExpectBitwise<int32_t>();
+  ExpectBitwise<int64_t>();
+  for (DType d : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    for (ReduceOp op : {ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor}) {
+      try {
+        CheckReduceSupported(d, op);
+        ADD_FAILURE() << ReduceOpName(op) << " on " << DTypeName(d) << " was accepted";
+      } catch (const InvalidArgumentError& e) {
+        EXPECT_NE(std::string(e.what()).find(std::string("reduce op ") + ReduceOpName(op)), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(DTypeName(d)), std::string::npos) << e.what();
+      }
+    }
+  }
+  // Over several sources in rank order, as the collectives reduce.
+  WideScratch scratch;
+  std::vector<int32_t> x = {0b1100}, y = {0b1010}, z = {0b0110};
+  ReduceInRankOrder({x.data(), y.data(), z.data()}, Buffer{x.data(), 1, DType::kInt32}, ReduceOp::kBxor, scratch);
+  EXPECT_EQ(x[0], 0b0000);
 }
 
 // Rank-order reduction: the order is fixed (so results are the same bits wherever it runs),
