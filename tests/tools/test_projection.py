@@ -81,6 +81,10 @@ def test_slow_start_after_idle_by_hand():
     # Window 14480 then 28960 (two round trips), then 56560 bytes at 1 MB/s (rate x rtt = 100 kB).
     assert m.idle_message(100_000, 0.0, 1e6, 0.1) == pytest.approx(0.2 + (100_000 - 43_440) / 1e6)
     assert m.idle_message(100_000, 0.005, 1e6, 0.0) == pytest.approx(0.105)
+    # tcp_cwnd_restart: halved per retransmission timeout (rtt + 200 ms) of idle time, down to the floor.
+    assert m.restart_after(0.5, 0.05, 1e6) == pytest.approx(2.5e5)
+    assert m.restart_after(0.1, 0.05, 1e6) == pytest.approx(1e6)
+    assert m.restart_after(10.0, 0.05, 1e6) == 14480 and m.restart_after(10.0, 0.05, 1e6, floor=5e4) == 5e4
 
 
 def test_powersgd_push_sum_diloco_by_hand():

@@ -59,7 +59,7 @@ PING_REPS = 5
 # limit, and gloo's ring.
 # The restart window: IDLE_BYTES sent after IDLE_SECONDS without traffic (longer than TCP's
 # retransmission timeout), the median of IDLE_REPS, against the ping-pong's fit.
-IDLE_BYTES, IDLE_SECONDS, IDLE_REPS = 2 << 20, 1.0, 3
+IDLE_BYTES, IDLE_SECONDS, IDLE_REPS = 2 << 20, 3.0, 3
 SMALL_OPS = (("exchange", "gossipcc", 1 << 10), ("ring", "gossipcc", 640 << 10), ("gloo", "gloo", 64 << 10))
 GOAL_PERCENT = 15.0
 CHECKED = (("ddp", "gloo"), ("ddp", "gossipcc exact"), ("ddp", "quantized 8 bits"), ("ddp", "quantized 4 bits"),

@@ -111,6 +111,18 @@ def idle_message(size, alpha, rate, rtt, initial=INITIAL_WINDOW):
     return alpha + rounds * rtt + (size - sent) / rate
 
 
+RTO_MIN = 0.2  # Linux's TCP_RTO_MIN: the retransmission timeout is about rtt + 200 ms on a steady link
+
+
+def restart_after(idle, rtt, window, floor=INITIAL_WINDOW):
+    """The window a connection that carried `window` bytes per round trip restarts from after
+    `idle` seconds without traffic (Linux's tcp_cwnd_restart): halved once per retransmission
+    timeout (rtt + RTO_MIN) of idle time, never below `floor` (the initial window, or the
+    calibrated restart window)."""
+    halvings = int(idle // (rtt + RTO_MIN)) if idle > 0 else 0
+    return max(float(floor), window / 2 ** min(halvings, 60))
+
+
 def restart_window(extra, size, rate, rtt):
     """The window a restarted connection starts from (idle_message's `initial`, between the
     initial window and rate x rtt) for which a message of `size` bytes takes `extra` seconds

@@ -89,19 +89,28 @@ class Model:
         self.nmr = sum(pm.psgd_sizes(b)[3] for b in self.buckets)
 
 
-def step_costs(model, world, link, k, compute, every):
-    """{column: (seconds per step, bytes per step per host)} (module's doc)."""
+def idle_for(link, idle, floor):
+    """The link as seen by connections idle for `idle` seconds between uses (restart_after)."""
+    out = pm.Link(link.alpha, link.beta, link.nic, link.local_alpha, link.local_rate, exchange=link.exchange,
+                  ring=link.ring, gloo=link.gloo, rtt=link.rtt)
+    out.restart = pm.restart_after(idle, link.rtt, link.beta * link.rtt, floor)
+    return out
+
+
+def step_costs(model, world, link_, k, compute, every):
+    """{column: (seconds per step, bytes per step per host)} (module's doc). A method's
+    connections sit idle for a step's compute between its calls (DiLoCo's for H steps)."""
     cpu = k["cpu"]
+    link = idle_for(link_, compute, k["restart"])
+    outer_link = idle_for(link_, compute * every, k["restart"])
     byte = 4 * model.total
 
     def ddp_exact(w):
         return pm.bucketed(pm.gossipcc_allreduce(s, w, link, cpu["ddp/gossipcc exact"], idle=i < pm.COLLECTIVE_LANES)
                            for i, s in enumerate(model.bucket_bytes))
 
-    def quantized(bits, w, section="ddp"):
-        c = cpu[f"{section}/quantized {bits} bits"]
-        if section == "diloco":
-            return pm.quantized_allreduce(model.total, bits, w, link, c)
+    def quantized(bits, w):
+        c = cpu[f"ddp/quantized {bits} bits"]
         return pm.bucketed((pm.quantized_allreduce(s // 4, bits, w, link, c) for s in model.bucket_bytes), lanes=1)
 
     def push(w):
@@ -109,8 +118,8 @@ def step_costs(model, world, link, k, compute, every):
 
     psgd = pm.bucketed((pm.powersgd_allreduce(b, world, link, cpu["ddp/PowerSGD r4 (gossipcc)"])
                         for b in model.buckets), lanes=1)
-    exact_sync = pm.gossipcc_allreduce(byte, world, link, cpu["diloco/gossipcc exact"], idle=True)
-    q4_sync = quantized(4, world, "diloco")
+    exact_sync = pm.gossipcc_allreduce(byte, world, outer_link, cpu["diloco/gossipcc exact"], idle=True)
+    q4_sync = pm.quantized_allreduce(model.total, 4, world, outer_link, cpu["diloco/quantized 4 bits"])
     ddp_bytes = sum(pm.allreduce_bytes_per_host(s, world) for s in model.bucket_bytes)
     q_bytes = {b: sum(pm.quantized_bytes_per_host(s // 4, b, world) for s in model.bucket_bytes) for b in (8, 4)}
     outer = pm.World(world.hosts, 1)  # the hierarchical form's world: one rank per host
@@ -189,9 +198,11 @@ def assumptions(doc):
         + f"; one stream's window "
         f"{k['window'] / 2**20:.2f} MiB ({k['window_from']}), {a['streams']} stream(s) per peer: beta = "
         "min(NIC x 1448/1514, streams x window / RTT).",
-        f"- A message on a connection idle since the previous call restarts from a window of "
-        f"{k['restart'] / 1024:.0f} KiB (calibrated; slow start after idle): every quantized scatter round and "
-        "push-sum message, the first step of each DDP lane's first bucket and of DiLoCo's ring.",
+        "- A connection idle between calls restarts in slow start (Linux's slow start after idle): its window "
+        "halved per retransmission timeout (RTT + 200 ms) of idle time, at least "
+        f"{k['restart'] / 1024:.0f} KiB (calibrated after 3 s idle); idle for a step's compute (DiLoCo's "
+        "connections: H steps'): every quantized scatter round and push-sum message, the first step of each "
+        "DDP lane's first bucket and of DiLoCo's ring.",
         f"- Compute per step (given): 124M {a['compute_124m']:g} s, 1B {a['compute_1b']:g} s; communication is "
         "not overlapped with it (DDP's overlap with backward would hide up to the compute).",
         f"- CPU per unit on one core (calibrated on this machine, CPU tensors): {cpu} (per byte for exact, per "
