@@ -1,19 +1,22 @@
 """Every change gossipcc makes to torch, in one module; nothing else in the package patches torch.
 
 Each patch is one function below: what it replaces, why (two lines), the torch versions it
-applies to, and when it is applied. A patch wraps one attribute; the wrapper carries the
-function it wraps as ``_gossipcc_original`` (``is_patched`` tells), and applying a patch twice
-changes nothing.
+applies to, and when it is applied. A patch wraps attributes (default_use_libuv_off sets an
+environment variable instead); a wrapper carries the function it wraps as ``_gossipcc_original``
+(``is_patched`` tells), and applying a patch twice changes nothing.
 
-| patch                          | replaces                                          | torch           | applied |
-|--------------------------------|---------------------------------------------------|-----------------|---------|
-| time_init_process_group        | dist.init_process_group                           | 1.13, 2.x       | at import |
-| default_use_libuv_off          | the USE_LIBUV environment variable (default 0)    | 2.x without libuv | at import, where needed |
-| tcpstores_pass_use_libuv       | TCPStore of 3 rendezvous modules, the dynamic rendezvous' store | 2.x with USE_LIBUV=0 | at import, where needed |
-| shut_down_on_destroy           | dist.destroy_process_group (+ an atexit hook)     | 1.13, 2.x       | first gossipcc group |
-| ddp_register_comm_hook_calls   | DistributedDataParallel.register_comm_hook        | 1.13, 2.x       | first gossipcc group, or a policy is asked for |
-| ddp_init_calls                 | DistributedDataParallel.__init__                  | 1.13, 2.x       | a policy other than "exact" is asked for |
-| torchrun_std_from_str          | torch.distributed.elastic's Std.from_str          | 1.13 on Python >= 3.11 | python -m gossipcc.torchrun, where needed |
+  patch                         replaces                                       torch / applied
+  time_init_process_group       dist.init_process_group                        1.13, 2.x / at import
+  default_use_libuv_off         the USE_LIBUV variable (default 0)             2.x without libuv / at import
+  tcpstores_pass_use_libuv      TCPStore of 3 rendezvous modules, the dynamic  2.x with USE_LIBUV=0 / at import
+                                rendezvous' store server
+  shut_down_on_destroy          dist.destroy_process_group (+ atexit)          1.13, 2.x / first gossipcc group
+  ddp_register_comm_hook_calls  DistributedDataParallel.register_comm_hook     1.13, 2.x / first gossipcc group,
+                                                                               or a policy is asked for
+  ddp_init_calls                DistributedDataParallel.__init__               1.13, 2.x / a policy other than
+                                                                               "exact" is asked for
+  torchrun_std_from_str         torch.distributed.elastic's Std.from_str       1.13 on Python >= 3.11 /
+                                                                               python -m gossipcc.torchrun
 
 The patches take what gossipcc does at those points as arguments (callbacks), so this module
 depends on torch only.
