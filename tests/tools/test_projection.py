@@ -187,7 +187,7 @@ def test_check_table_flags_errors_above_the_goal():
     rows = {r[1]: r for r in p.check_rows(predicted, measured)}
     assert rows["a"][4] == pytest.approx(10.0) and rows["a"][5] == ""
     assert rows["b"][4] == pytest.approx(-(1 - 0.22 / 0.3) * 100)
-    assert "> 15%" in rows["b"][5] and "latency term" in rows["b"][5]
+    assert rows["b"][5] == "**> 15%**: -80 ms, the latency term 200 ms"
 
 
 def test_configs_and_bad_input():

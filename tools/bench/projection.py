@@ -245,7 +245,9 @@ def check_rows(predicted, measured):
             if st is None:
                 continue
             err = pm.error_percent(cost.total, st["median"])
-            flag = f"**> {GOAL_PERCENT:g}%** ({dominant(cost)} term)" if abs(err) > GOAL_PERCENT else ""
+            miss = (cost.total - st["median"]) * 1e3
+            flag = (f"**> {GOAL_PERCENT:g}%**: {miss:+.0f} ms, the {dominant(cost)} term "
+                    f"{getattr(cost, dominant(cost)) * 1e3:.0f} ms" if abs(err) > GOAL_PERCENT else "")
             rows.append([cell, method, cost, st, err, flag])
     return rows
 
