@@ -18,6 +18,40 @@
 namespace gossipcc {
 namespace {
 
+// A ring call's Gloo buffers on each of its k streams, over the scratch slots and over the
+// data, and the sends posted on each so far; message u travels on stream u % k (striping.h).
+class RingStreams {
+ public:
+  RingStreams(const GlooCall& call, uint8_t* scratch, size_t scratch_bytes, Buffer data) : k_(call.stream_count()) {
+    for (int i = 0; i < k_; ++i) {
+      posted_.push_back(std::make_unique<PostedBuffers>(call.stream(i), *call.retired));
+      scratch_.push_back(&posted_.back()->Create(scratch, scratch_bytes));
+      data_.push_back(&posted_.back()->Create(data.data, data.bytes()));
+    }
+    sends_.assign(static_cast<size_t>(k_), 0);
+  }
+  gloo::transport::UnboundBuffer& scratch(int u) { return *scratch_[Of(u)]; }
+  gloo::transport::UnboundBuffer& data(int u) { return *data_[Of(u)]; }
+  void Send(int u, int peer, uint64_t slot, size_t offset, size_t bytes) {
+    data_[Of(u)]->send(peer, slot, offset, bytes);
+    ++sends_[Of(u)];
+  }
+  // Waits for every send posted so far.
+  void WaitSends(std::chrono::milliseconds left) {
+    for (size_t i = 0; i < sends_.size(); ++i) {
+      for (; sends_[i] > 0; --sends_[i]) data_[i]->waitSend(left);
+    }
+  }
+
+ private:
+  size_t Of(int u) const { return StreamOf(static_cast<size_t>(u), static_cast<size_t>(k_)); }
+  const int k_;
+  // Declared first: on a throw the buffers go to the retired ones (PostedBuffers).
+  std::vector<std::unique_ptr<PostedBuffers>> posted_;
+  std::vector<gloo::transport::UnboundBuffer*> scratch_, data_;
+  std::vector<int> sends_;
+};
+
 // The ring on `data`, with this rank's receive slots at `scratch` (RingWindow(k) x max segment).
 // Message u travels on stream u % k (striping.h), each stream's in order on both ends.
 void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& plan, uint8_t* scratch) {
@@ -29,44 +63,28 @@ void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& pla
   const int S = plan.segments();
   const int P = plan.phase_messages();
   const int U = plan.messages();
-  const int k = call.stream_count();
-  const int window = RingWindow(k);
+  const int window = RingWindow(call.stream_count());
   const size_t slot_bytes = plan.max_segment() * element;
   const ReduceFn reduce = GetReduceFn(data.dtype, op);
   const uint64_t slot = MakeSlot(kRingAllreduceSlotPrefix, call.tag);
   auto* bytes = static_cast<uint8_t*>(data.data);
 
-  // Per stream: its buffers over the scratch slots and over the data, and its sends so far.
-  std::vector<std::unique_ptr<PostedBuffers>> posted_on;
-  std::vector<gloo::transport::UnboundBuffer*> scratch_ub, data_ub;
-  std::vector<int> sends(static_cast<size_t>(k), 0);
-  for (int i = 0; i < k; ++i) {
-    posted_on.push_back(std::make_unique<PostedBuffers>(call.stream(i), *call.retired));
-    scratch_ub.push_back(&posted_on.back()->Create(scratch, slot_bytes * static_cast<size_t>(window)));
-    data_ub.push_back(&posted_on.back()->Create(bytes, data.bytes()));
-  }
-  auto stream = [&](int u) { return static_cast<size_t>(StreamOf(static_cast<size_t>(u), static_cast<size_t>(k))); };
+  RingStreams streams(call, scratch, slot_bytes * static_cast<size_t>(window), data);
 
   // Reduce-scatter messages land in scratch slot u % window, all-gather ones in place.
   auto post_receive = [&](int u) {
     const RingSpan s = plan.Received(u);
     if (s.count == 0) return;
     if (u < P) {
-      scratch_ub[stream(u)]->recv(left, slot, static_cast<size_t>(u % window) * slot_bytes, s.count * element);
+      streams.scratch(u).recv(left, slot, static_cast<size_t>(u % window) * slot_bytes, s.count * element);
     } else {
-      data_ub[stream(u)]->recv(left, slot, s.first * element, s.count * element);
+      streams.data(u).recv(left, slot, s.first * element, s.count * element);
     }
   };
   auto send = [&](int u) {
     const RingSpan s = plan.Sent(u);
     if (s.count == 0) return;
-    data_ub[stream(u)]->send(right, slot, s.first * element, s.count * element);
-    ++sends[stream(u)];
-  };
-  auto wait_sends = [&] {
-    for (int i = 0; i < k; ++i) {
-      for (; sends[static_cast<size_t>(i)] > 0; --sends[static_cast<size_t>(i)]) data_ub[static_cast<size_t>(i)]->waitSend(call.left());
-    }
+    streams.Send(u, right, slot, s.first * element, s.count * element);
   };
 
   // Before the verdict: receives only into scratch, and sends only of messages the right
@@ -83,10 +101,10 @@ void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& pla
         // None of the messages that left may still refer to the caller's buffer or arrive
         // after this returns. Receives the left neighbour will never match stay posted on
         // scratch memory, which is retired.
-        wait_sends();
+        streams.WaitSends(call.left());
         if (left_sent) {
           for (int u = 0; u < ahead; ++u) {
-            if (plan.Received(u).count) scratch_ub[stream(u)]->waitRecv(call.left());
+            if (plan.Received(u).count) streams.scratch(u).waitRecv(call.left());
           }
         }
       });
@@ -100,20 +118,20 @@ void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& pla
     uint8_t* target = bytes + s.first * element;
     if (s.count) {
       if (u < P) {
-        scratch_ub[stream(u)]->waitRecv(call.left());
+        streams.scratch(u).waitRecv(call.left());
         reduce(target, target, scratch + static_cast<size_t>(u % window) * slot_bytes, s.count);
         // The last reduce-scatter step completes this rank's chunk: averaged once, here, so
         // every rank receives the same bits.
         if (u >= P - S && op == ReduceOp::kAvg) ScaleInPlace(target, s.count, data.dtype, avg_scale);
       } else {
-        data_ub[stream(u)]->waitRecv(call.left());
+        streams.data(u).waitRecv(call.left());
       }
     }
     // Message u + S forwards what just arrived: the partial sum one step on, the finished
     // chunk into the all-gather, or the gathered chunk one more hop.
     if (u + S < U) send(u + S);
   }
-  wait_sends();
+  streams.WaitSends(call.left());
 }
 
 }  // namespace

@@ -133,6 +133,14 @@ const std::vector<Variable>& Variables() {
          o.collective_lanes = lanes;
        },
        [](const CommunicatorOptions& o) { return absl::StrCat(o.collective_lanes); }},
+      // Each rank connects this many meshes per lane and payload direction (comm/striping.h).
+      {{"GOSSIPCC_STREAMS_PER_PEER", "1", true},
+       [](CommunicatorOptions& o, const std::string& t) {
+         const int streams = ParseNumber<int>("GOSSIPCC_STREAMS_PER_PEER", t, "a stream count");
+         CheckRange("GOSSIPCC_STREAMS_PER_PEER", t, [&](CommunicatorOptions& p) { p.streams_per_peer = streams; });
+         o.streams_per_peer = streams;
+       },
+       [](const CommunicatorOptions& o) { return absl::StrCat(o.streams_per_peer); }},
       // Off on one rank only, that rank would skip the signature exchange its peers wait for.
       {{"GOSSIPCC_VERIFY_COLLECTIVES", "1", true},
        [](CommunicatorOptions& o, const std::string& t) {
