@@ -100,7 +100,7 @@ def test_strict_refuses_a_block_of_a_step_the_sitting_did_not_run(tmp_path):
     assert page.read_text() == PAGE
 
 
-def test_a_refused_or_failed_step_says_so_in_its_block(tmp_path):
+def test_a_refused_or_failed_step_and_a_moved_head_are_said(tmp_path):
     sitting = tmp_path / "sitting"
     shutil.copytree(FIXTURE, sitting)
     record = json.loads((sitting / "sitting.json").read_text())
@@ -111,6 +111,7 @@ def test_a_refused_or_failed_step_says_so_in_its_block(tmp_path):
     path.write_text(json.dumps(doc))
     d = next(s for s in record["steps"] if s["name"] == "digits-1x2")
     d["error"] = "exit status 1"
+    record["commit_at_end"] = dict(record["commit"], head="f" * 40)
     (sitting / "sitting.json").write_text(json.dumps(record))
     page = tmp_path / "page.md"
     page.write_text(PAGE)
@@ -120,6 +121,7 @@ def test_a_refused_or_failed_step_says_so_in_its_block(tmp_path):
     blocks = {name: page.read_text()[a:b] for name, a, b in docgen().blocks(page.read_text())}
     assert "quantized_allreduce-1x2 was refused: 2 of 2 trials" in blocks["quantized_allreduce-1x2"]
     assert "digits-1x2 failed (exit status 1)" in blocks["digits-1x2"]
+    assert "HEAD moved during the sitting, to ffffffffffff" in blocks["sitting"]
 
 
 @pytest.mark.parametrize("text, words", [

@@ -14,7 +14,7 @@ side by side. Each step runs its benchmark with the harness flags (--trials, --m
 <benchmark>-<H>x<G>); the main job's workloads ("digits": tools/train/train.py, one run per
 method; "lm": tools/train/lm_job.py with --trials) are wrapped into results.json by
 main_job.wrap(). The sitting itself is recorded in results/sitting-<UTC>/sitting.json: the
-commit, the machine, the command, and per step its command, exit status, seconds and load
+commit at its start (and at its end, where another commit landed meanwhile), the machine, the command, and per step its command, exit status, seconds and load
 (harness.LoadProbe around the step: /proc/loadavg before and after, other processes' cores).
 A step that fails or is refused (more than half its trials above --max-load, without
 --allow-load) is recorded as such and the sitting goes on; the page's block for it then says so.
@@ -61,7 +61,8 @@ STEPS = (
     ("powersgd_vs_torch", "bench/powersgd_vs_torch.py", "networks", [],
      ["--ranks-psgd", "1", "--steps", "14", "--hidden", "128"]),
     ("digits", "train/train.py", "digits", [],
-     ["--steps", "40", "--eval-every", "20", "--methods", "allreduce-gloo,allreduce,powersgd-r1,sgp"]),
+     ["--steps", "40", "--eval-every", "10", "--target", "0.85", "--methods",
+      "allreduce-gloo,allreduce,powersgd-r1,sgp"]),
     ("lm", "train/lm_job.py", "lm", [],
      ["--smoke", "--methods", "allreduce-gloo,allreduce,torch-diloco,diloco"]),
 )
@@ -160,6 +161,10 @@ def report(doc):
              f"{a['layouts']} (hosts x ranks per host); {a['trials']} trials per figure"
              + (", --quick" if a["quick"] else "") + (", --allow-load" if a["allow_load"] else "") + ".",
              "", f"Command: `{' '.join(doc['command'])}`", ""]
+    end = doc.get("commit_at_end") or commit
+    if end.get("head") != commit.get("head"):
+        lines[-1:-1] = [f"The repository's HEAD moved during the sitting, to {(end.get('head') or 'unknown')[:12]}: "
+                        "each step's own results name the commit it ran on.", ""]
     rows = []
     for s in doc["steps"]:
         ld = s["load"]
@@ -219,6 +224,7 @@ def parse(argv):
 def main(argv=None):
     args = parse(argv)
     started = datetime.datetime.now(datetime.timezone.utc)
+    commit = harness.commit_info()
     sitting_dir = os.path.join(args.results_dir, "sitting-" + started.strftime("%Y%m%dT%H%M%SZ"))
     os.makedirs(sitting_dir)
     print(f"[sitting] {sitting_dir}; machine {os.cpu_count()} cores, load {' '.join(map(str, harness.loadavg()))}",
@@ -229,7 +235,8 @@ def main(argv=None):
             for hosts, per_host in args.layout_list:
                 steps.append(run_step(step, hosts, per_host, args, sitting_dir))
     record = {"format": harness.FORMAT, "benchmark": "sitting", "created_utc": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-              "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": harness.commit_info(),
+              "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit,
+              "commit_at_end": harness.commit_info(),
               "command": ["tools/bench/sitting.sh"] + list(sys.argv[1:] if argv is None else argv),
               "machine": harness.machine_info(),
               "args": {"quick": args.quick, "layouts": args.layouts, "network": args.network, "trials": args.trials,
