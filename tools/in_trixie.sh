@@ -5,15 +5,17 @@
 # time exits (a count under a lock: one exiting must not unmount /tmp under another), also on
 # failure or Ctrl-C.
 #   tools/in_trixie.sh COMMAND...      (run from anywhere; COMMAND runs in the repository root)
+# Another Debian root the same way: GOSSIPCC_TRIXIE_ROOT=DIR (tools/in_forky.sh does so).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 ROOT=${GOSSIPCC_TRIXIE_ROOT:-/var/lib/gossipcc/trixie}
 # apt-get, not python3: tools/trixie_root.sh installs the packages through this script, into
 # a fresh minbase root that has no python3 yet.
-[ -x "$ROOT/usr/bin/apt-get" ] || { echo "no trixie root at $ROOT: run tools/trixie_root.sh" >&2; exit 1; }
-# Invocations running at the same time share the mounts: a count of users under a lock; the
-# last one out unmounts everything this script mounts (in reverse order).
-COUNT="/run/gossipcc-trixie-users"
+[ -x "$ROOT/usr/bin/apt-get" ] || { echo "no Debian root at $ROOT: run tools/trixie_root.sh" >&2; exit 1; }
+# Invocations running at the same time share the mounts: a count of users under a lock, one per
+# root (named after its directory); the last one out unmounts everything this script mounts in
+# that root (in reverse order).
+COUNT="/run/gossipcc-$(basename "$ROOT")-users"
 MOUNTS=("$ROOT" "$ROOT/dev" "$ROOT/dev/shm" "$ROOT/tmp" "$ROOT$REPO")
 # The Debian source packages tools/setup.sh fetched for the wheel's static Gloo and Abseil
 # (third_party/debian_sources.bzl): the same tarballs for the trixie root's wheel, read-only.
