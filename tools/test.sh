@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Runs the test suite: set-up, build, every test. Prints how long each stage took.
 #   tools/test.sh [extra bazel test args]
-# The backend's Python tests run against torch 1.13 and torch 2.x; those tagged torch1_stage or
-# torch2_stage (tests/torch_backend/BUILD.bazel) against one of them only, those tagged
-# full_suite (PyTorch's own test suite on 4 ranks) not at all, and the pip wheel is built and
-# tested against torch 2.x only. GOSSIPCC_FULL_SUITE=1 runs every test against both torches and
-# the wheel against both too.
+# The default run is sized for 35 minutes on an idle 2-core machine; GOSSIPCC_FULL_SUITE=1 also
+# runs what it leaves out:
+# - backend Python tests: those tagged torch1_stage or torch2_stage (tests/torch_backend/BUILD.bazel)
+#   run against one torch only, those tagged full_suite (PyTorch's own test suite on 4 ranks) not
+#   at all; full: every test against torch 1.13 and torch 2.x;
+# - the pip wheel: built and tested against torch 2.x only; full: against both;
+# - the sanitizer stages share the C++ suites' parameters out (tests/comm/harness.h): rank sweeps
+#   at n = 5..8 and process mode under ASan+UBSan, n = 1..4 in threads under TSan; suites
+#   parameterised by launch mode in process mode under ASan, in threads under TSan; a few long
+#   fault-tolerant and dead-peer cases under one of the two. The plain stage runs every case;
+#   full: both sanitizers run every shared-out case.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,6 +58,8 @@ TEST_JOBS=${GOSSIPCC_TEST_JOBS:-$(( $(nproc) * 2 ))}
 PARALLEL_TESTS=(--jobs="$TEST_JOBS" --local_test_jobs="$TEST_JOBS")
 FULL=${GOSSIPCC_FULL_SUITE:-0}
 if [ "$FULL" = 1 ]; then TORCH1_ONLY=""; TORCH2_ONLY=""; else TORCH1_ONLY=",-torch2_stage,-full_suite"; TORCH2_ONLY=",-torch1_stage,-full_suite"; fi
+# The C++ tests read it (tests/comm/harness.h, FullSuite); Bazel passes no variable unasked.
+SANITIZER_SWEEP=(--test_env=GOSSIPCC_FULL_SUITE="$FULL")
 
 stage "setup (apt packages)" tools/setup.sh
 # The torch 2.x root (debootstrap, then trixie's packages: mostly download and unpack, minutes on
@@ -74,13 +82,12 @@ stage "GPU bundle (build + run.sh)" bash -c 'tools/gpu_bundle.sh && gpu_bundle/r
 # tests and what they need are built (--build_tests_only): the benchmarks and examples that no
 # test runs were compiled by the plain build already; the gpu tests, which no sanitizer stage
 # runs, are not built either.
-stage "test //... (asan+ubsan)" bazel test --config=asan "${PARALLEL_TESTS[@]}" --build_tests_only --build_tag_filters=-python,-gpu \
+stage "test //... (asan+ubsan)" bazel test --config=asan "${PARALLEL_TESTS[@]}" "${SANITIZER_SWEEP[@]}" --build_tests_only --build_tag_filters=-python,-gpu \
   --test_tag_filters=-python,-gpu //... "$@"
 # The C++ suite under ThreadSanitizer (.bazelrc: tsan; tools/tsan explains the Abseil shim).
 # Tests tagged no_tsan (single-threaded ones, and one that races by design) and gpu are not
-# built here. Under both sanitizers the rank-sweep suites run fewer (launch mode, ranks) pairs,
-# every rank count still in one mode (RankSweep in tests/comm/harness.h).
-stage "test C++ (tsan)" bazel test --config=tsan "${PARALLEL_TESTS[@]}" --build_tests_only --build_tag_filters=-python,-no_tsan,-gpu \
+# built here. The two sanitizers share the rank sweeps and launch modes out (see the header).
+stage "test C++ (tsan)" bazel test --config=tsan "${PARALLEL_TESTS[@]}" "${SANITIZER_SWEEP[@]}" --build_tests_only --build_tag_filters=-python,-no_tsan,-gpu \
   --test_tag_filters=-python,-no_tsan,-gpu \
   //tests/comm/... //tests/compression/... //tests/algorithms/... //tests/reliability/... \
   //tests/torch_backend:op_lane_test //tests/torch_backend:callback_executor_test \

@@ -198,7 +198,7 @@ TEST_P(GossipErrorsTest, UnevenAllReduceDifferentSizes) {
   }, Quick());
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, GossipErrorsTest, ::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
+INSTANTIATE_TEST_SUITE_P(Modes, GossipErrorsTest, ::testing::ValuesIn(LaunchModes()),
                          [](const ::testing::TestParamInfo<LaunchMode>& info) { return LaunchModeName(info.param); });
 
 // Bad arguments: raised synchronously, naming what is wrong.

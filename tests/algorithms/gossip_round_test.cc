@@ -113,7 +113,7 @@ TEST_P(LargeRoundTest, EqualsTheReferenceInEveryDtype) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, LargeRoundTest,
-                         ::testing::Combine(::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
+                         ::testing::Combine(::testing::ValuesIn(LaunchModes()),
                                             ::testing::Values(1, 2)),
                          [](const auto& info) {
                            return LaunchModeName(std::get<0>(info.param)) + "_" +

@@ -188,7 +188,7 @@ TEST_P(UnevenAllReduceSGDTest, NoStepsGivesRankZero) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, UnevenAllReduceSGDTest,
-                         ::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
+                         ::testing::ValuesIn(LaunchModes()),
                          [](const ::testing::TestParamInfo<LaunchMode>& info) { return LaunchModeName(info.param); });
 
 TEST(UnevenAllReduceSGDWinner, Rule) {

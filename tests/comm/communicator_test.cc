@@ -1,6 +1,6 @@
 // Every collective of Communicator against a locally computed reference: n = 1..8 ranks,
 // as threads and as processes, every dtype, sizes 0, 1, odd and larger; 64 MB separately.
-// Under ASan/TSan, fewer (mode, n) pairs, each n still in one mode (RankSweep, harness.h).
+// Under ASan/TSan, the two share the (mode, n) pairs out, each n under one (RankSweep, harness.h).
 #include "comm/communicator.h"
 #include "comm/errors.h"
 
@@ -706,7 +706,7 @@ TEST(KeepUntilClosedTest, MemoryIsFreedOnlyOnceTheConnectionsAreClosed) {
 
 // Both modes in the plain build; threads only under a sanitizer, where each 64 MB case takes
 // 4-17 s: the 64 MB code paths are the same in both modes, and the process mode's own paths
-// (fork, FileStore) run there in the rank sweep (RankSweep in harness.h).
+// (fork, FileStore) run under AddressSanitizer in the rank sweep (RankSweep in harness.h).
 std::vector<LaunchMode> LargeModes() {
   if (kSanitizerBuild) return {LaunchMode::kThreads};
   return {LaunchMode::kThreads, LaunchMode::kProcesses};

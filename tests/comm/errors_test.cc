@@ -465,7 +465,7 @@ TEST_P(ErrorsTest, QueuedCollectiveGetsWhatIsLeftOfItsTimeout) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, ErrorsTest, ::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
+INSTANTIATE_TEST_SUITE_P(Modes, ErrorsTest, ::testing::ValuesIn(LaunchModes()),
                          [](const ::testing::TestParamInfo<LaunchMode>& info) { return LaunchModeName(info.param); });
 
 TEST(CreateTest, RejectsBadArgumentsAndTimesOutWhenRanksAreMissing) {

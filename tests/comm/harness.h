@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -16,20 +17,57 @@
 namespace gossipcc {
 namespace testing {
 
-// True in builds with AddressSanitizer or ThreadSanitizer (.bazelrc's asan and tsan configs; GCC
-// and Clang define these macros there). Such builds run 5-15x slower (TSan the most), so the
-// large cases run at sizes that take the same code paths in less time.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-inline constexpr bool kSanitizerBuild = true;
+// Which sanitizer this build runs under (.bazelrc's asan and tsan configs; GCC defines
+// __SANITIZE_ADDRESS__ / __SANITIZE_THREAD__ there, Clang answers __has_feature). Such builds run
+// 5-15x slower (TSan the most), so the large cases run at sizes that take the same code paths in
+// less time, and the rank sweeps split their cases between the two sanitizers (InRankSweep).
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kAddressSanitizerBuild = true;
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-inline constexpr bool kSanitizerBuild = true;
+#if __has_feature(address_sanitizer)
+inline constexpr bool kAddressSanitizerBuild = true;
 #else
-inline constexpr bool kSanitizerBuild = false;
+inline constexpr bool kAddressSanitizerBuild = false;
 #endif
 #else
-inline constexpr bool kSanitizerBuild = false;
+inline constexpr bool kAddressSanitizerBuild = false;
 #endif
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kThreadSanitizerBuild = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool kThreadSanitizerBuild = true;
+#else
+inline constexpr bool kThreadSanitizerBuild = false;
+#endif
+#else
+inline constexpr bool kThreadSanitizerBuild = false;
+#endif
+inline constexpr bool kSanitizerBuild = kAddressSanitizerBuild || kThreadSanitizerBuild;
+
+// True when the environment has GOSSIPCC_FULL_SUITE=1 (tools/test.sh passes it on to the tests
+// with GOSSIPCC_FULL_SUITE=1): the sanitizer builds then run each rank sweep and launch mode as
+// the plain build does, not split between them (InSanitizerRankCounts, InRankSweep, LaunchModes).
+inline bool FullSuite() {
+  static const bool full = [] {
+    const char* v = std::getenv("GOSSIPCC_FULL_SUITE");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return full;
+}
+
+// Rank counts 1..8 split between the sanitizer builds: AddressSanitizer+UBSan n = 5..8 (the
+// largest layouts: most ring chunks and graph wrap-arounds, odd and even, a power of two),
+// ThreadSanitizer n = 1..4 (one rank, odd and even, powers of two; races are about the threads,
+// not n). Each half holds odd and even n and every n mod 3, so suites that thin their cases under
+// sanitizers by (case + n) % 3 still run every case in each build, at odd and at even n. Outside
+// sanitizers, and with FullSuite(), every n.
+inline bool InSanitizerRankCounts(int n) {
+  if (FullSuite()) return true;
+  if (kAddressSanitizerBuild) return n >= 5;
+  if (kThreadSanitizerBuild) return n <= 4;
+  return true;
+}
 
 // "Suite.Name" of the gtest case running now (with its parameter's name for a parameterised
 // one), or "(no test)" outside one: for messages of safety nets, which must say which case fired.
@@ -57,17 +95,22 @@ std::string LaunchModeName(LaunchMode mode);
 std::string ModeAndRanksName(const ::testing::TestParamInfo<std::tuple<LaunchMode, int>>& info);
 
 // Whether the rank sweeps (the suites parameterised by launch mode and n = 1..8) run (mode, n) in
-// this build. Every n runs, and both launch modes run; the code under test is the same in both
-// modes but for the store and the address spaces, so process mode (fork + FileStore, each rank
-// its own address space) runs at a few n only: it was most of these suites' time.
-// - Plain build: threads at every n = 1..8; processes at n = 2 and 5 (even and odd).
-// - Sanitizer build (kSanitizerBuild, 5-15x slower): threads at n = 1, 2, 3, 4, 6, 8 (one rank,
-//   powers of two, odd and even non-powers of two) and processes at n = 2, 5, 7 (the counts the
-//   threads skip), so each sanitizer still runs every layout that depends on n (ring chunks and
-//   eager limits, graphs' wrap-around) and both launch paths.
+// this build. The code under test is the same in both launch modes but for the store and the
+// address spaces, so process mode (fork + FileStore, each rank its own address space) runs at a
+// few n only: it was most of these suites' time.
+// - Plain build (and sanitizer builds with FullSuite()): threads at every n = 1..8; processes at
+//   n = 2 and 5 (even and odd).
+// - AddressSanitizer+UBSan: threads at n = 5..8 and processes at n = 2 (the launch path of its
+//   own, at the cheapest n).
+// - ThreadSanitizer: threads at n = 1..4; no process mode: a rank's threads are the same in both
+//   modes, and ranks as threads of one process share more (globals, the allocator) than forked
+//   ones.
+// Between the two sanitizers every n runs (InSanitizerRankCounts); every layout that depends on
+// n (ring chunks and eager limits, graphs' wrap-around) runs at every n in the plain build.
 inline bool InRankSweep(LaunchMode mode, int n) {
-  if (mode == LaunchMode::kThreads) return !kSanitizerBuild || (n != 5 && n != 7);
-  return kSanitizerBuild ? (n == 2 || n == 5 || n == 7) : (n == 2 || n == 5);
+  if (mode == LaunchMode::kThreads) return InSanitizerRankCounts(n);
+  if (FullSuite() || !kSanitizerBuild) return n == 2 || n == 5;
+  return kAddressSanitizerBuild && n == 2;
 }
 
 // The (launch mode, n) pairs for n = 1..8 that InRankSweep keeps, threads first.
@@ -79,6 +122,26 @@ inline std::vector<std::tuple<LaunchMode, int>> RankSweep() {
     }
   }
   return out;
+}
+
+// The launch modes of the suites parameterised by launch mode alone (ErrorsTest, BadInputTest,
+// ...): both in the plain build and with FullSuite(); under a sanitizer one each, so that every
+// case still runs under both sanitizers: process mode under AddressSanitizer+UBSan (what only
+// that mode has: fork, FileStore, a peer's exit), threads under ThreadSanitizer (as in
+// InRankSweep).
+inline std::vector<LaunchMode> LaunchModes() {
+  if (FullSuite() || !kSanitizerBuild) return {LaunchMode::kThreads, LaunchMode::kProcesses};
+  if (kAddressSanitizerBuild) return {LaunchMode::kProcesses};
+  return {LaunchMode::kThreads};
+}
+
+// For a case that the sanitizer builds share out whole (each runs under one of them unless
+// FullSuite(); always in the plain build): whether this build leaves it to the other sanitizer.
+// The case then skips, saying where it runs.
+enum class Sanitizer { kAddress, kThread };
+inline bool LeftToTheOtherSanitizer(Sanitizer runs_under) {
+  if (!kSanitizerBuild || FullSuite()) return false;
+  return runs_under == Sanitizer::kAddress ? !kAddressSanitizerBuild : !kThreadSanitizerBuild;
 }
 
 // Creates a Communicator per rank and calls body(comm) on each. gtest failures inside a

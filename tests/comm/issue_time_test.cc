@@ -220,7 +220,7 @@ TEST_P(IssueTimeTest, GlooAllgatherAfterALateHeaderWaitsOnlyWhatIsLeft) {
       });
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, IssueTimeTest, ::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
+INSTANTIATE_TEST_SUITE_P(Modes, IssueTimeTest, ::testing::ValuesIn(LaunchModes()),
                          [](const ::testing::TestParamInfo<LaunchMode>& info) { return LaunchModeName(info.param); });
 
 }  // namespace

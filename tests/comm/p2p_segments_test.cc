@@ -410,7 +410,7 @@ TEST(P2PConnectionOptionTest, RanksThatDisagreeFailAtCreation) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, P2PSegmentsTest,
-                         ::testing::Combine(::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
+                         ::testing::Combine(::testing::ValuesIn(LaunchModes()),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            return LaunchModeName(std::get<0>(info.param)) +

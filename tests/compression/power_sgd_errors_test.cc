@@ -212,7 +212,7 @@ TEST_P(PowerSGDMismatchTest, StateRestoredOnOneRankOnly) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, PowerSGDMismatchTest, ::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
+INSTANTIATE_TEST_SUITE_P(Modes, PowerSGDMismatchTest, ::testing::ValuesIn(LaunchModes()),
                          [](const auto& info) { return LaunchModeName(info.param); });
 
 // ---- NaN / Inf ----
@@ -356,7 +356,7 @@ TEST_P(PowerSGDCheckpointTest, SaveAndRestoreResumesBitIdentically) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, PowerSGDCheckpointTest, ::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
+INSTANTIATE_TEST_SUITE_P(Modes, PowerSGDCheckpointTest, ::testing::ValuesIn(LaunchModes()),
                          [](const auto& info) { return LaunchModeName(info.param); });
 
 TEST(PowerSGDCheckpointFormatTest, MalformedOrIncompatibleCheckpointsAreRejected) {

@@ -335,7 +335,7 @@ TEST_P(PowerSGDVariantsTest, WideTallAndHighRankMatrices) {
 }
 
 INSTANTIATE_TEST_SUITE_P(SomeRanks, PowerSGDVariantsTest,
-                         ::testing::Combine(::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
+                         ::testing::Combine(::testing::ValuesIn(LaunchModes()),
                                             ::testing::Values(1, 3, 4)),
                          [](const auto& info) {
                            return absl::StrCat(LaunchModeName(std::get<0>(info.param)), "_", std::get<1>(info.param), "ranks");

@@ -265,7 +265,7 @@ TEST_P(BadInputTest, UnresponsivePeersNamesAPeerThatShutDown) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, BadInputTest, ::testing::Values(LaunchMode::kThreads, LaunchMode::kProcesses),
+INSTANTIATE_TEST_SUITE_P(Modes, BadInputTest, ::testing::ValuesIn(LaunchModes()),
                          [](const ::testing::TestParamInfo<LaunchMode>& info) { return LaunchModeName(info.param); });
 
 // A store that accepts each key once (Gloo's own, through WrapGlooStore) cannot hold heartbeats:

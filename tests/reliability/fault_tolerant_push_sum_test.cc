@@ -197,10 +197,12 @@ void RunWithFaults(int n, const std::vector<Fault>& faults, size_t count) {
 }
 
 TEST(FaultTolerantPushSumTest, RankKilledBetweenStepsIsDroppedAndMassIsAccounted) {
+  if (LeftToTheOtherSanitizer(Sanitizer::kAddress)) GTEST_SKIP() << "runs under AddressSanitizer+UBSan (harness.h)";
   RunWithFaults(4, {{2, SIGKILL, /*at_step=*/12}}, 40);
 }
 
 TEST(FaultTolerantPushSumTest, SettlingAfterARecoveryBringsEveryWeightNearOne) {
+  if (LeftToTheOtherSanitizer(Sanitizer::kThread)) GTEST_SKIP() << "runs under ThreadSanitizer (harness.h)";
   g_settle_rounds = 64;
   RunWithFaults(4, {{2, SIGKILL, /*at_step=*/12}}, 40);
   g_settle_rounds = 0;
@@ -210,6 +212,7 @@ TEST(FaultTolerantPushSumTest, SettlingAfterARecoveryBringsEveryWeightNearOne) {
 // final all-reduce of the sums is the check: a survivor one call ahead would leave the others'
 // last round without a partner).
 TEST(FaultTolerantPushSumTest, LoopCountingItsOwnCallsStaysPairedAfterARecovery) {
+  if (LeftToTheOtherSanitizer(Sanitizer::kAddress)) GTEST_SKIP() << "runs under AddressSanitizer+UBSan (harness.h)";
   g_loop_by_count = true;
   g_settle_rounds = 64;
   RunWithFaults(4, {{2, SIGKILL, /*at_step=*/12}}, 40);
@@ -257,11 +260,13 @@ TEST(FaultTolerantPushSumTest, ACleanLeaveIsNotADeath) {
 }
 
 TEST(FaultTolerantPushSumTest, RankStoppedMidStepIsDroppedAndMassIsAccounted) {
+  if (LeftToTheOtherSanitizer(Sanitizer::kThread)) GTEST_SKIP() << "runs under ThreadSanitizer (harness.h)";
   // Large messages so the stop lands while transfers are in flight.
   RunWithFaults(4, {{1, SIGSTOP, 20, /*mid_step=*/true, Ms(1)}}, 1 << 17);
 }
 
 TEST(FaultTolerantPushSumTest, TwoSuccessiveDeathsOnFiveRanks) {
+  if (LeftToTheOtherSanitizer(Sanitizer::kAddress)) GTEST_SKIP() << "runs under AddressSanitizer+UBSan (harness.h)";
   RunWithFaults(5, {{3, SIGKILL, 8}, {0, SIGKILL, 30}}, 33);
 }
 
