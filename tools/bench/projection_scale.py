@@ -24,6 +24,9 @@ BUCKET_BYTES = 25 << 20
 # The stock host's receive buffer maximum (emulated_cluster.STOCK_TCP's tcp_rmem); a window of
 # half of it (tcp_adv_win_scale 1) where no calibrated configuration was window-bound.
 STOCK_RMEM_MAX = int(common.emulated_cluster.STOCK_TCP["net.ipv4.tcp_rmem"].split()[2])
+# The measured methods whose CPU the projection uses (model_shapes's cells and method names).
+MODELLED = ("ddp/gossipcc exact", "ddp/quantized 8 bits", "ddp/quantized 4 bits", "ddp/PowerSGD r4 (gossipcc)",
+            "diloco/gossipcc exact", "diloco/quantized 4 bits", "diloco/push-sum round (gossipcc)")
 COLUMNS = ("DDP (exact ring)", "quantized 8 bits", "quantized 4 bits", "PowerSGD r4", "push-sum (SGP)",
            "DiLoCo exact", "DiLoCo 4 bits", "DDP, hierarchical", "4 bits, hierarchical", "push-sum, hierarchical")
 
@@ -72,6 +75,8 @@ def constants(check):
             section = "ddp" if cell.endswith("DDP step") else "diloco"
             for method, t in per.items():
                 key = f"{section}/{method}"
+                if key not in MODELLED:
+                    continue
                 cpu.setdefault(key, []).append(t * min(1.0, cores / n) / units(key, layout))
     return {"costs": {p: pm.per_delay(v) for p, v in per_message.items()},
             "window": statistics.median(windows) if windows else STOCK_RMEM_MAX / 2,
