@@ -255,3 +255,15 @@ def test_project_refuses_a_non_check_document():
     with pytest.raises(p.harness.HarnessError, match="not a results file of `projection.py check`"):
         p.projection_scale.constants({"info": {"mode": "project"}})
     assert math.isfinite(p.GOAL_PERCENT)
+
+
+def test_flags_of_the_other_mode_are_refused():
+    import subprocess
+    import sys
+    script = bench_script.os.path.join(bench_script.TOOLS, "bench", "projection.py")
+    for argv, what in ((["check", "--streams", "2"], "--streams: not a flag of check"),
+                       (["project", "--calibration", "x", "--trials", "3"], "--trials: not a flag of project"),
+                       (["project"], "project needs --calibration"),
+                       (["check", "--configs", "4x1"], "not HxG@network")):
+        r = subprocess.run([sys.executable, script] + argv, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and what in r.stderr, (argv, r.stderr)

@@ -62,6 +62,8 @@ PING_REPS = 5
 IDLE_BYTES, IDLE_SECONDS, IDLE_REPS = 2 << 20, 3.0, 3
 SMALL_OPS = (("exchange", "gossipcc", 1 << 10), ("ring", "gossipcc", 640 << 10), ("gloo", "gloo", 64 << 10))
 GOAL_PERCENT = 15.0
+CHECK_FLAGS = ("--configs", "--scale", "--local-trials")
+HARNESS_FLAGS = ("--trials", "--max-load", "--allow-load")  # (--results-dir: both modes)
 CHECKED = (("ddp", "gloo"), ("ddp", "gossipcc exact"), ("ddp", "quantized 8 bits"), ("ddp", "quantized 4 bits"),
            ("ddp", "PowerSGD r4 (gossipcc)"), ("diloco", "gloo"), ("diloco", "gossipcc exact"),
            ("diloco", "quantized 8 bits"), ("diloco", "quantized 4 bits"), ("diloco", "push-sum round (gossipcc)"))
@@ -379,6 +381,13 @@ def main():
             common.fail(f"projection: --worker runs the ping-pong only, not {args.mode}")
         return pingpong_worker(args)
     try:
+        own = {"check": CHECK_FLAGS + HARNESS_FLAGS, "project": projection_scale.FLAGS}[args.mode] \
+            if args.mode in ("check", "project") else ()
+        stray = [f for f in CHECK_FLAGS + HARNESS_FLAGS + projection_scale.FLAGS
+                 if f not in own and getattr(args, f.lstrip("-").replace("-", "_")) != p.get_default(
+                     f.lstrip("-").replace("-", "_"))]
+        if stray:
+            raise ConfigError(f"{', '.join(stray)}: not a flag of {args.mode}")
         if args.mode == "check":
             if not 0 < args.scale <= 1:
                 raise ConfigError(f"--scale must be in (0, 1], got {args.scale}")

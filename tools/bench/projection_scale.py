@@ -31,6 +31,10 @@ COLUMNS = ("DDP (exact ring)", "quantized 8 bits", "quantized 4 bits", "PowerSGD
            "DiLoCo exact", "DiLoCo 4 bits", "DDP, hierarchical", "4 bits, hierarchical", "push-sum, hierarchical")
 
 
+FLAGS = ("--calibration", "--compute-124m", "--compute-1b", "--diloco-h", "--streams", "--gpus-per-host",
+         "--intra-gbit", "--intra-alpha-us")
+
+
 def add_arguments(p):
     p.add_argument("--calibration", help="project: a check's results.json (or its directory)")
     p.add_argument("--compute-124m", type=float, default=0.25, help="project: compute per step of 124M, s (given)")
