@@ -3,6 +3,9 @@ hand in the test, the calibration's fits recovering their constants from synthet
 check table flagging an error above 15% with the term that dominates, the projection from a
 made-up check document, and bad input named."""
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -258,9 +261,7 @@ def test_project_refuses_a_non_check_document():
 
 
 def test_flags_of_the_other_mode_are_refused():
-    import subprocess
-    import sys
-    script = bench_script.os.path.join(bench_script.TOOLS, "bench", "projection.py")
+    script = os.path.join(bench_script.TOOLS, "bench", "projection.py")
     for argv, what in ((["check", "--streams", "2"], "--streams: not a flag of check"),
                        (["project", "--calibration", "x", "--trials", "3"], "--trials: not a flag of project"),
                        (["project"], "project needs --calibration"),
