@@ -3,10 +3,13 @@
 is calibrated and checked against measured runs on the emulated cluster (`check`), then projected
 to a 124 M and a 1 B parameter model on hosts of 8 GPUs (`project`).
 
-    tools/bench/run.sh projection check [--configs 4x1@rate=100mbit,4x1@rate=1gbit,delay=25ms;...]
-                                        [--scale 0.04] [--trials 5] [--max-load 0.5] [--allow-load]
+    tools/bench/run.sh projection check [--configs "4x1@rate=100mbit;4x1@rate=1gbit,delay=25ms;..."]
+                                        [--scale 0.04] [--local-trials 3] [--trials 5] [--max-load 0.5]
+                                        [--allow-load] [--results-dir DIR]
     tools/bench/run.sh projection project --calibration results/projection-<UTC>/ [--compute-124m 0.25]
-                                        [--compute-1b 2.0] [--diloco-h 20] [--streams 1] [--intra-gbit 1200]
+                                        [--compute-1b 2.0] [--diloco-h 20] [--streams 1] [--gpus-per-host 8]
+                                        [--intra-gbit 1200] [--intra-alpha-us 10] [--results-dir DIR]
+(a flag of the other mode is refused).
 
 check: per configuration (H x G hosts and ranks, a network; `;`-separated):
   1. The link (projection_model.Link), on the configuration's own cluster: alpha (one message)
@@ -26,13 +29,13 @@ check: per configuration (H x G hosts and ranks, a network; `;`-separated):
   3. The measured side: model_shapes.py's worker on the emulated cluster (ResNet-50's shapes at
      --scale; --trials trials, methods interleaved), every method checked by model_shapes.
   The table: per configuration and method the prediction (latency + wire + cpu), the measured
-  median (min-max) and the error; an error above 15% is flagged with the term that dominates
-  the prediction. PyTorch's powerSGD_hook, which model_shapes also measures, is not modelled.
+  median (min-max) and the error; an error above 15% is flagged with how far off it is and the
+  term that dominates the prediction. PyTorch's powerSGD_hook, which model_shapes also measures, is not modelled.
 
 project: from a check's results file: each per-message cost as delays x delay + seconds
-(projection_model.per_delay over its configurations),
-the TCP window of one stream (beta x RTT where a delayed configuration was window-bound, else the
-stock host's tcp_rmem max / 2) and each method's CPU per element (per byte, per n m r) on one core
+(projection_model.per_delay over its configurations), the TCP window of one stream (beta x RTT
+where a delayed configuration was window-bound, else the stock host's tcp_rmem max / 2), the
+restart window after idle, and each method's CPU per element (per byte, per n m r) on one core
 (the check's local time x min(1, cores / n)); then, for each model, hosts, rate and delay, the
 time per step and the bytes per step per host of every method next to DDP's exact ring, the
 topology-aware (hierarchical) form beside quantized 4 bits and push-sum, with the assumptions
