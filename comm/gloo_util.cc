@@ -274,6 +274,18 @@ constexpr std::chrono::milliseconds kMinProbeTime{250};
 // and this rank gives up at the deadline (timeout + slack), then spends at most
 // max(slack, kMinProbeTime) finding out why; the thread (holding what it uses) ends on its own
 // when Gloo gives up.
+// Gloo's connectFullMesh takes the store by reference (bookworm's and trixie's Gloo) or by
+// shared_ptr (later Gloo, Debian forky's): whichever this Gloo declares.
+template <typename Context, typename Device>
+auto ConnectFullMesh(Context& context, const std::shared_ptr<StoreToGloo>& store, Device& device, int)
+    -> decltype(context.connectFullMesh(std::shared_ptr<gloo::rendezvous::Store>(store), device), void()) {
+  context.connectFullMesh(std::shared_ptr<gloo::rendezvous::Store>(store), device);
+}
+template <typename Context, typename Device>
+void ConnectFullMesh(Context& context, const std::shared_ptr<StoreToGloo>& store, Device& device, long) {
+  context.connectFullMesh(*store, device);
+}
+
 void ConnectWithDeadline(const std::shared_ptr<gloo::rendezvous::Context>& context,
                          std::shared_ptr<StoreToGloo> store, const std::shared_ptr<Store>& raw_store,
                          std::shared_ptr<gloo::transport::Device> device, std::chrono::milliseconds timeout, int rank,
@@ -284,7 +296,7 @@ void ConnectWithDeadline(const std::shared_ptr<gloo::rendezvous::Context>& conte
   const std::optional<std::exception_ptr> outcome = RunDetachedFor<std::exception_ptr>(
       [context, store, device]() mutable -> std::exception_ptr {  // (Gloo takes the device by reference)
         try {
-          context->connectFullMesh(*store, device);
+          ConnectFullMesh(*context, store, device, 0);
           return nullptr;
         } catch (...) {
           return std::current_exception();

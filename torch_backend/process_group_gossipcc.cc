@@ -28,27 +28,6 @@ using ::c10d::OpType;
   throw InvalidArgumentError("gossipcc backend does not support " + what);
 }
 
-// c10d's ReduceOp -> gossipcc's. bool tensors reduce as logical or/and (sum/max -> max,
-// product/min -> min), as torch's NCCL backend does.
-ReduceOp ToReduceOp(const ::c10d::ReduceOp& op, const at::Tensor& tensor, const char* where) {
-  const bool is_bool = tensor.scalar_type() == at::kBool;
-  switch (static_cast<::c10d::ReduceOp::RedOpType>(op)) {
-    case ::c10d::ReduceOp::SUM: return is_bool ? ReduceOp::kMax : ReduceOp::kSum;
-    case ::c10d::ReduceOp::AVG:
-      if (is_bool) Unsupported(std::string(where) + " with ReduceOp.AVG on bool tensors");
-      return ReduceOp::kAvg;
-    case ::c10d::ReduceOp::PRODUCT: return is_bool ? ReduceOp::kMin : ReduceOp::kProduct;
-    case ::c10d::ReduceOp::MIN: return ReduceOp::kMin;
-    case ::c10d::ReduceOp::MAX: return ReduceOp::kMax;
-    // Integer and bool tensors (bool as uint8 0/1: logical and/or/xor); the comm layer refuses
-    // floating dtypes and CUDA tensors, naming the op.
-    case ::c10d::ReduceOp::BAND: return ReduceOp::kBand;
-    case ::c10d::ReduceOp::BOR: return ReduceOp::kBor;
-    case ::c10d::ReduceOp::BXOR: return ReduceOp::kBxor;
-    default: Unsupported(std::string(where) + " with this ReduceOp (PREMUL_SUM or unknown)");
-  }
-}
-
 void CheckRoot(int64_t root, int size, const char* op) {
   if (root < 0 || root >= size) {
     throw InvalidArgumentError(std::string("gossipcc ") + op + ": root rank " + std::to_string(root) +
@@ -73,24 +52,6 @@ uint32_t ToTag(int tag, const char* op) {
                                std::to_string(ProcessGroupGossipcc::kReservedTagEnd) + ")");
   }
   return t;
-}
-
-// One flat tensor holding `tensors` back to back (all of `like`'s dtype and device).
-at::Tensor Flatten(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> flat;
-  flat.reserve(tensors.size());
-  for (const at::Tensor& t : tensors) flat.push_back(t.reshape({-1}));
-  return at::cat(flat);
-}
-
-// Copies consecutive pieces of `flat` into `tensors`.
-void Unflatten(const at::Tensor& flat, std::vector<at::Tensor>& tensors) {
-  int64_t offset = 0;
-  for (at::Tensor& t : tensors) {
-    const int64_t n = t.numel();
-    t.copy_(flat.narrow(0, offset, n).view(t.sizes()));
-    offset += n;
-  }
 }
 
 }  // namespace
@@ -171,20 +132,22 @@ std::shared_ptr<Work> ProcessGroupGossipcc::IssueCollective(const char* what, co
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::broadcast(std::vector<at::Tensor>& tensors,
                                                              const ::c10d::BroadcastOptions& opts) {
   CheckCallTimeout(opts.timeout, "broadcast", "BroadcastOptions");
-  const at::Tensor& t = SingleTensor(tensors, "broadcast", "");
+  const StagedTensor s = Stage(SingleTensor(tensors, "broadcast", ""));
+  const at::Tensor& t = s.data;
   CheckRoot(opts.rootRank, size_, "broadcast");
   if (opts.rootTensor != 0) Unsupported("broadcast with rootTensor != 0 (one tensor per rank)");
   auto work = IssueCollective("broadcast", t, [=] { return communicator_->broadcast(ToBuffer(t, "broadcast", "tensor"), static_cast<int>(opts.rootRank)); });
-  return Wrap(rank_, Ordered(), OpType::BROADCAST, "gossipcc:broadcast", std::move(work), tensors);
+  return Wrap(rank_, Ordered(), OpType::BROADCAST, "gossipcc:broadcast", std::move(work), tensors, [s] { s.CopyBack(); });
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce(std::vector<at::Tensor>& tensors,
                                                              const ::c10d::AllreduceOptions& opts) {
   CheckCallTimeout(opts.timeout, "allreduce", "AllreduceOptions");
-  const at::Tensor& t = SingleTensor(tensors, "allreduce", "");
+  const StagedTensor s = Stage(SingleTensor(tensors, "allreduce", ""));
+  const at::Tensor& t = s.data;
   const ReduceOp op = ToReduceOp(opts.reduceOp, t, "allreduce");
   auto work = IssueCollective("allreduce", t, [=] { return communicator_->allreduce(ToBuffer(t, "allreduce", "tensor"), op); });
-  return Wrap(rank_, Ordered(), OpType::ALLREDUCE, "gossipcc:allreduce", std::move(work), tensors);
+  return Wrap(rank_, Ordered(), OpType::ALLREDUCE, "gossipcc:allreduce", std::move(work), tensors, [s] { s.CopyBack(); });
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce_coalesced(
@@ -199,7 +162,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce_coalesced(
                                  c10::str(tensors[0].scalar_type(), " on ", tensors[0].device()) +
                                  " (all must share dtype and device)");
     }
-    ToBuffer(t, "allreduce_coalesced", "tensor[" + std::to_string(i) + "]");
+    ToBuffer(Stage(t).data, "allreduce_coalesced", "tensor[" + std::to_string(i) + "]");
   }
   const ReduceOp op = ToReduceOp(opts.reduceOp, tensors[0], "allreduce_coalesced");
   at::Tensor flat = Flatten(tensors);
@@ -212,7 +175,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce_coalesced(
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce(std::vector<at::Tensor>& tensors,
                                                           const ::c10d::ReduceOptions& opts) {
   CheckCallTimeout(opts.timeout, "reduce", "ReduceOptions");
-  const at::Tensor& t = SingleTensor(tensors, "reduce", "");
+  const StagedTensor s = Stage(SingleTensor(tensors, "reduce", ""));
+  const at::Tensor& t = s.data;
   CheckRoot(opts.rootRank, size_, "reduce");
   if (opts.rootTensor != 0) Unsupported("reduce with rootTensor != 0 (one tensor per rank)");
   const ReduceOp op = ToReduceOp(opts.reduceOp, t, "reduce");
@@ -220,7 +184,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce(std::vector<at::Tensor
   // left as it was (c10d leaves non-root tensors unspecified; we keep them intact).
   if (rank_ == opts.rootRank) {
     auto work = IssueCollective("allreduce", t, [=] { return communicator_->allreduce(ToBuffer(t, "reduce", "tensor"), op); });
-    return Wrap(rank_, Ordered(), OpType::REDUCE, "gossipcc:reduce", std::move(work), tensors);
+    return Wrap(rank_, Ordered(), OpType::REDUCE, "gossipcc:reduce", std::move(work), tensors, [s] { s.CopyBack(); });
   }
   at::Tensor scratch = t.clone();
   auto work = IssueCollective("allreduce", scratch, [=] { return communicator_->allreduce(ToBuffer(scratch, "reduce", "tensor"), op); });
@@ -231,7 +195,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather(std::vector<std::ve
                                                              std::vector<at::Tensor>& inputs,
                                                              const ::c10d::AllgatherOptions& opts) {
   CheckCallTimeout(opts.timeout, "allgather", "AllgatherOptions");
-  const at::Tensor& input = SingleTensor(inputs, "allgather", "input");
+  const at::Tensor input = Stage(SingleTensor(inputs, "allgather", "input")).data;
   if (outputs.size() != 1) {
     throw InvalidArgumentError("gossipcc allgather: expects one output list per rank, got " +
                                std::to_string(outputs.size()));
@@ -249,9 +213,12 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather(std::vector<std::ve
               [flat, result]() mutable { Unflatten(flat, result); });
 }
 
-c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_allgather_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_allgather_base(at::Tensor& user_output, at::Tensor& user_input,
                                                                    const ::c10d::AllgatherOptions& opts) {
   CheckCallTimeout(opts.timeout, "_allgather_base", "AllgatherOptions");
+  const at::Tensor input = Stage(user_input).data;
+  const StagedTensor out = Stage(user_output);
+  const at::Tensor& output = out.data;
   if (output.scalar_type() != input.scalar_type() || output.device() != input.device() ||
       output.numel() != size_ * input.numel()) {
     throw InvalidArgumentError("gossipcc _allgather_base: output is " +
@@ -261,7 +228,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_allgather_base(at::Tensor& o
   }
   auto work = IssueCollective("allgather", input, [=] { return communicator_->allgather(ToBuffer(input, "_allgather_base", "input"),
                                        ToBuffer(output, "_allgather_base", "output")); });
-  return Wrap(rank_, Ordered(), OpType::_ALLGATHER_BASE, "gossipcc:_allgather_base", std::move(work), {output});
+  return Wrap(rank_, Ordered(), OpType::_ALLGATHER_BASE, "gossipcc:_allgather_base", std::move(work), {user_output},
+              [out, input] { out.CopyBack(); });
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather_coalesced(
@@ -296,7 +264,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::gather(std::vector<std::vecto
                                                           std::vector<at::Tensor>& inputs,
                                                           const ::c10d::GatherOptions& opts) {
   CheckCallTimeout(opts.timeout, "gather", "GatherOptions");
-  const at::Tensor& input = SingleTensor(inputs, "gather", "input");
+  const at::Tensor input = Stage(SingleTensor(inputs, "gather", "input")).data;
   CheckRoot(opts.rootRank, size_, "gather");
   const int root = static_cast<int>(opts.rootRank);
   const size_t n = static_cast<size_t>(input.numel());
@@ -325,14 +293,15 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::gather(std::vector<std::vecto
   auto work = IssueCollective("alltoallv", input, [=] { return communicator_->alltoallv(ToBuffer(input, "gather", "input"), send_counts,
                                        ToBuffer(flat, "gather", "output"), recv_counts); });
   return Wrap(rank_, Ordered(), OpType::GATHER, "gossipcc:gather", std::move(work), result,
-              [flat, result]() mutable { Unflatten(flat, result); });
+              [flat, result, input]() mutable { Unflatten(flat, result); });
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::scatter(std::vector<at::Tensor>& outputs,
                                                            std::vector<std::vector<at::Tensor>>& inputs,
                                                            const ::c10d::ScatterOptions& opts) {
   CheckCallTimeout(opts.timeout, "scatter", "ScatterOptions");
-  const at::Tensor& output = SingleTensor(outputs, "scatter", "output");
+  const StagedTensor out = Stage(SingleTensor(outputs, "scatter", "output"));
+  const at::Tensor& output = out.data;
   CheckRoot(opts.rootRank, size_, "scatter");
   const int root = static_cast<int>(opts.rootRank);
   const size_t n = static_cast<size_t>(output.numel());
@@ -356,14 +325,15 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::scatter(std::vector<at::Tenso
   }
   auto work = IssueCollective("alltoallv", flat, [=] { return communicator_->alltoallv(ToBuffer(flat, "scatter", "input"), send_counts,
                                        ToBuffer(output, "scatter", "output"), recv_counts); });
-  return Wrap(rank_, Ordered(), OpType::SCATTER, "gossipcc:scatter", std::move(work), outputs, [flat]() {});
+  return Wrap(rank_, Ordered(), OpType::SCATTER, "gossipcc:scatter", std::move(work), outputs, [flat, out] { out.CopyBack(); });
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                   std::vector<std::vector<at::Tensor>>& inputs,
                                                                   const ::c10d::ReduceScatterOptions& opts) {
   CheckCallTimeout(opts.timeout, "reduce_scatter", "ReduceScatterOptions");
-  const at::Tensor& output = SingleTensor(outputs, "reduce_scatter", "output");
+  const StagedTensor out = Stage(SingleTensor(outputs, "reduce_scatter", "output"));
+  const at::Tensor& output = out.data;
   if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
     throw InvalidArgumentError("gossipcc reduce_scatter: expects one input list of world size " +
                                std::to_string(size_) + " tensors");
@@ -373,16 +343,21 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce_scatter(std::vector<at
   at::Tensor flat = Flatten(inputs[0]);
   auto work = IssueCollective("reduce_scatter", flat, [=] { return communicator_->reduce_scatter(ToBuffer(flat, "reduce_scatter", "input"),
                                             ToBuffer(output, "reduce_scatter", "output"), op); });
-  return Wrap(rank_, Ordered(), OpType::REDUCE_SCATTER, "gossipcc:reduce_scatter", std::move(work), outputs, [flat]() {});
+  return Wrap(rank_, Ordered(), OpType::REDUCE_SCATTER, "gossipcc:reduce_scatter", std::move(work), outputs,
+              [flat, out] { out.CopyBack(); });
 }
 
-c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_reduce_scatter_base(at::Tensor& user_output, at::Tensor& user_input,
                                                                         const ::c10d::ReduceScatterOptions& opts) {
   CheckCallTimeout(opts.timeout, "_reduce_scatter_base", "ReduceScatterOptions");
+  const at::Tensor input = Stage(user_input).data;
+  const StagedTensor out = Stage(user_output);
+  const at::Tensor& output = out.data;
   const ReduceOp op = ToReduceOp(opts.reduceOp, output, "_reduce_scatter_base");
   auto work = IssueCollective("reduce_scatter", input, [=] { return communicator_->reduce_scatter(ToBuffer(input, "_reduce_scatter_base", "input"),
                                             ToBuffer(output, "_reduce_scatter_base", "output"), op); });
-  return Wrap(rank_, Ordered(), OpType::_REDUCE_SCATTER_BASE, "gossipcc:_reduce_scatter_base", std::move(work), {output});
+  return Wrap(rank_, Ordered(), OpType::_REDUCE_SCATTER_BASE, "gossipcc:_reduce_scatter_base", std::move(work),
+              {user_output}, [out, input] { out.CopyBack(); });
 }
 
 namespace {
@@ -420,16 +395,20 @@ std::vector<size_t> SplitCounts(const at::Tensor& t, const std::vector<int64_t>&
 
 }  // namespace
 
-c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall_base(at::Tensor& user_output, at::Tensor& user_input,
                                                                  std::vector<int64_t>& output_split_sizes,
                                                                  std::vector<int64_t>& input_split_sizes,
                                                                  const ::c10d::AllToAllOptions& opts) {
   CheckCallTimeout(opts.timeout, "alltoall_base", "AllToAllOptions");
+  const at::Tensor input = Stage(user_input).data;
+  const StagedTensor out = Stage(user_output);
+  const at::Tensor& output = out.data;
   std::vector<size_t> send = SplitCounts(input, input_split_sizes, size_, "input");
   std::vector<size_t> recv = SplitCounts(output, output_split_sizes, size_, "output");
   auto work = IssueCollective("alltoallv", input, [=] { return communicator_->alltoallv(ToBuffer(input, "alltoall_base", "input"), send,
                                        ToBuffer(output, "alltoall_base", "output"), recv); });
-  return Wrap(rank_, Ordered(), OpType::ALLTOALL_BASE, "gossipcc:alltoall_base", std::move(work), {output});
+  return Wrap(rank_, Ordered(), OpType::ALLTOALL_BASE, "gossipcc:alltoall_base", std::move(work), {user_output},
+              [out, input] { out.CopyBack(); });
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall(std::vector<at::Tensor>& outputs,

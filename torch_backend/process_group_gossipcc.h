@@ -80,6 +80,15 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   c10::intrusive_ptr<::c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const ::c10d::AllgatherOptions& opts) override;
+#if TORCH_VERSION_MAJOR >= 2
+  // Each one collective over all pairs (coalesced_collectives.cc); torch 1.13 has neither.
+  c10::intrusive_ptr<::c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                   std::vector<at::Tensor>& inputs,
+                                                                   const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                   std::vector<at::Tensor>& inputs,
+                                                                   const ::c10d::ReduceScatterOptions& opts) override;
+#endif
   c10::intrusive_ptr<::c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                           std::vector<at::Tensor>& inputs,
                                           const ::c10d::GatherOptions& opts) override;

@@ -38,6 +38,50 @@ Device ToDevice(const at::Device& device, const char* op) {
                              " (supported: cpu, cuda)");
 }
 
+// bool tensors reduce as logical or/and (sum/max -> max, product/min -> min), as torch's NCCL
+// backend does; bitwise ops take integer and bool tensors (bool as uint8 0/1: logical
+// and/or/xor), the comm layer refusing floating dtypes and CUDA tensors with the op named.
+ReduceOp ToReduceOp(const ::c10d::ReduceOp& op, const at::Tensor& tensor, const char* where) {
+  const bool is_bool = tensor.scalar_type() == at::kBool;
+  auto unsupported = [where](const char* what) {
+    return InvalidArgumentError(std::string("gossipcc backend does not support ") + where + " with " + what);
+  };
+  switch (static_cast<::c10d::ReduceOp::RedOpType>(op)) {
+    case ::c10d::ReduceOp::SUM: return is_bool ? ReduceOp::kMax : ReduceOp::kSum;
+    case ::c10d::ReduceOp::AVG:
+      if (is_bool) throw unsupported("ReduceOp.AVG on bool tensors");
+      return ReduceOp::kAvg;
+    case ::c10d::ReduceOp::PRODUCT: return is_bool ? ReduceOp::kMin : ReduceOp::kProduct;
+    case ::c10d::ReduceOp::MIN: return ReduceOp::kMin;
+    case ::c10d::ReduceOp::MAX: return ReduceOp::kMax;
+    case ::c10d::ReduceOp::BAND: return ReduceOp::kBand;
+    case ::c10d::ReduceOp::BOR: return ReduceOp::kBor;
+    case ::c10d::ReduceOp::BXOR: return ReduceOp::kBxor;
+    default: throw unsupported("this ReduceOp (PREMUL_SUM or unknown)");
+  }
+}
+
+at::Tensor Flatten(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
+void Unflatten(const at::Tensor& flat, std::vector<at::Tensor>& tensors) {
+  int64_t offset = 0;
+  for (at::Tensor& t : tensors) {
+    const int64_t n = t.numel();
+    t.copy_(flat.narrow(0, offset, n).view(t.sizes()));
+    offset += n;
+  }
+}
+
+StagedTensor Stage(const at::Tensor& tensor) {
+  if (!tensor.defined() || tensor.is_sparse() || tensor.is_contiguous()) return StagedTensor{tensor, tensor};
+  return StagedTensor{tensor, tensor.contiguous()};
+}
+
 Buffer ToBuffer(const at::Tensor& tensor, const char* op, const std::string& what) {
   if (!tensor.defined()) {
     throw InvalidArgumentError(std::string("gossipcc ") + op + ": " + what + " is an undefined tensor");
