@@ -6,7 +6,10 @@
 # Idempotent: a finished root is marked and reused; a half-made one is removed and redone.
 # Bazel: forky's own bazel-bootstrap (7.x) builds this WORKSPACE (written for Bazel 4.2.3) with
 # the flags the root's /etc/bazel.bazelrc gets below: WORKSPACE mode instead of Bzlmod, and the
-# repositories Bazel 7's own rules fetch from GitHub pointed at forky's Debian copies.
+# repositories Bazel 7's own rules fetch from GitHub pointed at forky's Debian copies; and
+# C++20, which torch 2.14's headers require, through /usr/local/bin/bazel (first on the root's
+# PATH): the workspace's .bazelrc says C++17 and is read after any system rc file, so the
+# standard goes on the command line, after the command (`bazel build|test|run ...`).
 set -euo pipefail
 ROOT=${GOSSIPCC_FORKY_ROOT:-/var/lib/gossipcc/forky}
 MIRROR=${GOSSIPCC_DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -27,8 +30,15 @@ common --override_repository=bazel_features=/usr/share/bazel/tools/features
 common --override_repository=rules_license=/usr/share/bazel/rules/license
 common --override_repository=rules_python=/usr/share/bazel/rules/python
 common --override_repository=rules_proto=/usr/share/bazel/rules/proto'
+BAZEL_WRAPPER='#!/bin/sh
+# tools/forky_root.sh: torch 2.14 needs C++20 (the workspace .bazelrc: C++17, read after /etc).
+case "$1" in
+  build|test|run|coverage|cquery|aquery)
+    cmd=$1; shift; exec /usr/bin/bazel "$cmd" --cxxopt=-std=c++20 --host_cxxopt=-std=c++20 "$@" ;;
+esac
+exec /usr/bin/bazel "$@"'
 marker="$ROOT/.gossipcc-packages"
-want="${PACKAGES[*]} | $BAZELRC"
+want="${PACKAGES[*]} | $BAZELRC | $BAZEL_WRAPPER"
 if [ -f "$marker" ] && [ "$(cat "$marker")" = "$want" ]; then
   echo "$ROOT"; exit 0
 fi
@@ -54,5 +64,8 @@ run_quiet in_root env DEBIAN_FRONTEND=noninteractive dpkg --configure -a
 run_quiet in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}"
 in_root apt-get clean
 echo "$BAZELRC" >"$ROOT/etc/bazel.bazelrc"
+mkdir -p "$ROOT/usr/local/bin"
+echo "$BAZEL_WRAPPER" >"$ROOT/usr/local/bin/bazel"
+chmod 755 "$ROOT/usr/local/bin/bazel"
 echo "$want" >"$marker"
 echo "$ROOT"
