@@ -37,7 +37,8 @@ finish() {
   report
   # A root left half-made is removed and redone by the next tools/trixie_root.sh.
   if [ -n "$trixie_pid" ]; then kill "$trixie_pid" 2>/dev/null || true; fi
-  rm -f "$trixie_log"
+  if [ -n "${forky_pid:-}" ]; then kill "$forky_pid" 2>/dev/null || true; fi
+  rm -f "$trixie_log" "${forky_log:-}"
 }
 trap finish EXIT
 wait_trixie_root() {
@@ -67,6 +68,10 @@ stage "setup (apt packages)" tools/setup.sh
 # and test; the torch 2.x stage waits for it.
 tools/trixie_root.sh >"$trixie_log" 2>&1 &
 trixie_pid=$!
+# The torch 2.14 root (Debian forky, tools/forky_root.sh) likewise, for the last stage.
+forky_log=$(mktemp /tmp/gossipcc-forky-root.XXXXXX.log)
+tools/forky_root.sh >"$forky_log" 2>&1 &
+forky_pid=$!
 stage "build //..." bazel build //...
 stage "test //... (torch 1.13)" bazel test "${PARALLEL_TESTS[@]}" --test_tag_filters="-gpu${TORCH1_ONLY}" //... "$@"
 # The pip path (pyproject.toml): the wheel built by pip, installed into a fresh venv and tested
@@ -100,3 +105,15 @@ stage "trixie root (torch 2.x), waited" wait_trixie_root
 stage "test backend (torch 2.x)" tools/in_trixie.sh bazel test "${PARALLEL_TESTS[@]}" --test_tag_filters="${TORCH2_ONLY#,}" \
   //torch_backend/... //tests/torch_backend/... "$@"
 stage "pip wheel + venv (torch 2.x)" tools/in_trixie.sh tools/wheel_test.sh
+# The newest torch of the matrix (2.14, Debian forky; Bazel 7 there): sharded models (FSDP,
+# fully_shard) against gloo, what gloo accepts, and a smoke subset of the backend's tests.
+wait_forky_root() {
+  local pid=$forky_pid
+  forky_pid=""
+  if ! wait "$pid"; then cat "$forky_log" >&2; echo "tools/forky_root.sh failed (its output above)" >&2; return 1; fi
+  cat "$forky_log"
+}
+stage "forky root (torch 2.14), waited" wait_forky_root
+stage "test backend (torch 2.14)" tools/in_forky.sh bazel test "${PARALLEL_TESTS[@]}" //tests/torch_backend:fsdp_test \
+  //tests/torch_backend:gloo_parity_test //tests/torch_backend:collectives_test //tests/torch_backend:ddp_test \
+  //tests/torch_backend:info_test "$@"
