@@ -141,7 +141,7 @@ def fsdp2_worker(rank, world_size, backend, mesh_shape, reshard_after_forward, c
 
 
 def _compare(what, worker, world_size, tmp_path, *args):
-    runs = {backend: run_ranks(worker, world_size, backend, *args, str(tmp_path), timeout=180)
+    runs = {backend: run_ranks(worker, world_size, backend, *args, str(tmp_path), timeout=600)
             for backend in ("gloo", "gossipcc")}
     worst = 0.0
     for rank in range(world_size):
