@@ -50,8 +50,9 @@ Bytes Raw(const TypedArray& a) { return Bytes(a.raw().begin(), a.raw().end() - 1
 std::vector<size_t> AllreduceCounts(DType dtype) {
   const size_t element = ElementSize(dtype);
   std::vector<size_t> counts = {0, 1, 1001, kDirectAllreduceMaxBytes / element + 3};
-  // On 8 ranks 28 ring messages of float32, more than 4 streams' 16 receive slots.
-  if (dtype == DType::kFloat32) counts.push_back((size_t{3} << 20) / element + 7);
+  // On 8 ranks 28 ring messages of float32 (at 1 MiB under a sanitizer, 5-15x slower: still
+  // 28), more than 4 streams' 16 receive slots.
+  if (dtype == DType::kFloat32) counts.push_back((kSanitizerBuild ? size_t{1} << 20 : size_t{3} << 20) / element + 7);
   return counts;
 }
 
@@ -86,8 +87,8 @@ std::vector<Bytes> RunEveryPath(int rank, int n, const std::shared_ptr<Store>& s
         ->wait();
     out.push_back(Raw(gathered));
   }
-  // A push-sum round (on one graph for every n) of 2.4 MB over point-to-point.
-  TypedArray x(DType::kFloat32, 600011);
+  // A push-sum round (on one graph for every n) over point-to-point.
+  TypedArray x(DType::kFloat32, kSanitizerBuild ? 300007 : 600011);  // 5 or 10 segments
   FillFor(x, rank, ++salt);
   PushSum push_sum(MakePeerGraph("exponential", n));
   push_sum.Step(*comm, {x.buffer()});
@@ -95,7 +96,7 @@ std::vector<Bytes> RunEveryPath(int rank, int n, const std::shared_ptr<Store>& s
   const double weight = push_sum.weight();
   out.push_back(Bytes(reinterpret_cast<const uint8_t*>(&weight), reinterpret_cast<const uint8_t*>(&weight + 1)));
   // The quantized all-reduce (its scatter rounds and ring all-gather over point-to-point).
-  TypedArray q(DType::kFloat32, 700001);
+  TypedArray q(DType::kFloat32, kSanitizerBuild ? 300007 : 700001);
   FillFor(q, rank, ++salt);
   QuantizedAllreduce(*comm, q.buffer(), QuantizedAllreduceOptions{});
   out.push_back(Raw(q));
