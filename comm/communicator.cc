@@ -231,6 +231,9 @@ class Communicator::Impl {
       return nccl_->P2P(ops, description);
     }
     try {
+      // Held while posting, so that Shutdown cannot free the exchange under a Post in flight.
+      absl::ReaderMutexLock post_lock(&p2p_post_mu_);
+      if (p2p_closed_) throw AbortedError(absl::StrCat(description, ": ", failure_.stop_reason()));
       return meshes_.p2p()->Post(ops, description);
     } catch (const AbortedError&) {
       throw;
@@ -250,6 +253,10 @@ class Communicator::Impl {
     }
     if (health_) health_->Stop();  // and says "down", so peers that fail next name this rank as shut down
     if (meshes_.p2p()) meshes_.p2p()->Shutdown(failure_.stop_reason());
+    {
+      absl::MutexLock post_lock(&p2p_post_mu_);  // waits for Posts in flight; later ones see p2p_closed_
+      p2p_closed_ = true;
+    }
     if (lanes_) lanes_->Join();
     nccl_.reset();
     meshes_.Close();
@@ -282,6 +289,9 @@ class Communicator::Impl {
  private:
   // Destroyed in reverse: lanes (their tasks use everything else) first, meshes last.
   Meshes meshes_;
+  // Point-to-point posts (readers) against Shutdown, which sets p2p_closed_ before the meshes close.
+  absl::Mutex p2p_post_mu_;
+  bool p2p_closed_ ABSL_GUARDED_BY(p2p_post_mu_) = false;
   std::unique_ptr<NcclTransport> nccl_;
   absl::Mutex nccl_mu_;  // NCCL calls on one communicator must not interleave across threads
   FailureState failure_;
