@@ -70,6 +70,14 @@ void DestroyPairs(gloo::Context& context) {
   }
 }
 
+void ClosePairsWith(absl::Span<gloo::Context* const> contexts, int peer) {
+  for (gloo::Context* context : contexts) {
+    if (peer == context->rank) continue;
+    auto& pair = context->getPair(peer);
+    if (pair) pair->close();
+  }
+}
+
 namespace {
 
 // Keeps a pair alive for the rest of the process. Used for pairs whose switch to synchronous

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/types/span.h"
 #include "absl/synchronization/mutex.h"
 #include "comm/store.h"
 
@@ -65,6 +66,13 @@ class RetiredBuffers {
 // Destroys every pair of `context` under its lock, so Gloo's device thread no longer touches a
 // buffer posted on them; the context is then good for destruction only.
 void DestroyPairs(gloo::Context& context);
+
+// Hard-closes this rank's pair with `peer` in each of `contexts` (Gloo's Pair::close: a reset,
+// under the pair's lock). When it returns, Gloo's device thread is not reading into or writing
+// from any buffer posted on those pairs, and never will: what a failed operation abandons (a
+// receive posted into the caller's memory) cannot land there after the failure is reported.
+// The pairs fail every later operation; for a communicator that the failure poisoned.
+void ClosePairsWith(absl::Span<gloo::Context* const> contexts, int peer);
 
 // Takes every pair of `context` off Gloo's device thread, leaving the connection open (Gloo's
 // switch to synchronous mode), before bound buffers on them are destroyed: Gloo would finish a

@@ -35,7 +35,7 @@ struct CommunicatorOptions {
   // TCP connections per peer pair for large payloads (comm/striping.h): the ring all-reduce's
   // messages and point-to-point payloads of more than one segment are dealt over this many
   // meshes, so that links whose bandwidth-delay product exceeds one stream's window fill.
-  // 1: one stream, as before. Checked.
+  // 1: one stream. Checked.
   int streams_per_peer = 1;
 };
 

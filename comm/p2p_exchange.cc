@@ -162,6 +162,12 @@ P2PExchange::ReceiveOutcome P2PExchange::ReceiveOne(Message& m, Clock::time_poin
                     out.mismatch ? nullptr : m.op.progress.get());
     out.bytes = out.mismatch ? 0 : incoming;
   } catch (const std::exception& e) {
+    // A payload receive that failed (a sender that died part-way, a timeout) leaves segments
+    // posted on the sender's streams, into the caller's buffer: another stream may still be
+    // reading into it, or a late sender may yet be matched. Closing those pairs before the
+    // failure is reported keeps the buffer the caller's alone (the failure poisons the
+    // communicator, so nothing else needs them).
+    if (!m.data_ubs.empty()) ClosePairsWith(PayloadStreams(m.op.peer, context_->rank), m.op.peer);
     try {
       RethrowGlooError(description, e);  // the description already names the rank
     } catch (...) {

@@ -36,6 +36,15 @@ class RingStreams {
     data_[Of(u)]->send(peer, slot, offset, bytes);
     ++sends_[Of(u)];
   }
+  // After a transport failure or timeout: closes the pairs with `left` and `right` on every
+  // stream, so that no receive posted into the caller's data lands and no send posted from it
+  // is written after the failure is reported (ClosePairsWith).
+  void Abandon(const GlooCall& call, int left, int right) {
+    std::vector<gloo::Context*> contexts;
+    for (int i = 0; i < k_; ++i) contexts.push_back(&call.stream(i));
+    ClosePairsWith(contexts, left);
+    ClosePairsWith(contexts, right);
+  }
   // Waits for every send posted so far.
   void WaitSends(std::chrono::milliseconds left) {
     for (size_t i = 0; i < sends_.size(); ++i) {
@@ -52,9 +61,11 @@ class RingStreams {
   std::vector<int> sends_;
 };
 
-// The ring on `data`, with this rank's receive slots at `scratch` (RingWindow(k) x max segment).
-// Message u travels on stream u % k (striping.h), each stream's in order on both ends.
-void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& plan, uint8_t* scratch) {
+// The ring's messages on `streams`, with this rank's receive slots at `scratch` (RingWindow(k)
+// x max segment). Message u travels on stream u % k (striping.h), each stream's in order on
+// both ends.
+void RunRingMessages(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& plan, uint8_t* scratch,
+                     RingStreams& streams) {
   gloo::Context& ctx = *call.context;
   const int n = ctx.size;
   const int right = (ctx.rank + 1) % n;
@@ -69,7 +80,6 @@ void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& pla
   const uint64_t slot = MakeSlot(kRingAllreduceSlotPrefix, call.tag);
   auto* bytes = static_cast<uint8_t*>(data.data);
 
-  RingStreams streams(call, scratch, slot_bytes * static_cast<size_t>(window), data);
 
   // Reduce-scatter messages land in scratch slot u % window, all-gather ones in place.
   auto post_receive = [&](int u) {
@@ -113,7 +123,10 @@ void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& pla
   const double avg_scale = 1.0 / static_cast<double>(n);
   for (int u = 0; u < U; ++u) {
     // A reduce-scatter slot is reused by message u + window only once message u is reduced.
-    for (; posted < U && posted < u + window; ++posted) post_receive(posted);
+    // All-gather message m lands where this rank's reduce-scatter message m - P left from, so
+    // it is posted only after that send (sends issued by now: u + S): the receive's writes
+    // then follow the send's reads on this thread too, not only through the network.
+    for (; posted < U && posted < u + window && (posted < P || posted - P < u + S); ++posted) post_receive(posted);
     const RingSpan s = plan.Received(u);
     uint8_t* target = bytes + s.first * element;
     if (s.count) {
@@ -132,6 +145,22 @@ void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& pla
     if (u + S < U) send(u + S);
   }
   streams.WaitSends(call.left());
+}
+
+// The ring on `data`. A failure other than a signature mismatch (found before any message
+// touched the caller's data: RunOverlappedCheck) abandons the ring's pairs before it is reported.
+void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& plan, uint8_t* scratch) {
+  const int n = call.context->size;
+  const size_t slot_bytes = plan.max_segment() * ElementSize(data.dtype);
+  RingStreams streams(call, scratch, slot_bytes * static_cast<size_t>(RingWindow(call.stream_count())), data);
+  try {
+    RunRingMessages(call, data, op, plan, scratch, streams);
+  } catch (const MismatchError&) {
+    throw;
+  } catch (...) {
+    streams.Abandon(call, (call.context->rank + n - 1) % n, (call.context->rank + 1) % n);
+    throw;
+  }
 }
 
 }  // namespace

@@ -106,7 +106,8 @@ stage "test backend (torch 2.x)" tools/in_trixie.sh bazel test "${PARALLEL_TESTS
   //torch_backend/... //tests/torch_backend/... "$@"
 stage "pip wheel + venv (torch 2.x)" tools/in_trixie.sh tools/wheel_test.sh
 # The newest torch of the matrix (2.14, Debian forky; Bazel 7 there): sharded models (FSDP,
-# fully_shard) against gloo, what gloo accepts, and a smoke subset of the backend's tests.
+# fully_shard) against gloo, what gloo accepts, the info tool; the full suite adds the
+# collectives and DDP.
 wait_forky_root() {
   local pid=$forky_pid
   forky_pid=""
@@ -114,6 +115,6 @@ wait_forky_root() {
   cat "$forky_log"
 }
 stage "forky root (torch 2.14), waited" wait_forky_root
-stage "test backend (torch 2.14)" tools/in_forky.sh bazel test "${PARALLEL_TESTS[@]}" //tests/torch_backend:fsdp_test \
-  //tests/torch_backend:gloo_parity_test //tests/torch_backend:collectives_test //tests/torch_backend:ddp_test \
-  //tests/torch_backend:info_test "$@"
+FORKY_TESTS=(//tests/torch_backend:fsdp_test //tests/torch_backend:gloo_parity_test //tests/torch_backend:info_test)
+if [ "$FULL" = 1 ]; then FORKY_TESTS+=(//tests/torch_backend:collectives_test //tests/torch_backend:ddp_test); fi
+stage "test backend (torch 2.14)" tools/in_forky.sh bazel test "${PARALLEL_TESTS[@]}" "${FORKY_TESTS[@]}" "$@"

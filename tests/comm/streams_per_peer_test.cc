@@ -4,6 +4,7 @@
 // that k = 1 gives, on n = 1..8 ranks; failures (a peer that leaves, one that never joins, a
 // sender that dies mid-payload) still fail with the named error; the option is range-checked
 // and ranks that disagree fail at creation.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -13,12 +14,17 @@
 #include <unistd.h>
 #include <vector>
 
+#include <signal.h>
+#include <sys/syscall.h>
+
 #include "absl/strings/str_cat.h"
 #include "algorithms/peer_graph.h"
 #include "algorithms/push_sum.h"
 #include "comm/communicator.h"
 #include "comm/errors.h"
+#include "comm/p2p_op.h"
 #include "comm/quantized_allreduce.h"
+#include "comm/transfer_progress.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"
@@ -192,12 +198,62 @@ TEST(StreamsPerPeerSenderTest, SenderThatDiesMidPayloadFailsTheReceive) {
     comm->barrier()->wait();
     if (rank == 1) {
       comm->send(CpuBuffer(f.data(), f.size()), 0, 3);
-      _exit(0);  // the kernel closes every stream with the payload part-way
+      // The kernel closes every stream with the payload part-way. The raw system call, not
+      // _exit: ThreadSanitizer's _exit sleeps 1 s (atexit_sleep_ms) while the other threads
+      // run on, long enough to write the whole payload.
+      syscall(SYS_exit_group, 0);
     }
     const auto start = Clock::now();
     EXPECT_THAT(ExpectThrow<CommError>([&] { comm->recv(CpuBuffer(f.data(), f.size()), 1, 3)->wait(); }),
                 HasSubstr("recv 16777216 x float32 on cpu from rank 1 (tag 3) on rank 0 of 2"));
     EXPECT_LT(Clock::now() - start, std::chrono::seconds(15)) << "the receive waited for its 20 s timeout";
+  });
+}
+
+// A receive that times out part-way through its payload (the sender stopped with most of
+// 256 MB unsent) leaves the caller's buffer to the caller: when the sender resumes, none of the
+// rest lands there, and the sender's send fails instead of completing into abandoned memory.
+// Processes only (the sender stops itself with SIGSTOP).
+TEST(StreamsPerPeerSenderTest, ReceiveThatTimesOutLeavesTheBufferAlone) {
+  RunRanksWithStore(2, LaunchMode::kProcesses, [](int rank, std::shared_ptr<Store> store) {
+    auto comm = Communicator::Create(std::make_shared<PrefixStore>("comm", store), rank, 2, Striped(4, 3000));
+    std::vector<float> f(size_t{64} << 20, 1.0f);
+    const size_t bytes = f.size() * sizeof(float);
+    auto progress = std::make_shared<TransferProgress>();
+    comm->barrier()->wait();
+    if (rank == 1) {
+      const std::string pid = std::to_string(getpid());
+      store->set("sender_pid", std::vector<char>(pid.begin(), pid.end()));
+      P2POp send = P2POp::Send(CpuBuffer(f.data(), f.size()), 0, 5);
+      send.progress = progress;
+      auto work = comm->p2p({send});
+      progress->WaitFor(size_t{8} << 20);  // the header and the first segments have left
+      raise(SIGSTOP);                       // resumed by rank 0 after its receive failed
+      const bool sent = [&] {
+        try {
+          work->wait();
+          return true;
+        } catch (const CommError&) {
+          return false;
+        }
+      }();
+      store->set("send_done", {sent ? 'y' : 'n'});
+      EXPECT_FALSE(sent) << "the send completed into a receive that had failed";
+      return;
+    }
+    P2POp recv = P2POp::Recv(CpuBuffer(f.data(), f.size()), 1, 5);
+    recv.progress = progress;
+    EXPECT_THAT(ExpectThrow<TimeoutError>([&] { comm->p2p({recv})->wait(); }), HasSubstr("recv"));
+    const size_t landed = progress->bytes();
+    EXPECT_GT(landed, 0u) << "the receive failed before its payload started: the case is not exercised";
+    EXPECT_LT(landed, bytes);
+    std::fill(f.begin(), f.end(), -7.0f);
+    const std::vector<char> pid = store->get("sender_pid", std::chrono::seconds(60));
+    kill(std::stoi(std::string(pid.begin(), pid.end())), SIGCONT);
+    store->wait({"send_done"}, std::chrono::seconds(120));
+    size_t changed = 0;
+    for (float x : f) changed += x != -7.0f;
+    EXPECT_EQ(changed, 0u) << "elements written into the buffer after its receive failed";
   });
 }
 

@@ -19,10 +19,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 WORLD = 4
 VICTIM = 2
-TIMEOUT_S = 4.0
-# A step that fails takes the timeout at most, then the peer check (3 heartbeats of 400 ms),
-# plus slack for a loaded 2-core machine.
-BOUND_S = TIMEOUT_S + 4.0
+# The process group's timeout also bounds every healthy step before the victim dies, so it must
+# exceed the ranks' skew on a loaded 2-core machine (4 s did not: under CI's load a survivor timed
+# out at step 0 waiting for a slow live peer).
+TIMEOUT_S = 20.0
+# A step that fails takes the timeout, then the peer check (3 heartbeats of 400 ms): the bound is
+# a safety net well above that, and catches a wait that outlives its timeout (e.g. doubles it).
+BOUND_S = 1.5 * TIMEOUT_S + 4.0
 
 
 def worker(rank, init_file, sig, mode, results):
@@ -30,10 +33,12 @@ def worker(rank, init_file, sig, mode, results):
         if mode == "ddp_powersgd":  # compressed from step 2: the victim dies mid-PowerSGD
             os.environ["GOSSIPCC_ALLREDUCE"] = "powersgd:rank=2,start_iter=2"
         import gossipcc
-        dist.init_process_group("gossipcc", init_method="file://" + init_file, rank=rank, world_size=WORLD,
-                                timeout=datetime.timedelta(seconds=TIMEOUT_S))
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+        net(torch.randn(16, 32)).sum().backward()  # torch's lazy set-up before the clock of any step
+        net.zero_grad()
+        dist.init_process_group("gossipcc", init_method="file://" + init_file, rank=rank, world_size=WORLD,
+                                timeout=datetime.timedelta(seconds=TIMEOUT_S))
         model = gossipcc.GossipDataParallel(net, algorithm="sgp") if mode == "sgp" else DDP(net)
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         outcome = None
@@ -71,7 +76,7 @@ def test_survivors_name_the_dead_rank_and_exit_cleanly(mode, sig):
         got = {}
         try:
             while len(got) < WORLD - 1:
-                rank, outcome, shutdown_s, err = results.get(timeout=90)
+                rank, outcome, shutdown_s, err = results.get(timeout=3 * BOUND_S + 60)
                 got[rank] = (outcome, shutdown_s, err)
         except queue_module.Empty:
             pass
