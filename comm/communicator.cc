@@ -116,7 +116,8 @@ class Communicator::Impl {
             if (eager.finish) return eager.finish(*lane.handshake, lane.scratch);
             StagedHandshake staged(*lane.handshake, spec, deadline);
             cpu(GlooCall{lane.context, static_cast<uint32_t>(spec.seq), deadline, &lane.scratch, &meshes_.retired(),
-                         deferred_check ? &staged : nullptr, options_.lossless_float32_allreduce, &lane.streams});
+                         deferred_check ? &staged : nullptr, options_.lossless_float32_allreduce, &lane.streams,
+                         meshes_.hierarchy()});
           },
           eager, deferred_check));
     };
@@ -265,6 +266,9 @@ class Communicator::Impl {
   // With the buffers of failed operations (Meshes::Close frees them after the pairs).
   void KeepUntilClosed(std::shared_ptr<void> memory) { meshes_.retired().Add(std::move(memory)); }
 
+  const Topology& topology() const { return meshes_.topology(); }
+  bool hierarchical() const { return meshes_.hierarchy() != nullptr; }
+
   TrafficCounters traffic() const {
     TrafficCounters t;
     t.collective_payload_bytes = collective_payload_bytes_.load(std::memory_order_relaxed);
@@ -326,6 +330,8 @@ const CommunicatorOptions& Communicator::options() const { return impl_->options
 void Communicator::shutdown() { impl_->Shutdown("shutdown() called"); }
 void Communicator::KeepUntilClosed(std::shared_ptr<void> memory) { impl_->KeepUntilClosed(std::move(memory)); }
 TrafficCounters Communicator::traffic() const { return impl_->traffic(); }
+const Topology& Communicator::topology() const { return impl_->topology(); }
+bool Communicator::hierarchical() const { return impl_->hierarchical(); }
 std::vector<int> Communicator::UnresponsivePeers() { return impl_->UnresponsivePeers(); }
 
 // ---- collectives: check, describe (collective_plan.h), then Submit schedules and runs ----

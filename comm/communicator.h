@@ -22,6 +22,7 @@
 #include "comm/options.h"
 #include "comm/p2p_op.h"
 #include "comm/store.h"
+#include "comm/topology.h"
 #include "comm/types.h"
 #include "comm/work.h"
 
@@ -89,6 +90,11 @@ class Communicator {
   void KeepUntilClosed(std::shared_ptr<void> memory);
 
   TrafficCounters traffic() const;
+
+  // Which ranks share a host (CommunicatorOptions::host_key), and whether large all-reduces run
+  // in two levels over those hosts (CommunicatorOptions::topology; comm/hierarchical_allreduce.h).
+  const Topology& topology() const;
+  bool hierarchical() const;
 
   // Runs the peer check now (3-4 heartbeat intervals): the ranks not responding or shut down,
   // ascending (only those shut down when every heartbeat stalled; none with the check off).

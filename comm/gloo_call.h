@@ -21,6 +21,7 @@ class Context;
 namespace gossipcc {
 
 class RetiredBuffers;
+class Topology;
 
 // Memory a collective may keep between calls (one collective runs at a time per communicator).
 struct CollectiveScratch {
@@ -75,6 +76,9 @@ struct GlooCall {
   const std::vector<std::shared_ptr<gloo::Context>>* streams = nullptr;
   int stream_count() const { return streams == nullptr || streams->empty() ? 1 : static_cast<int>(streams->size()); }
   gloo::Context& stream(int i) const { return i == 0 ? *context : *(*streams)[static_cast<size_t>(i)]; }
+  // Not null: the hosts the ranks are on, over which large all-reduces run in two levels
+  // (hierarchical_allreduce.h; CommunicatorOptions::topology).
+  const Topology* hierarchy = nullptr;
 };
 
 // Runs call.check, if any, to completion.

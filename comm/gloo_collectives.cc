@@ -13,6 +13,7 @@
 
 #include "comm/direct_allreduce.h"
 #include "comm/gloo_util.h"
+#include "comm/hierarchical_allreduce.h"
 #include "comm/options.h"
 #include "comm/packed_ring_allreduce.h"
 #include "comm/reduce.h"
@@ -60,6 +61,10 @@ void GlooAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
   }
   if (call.lossless_float32 && data.dtype == DType::kFloat32) {
     PackedRingAllreduce(call, data, op);
+    return;
+  }
+  if (call.hierarchy != nullptr) {
+    HierarchicalAllreduce(call, *call.hierarchy, data, op);
     return;
   }
   RingAllreduce(call, data, op);

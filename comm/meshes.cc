@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <map>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -33,7 +34,10 @@ void Meshes::Connect(const std::shared_ptr<Store>& store, const CommunicatorOpti
   };
   first_ = ConnectGlooMesh(std::make_shared<PrefixStore>("gloo", store), rank_, size_, mesh);
   meshes_.push_back(first_);
-  if (size_ > 1) AgreeOnSharedOptions(options);
+  if (size_ > 1) {
+    AgreeOnSharedOptions(options);
+    LearnTopology(options);
+  }
   const int lanes = size_ == 1 ? 1 : options.collective_lanes;
   const int streams = size_ == 1 ? 1 : options.streams_per_peer;
   for (int i = 0; i < lanes; ++i) {
@@ -83,17 +87,19 @@ void Meshes::AgreeOnSharedOptions(const CommunicatorOptions& options) {
     const char* name;
     bool is_flag;  // shown as true/false, else as a number
   };
-  static constexpr std::array<Agreed, 5> kAgreed = {{{"p2p_connection_per_direction", true},
+  static constexpr std::array<Agreed, 6> kAgreed = {{{"p2p_connection_per_direction", true},
                                                      {"collective_lanes", false},
                                                      {"lossless_float32_allreduce", true},
                                                      {"verify_collectives", true},
-                                                     {"streams_per_peer", false}}};
+                                                     {"streams_per_peer", false},
+                                                     {"topology", false}}};
   const std::array<uint8_t, kAgreed.size()> mine = {
       static_cast<uint8_t>(options.p2p_connection_per_direction ? 1 : 0),
       static_cast<uint8_t>(options.collective_lanes),
       static_cast<uint8_t>(options.lossless_float32_allreduce ? 1 : 0),
       static_cast<uint8_t>(options.verify_collectives ? 1 : 0),
-      static_cast<uint8_t>(options.streams_per_peer)};
+      static_cast<uint8_t>(options.streams_per_peer),
+      static_cast<uint8_t>(options.topology)};
   std::vector<uint8_t> all(mine.size() * size_);
   const std::string where = absl::StrCat("rank ", rank_, " of ", size_, ": ");
   CollectiveScratch scratch;
@@ -106,6 +112,7 @@ void Meshes::AgreeOnSharedOptions(const CommunicatorOptions& options) {
     RethrowGlooError(where + "agreeing on the connection layout", e);
   }
   auto show = [](size_t field, uint8_t value) {
+    if (kAgreed[field].name == std::string("topology")) return TopologyModeName(static_cast<TopologyMode>(value));
     return kAgreed[field].is_flag ? std::string(value ? "true" : "false") : absl::StrCat(value);
   };
   for (size_t field = 0; field < mine.size(); ++field) {
@@ -124,6 +131,46 @@ void Meshes::AgreeOnSharedOptions(const CommunicatorOptions& options) {
                                               absl::StrJoin(others, "; "), "; every rank must use the same setting"));
     }
   }
+}
+
+void Meshes::LearnTopology(const CommunicatorOptions& options) {
+  // A fixed record per rank: the key's hash (ranks with equal hashes share a host) and the
+  // host's name for messages, truncated.
+  constexpr size_t kNameBytes = 120;
+  struct Record {
+    uint64_t key_hash;
+    char name[kNameBytes];
+  };
+  const std::string key = options.host_key.empty() ? DefaultHostKey() : options.host_key;
+  const std::string name = options.host_key.empty() ? DefaultHostName() : options.host_key;
+  Record mine{};
+  mine.key_hash = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : key) mine.key_hash = (mine.key_hash ^ c) * 1099511628211ull;
+  name.copy(mine.name, kNameBytes - 1);
+  std::vector<Record> all(static_cast<size_t>(size_));
+  CollectiveScratch scratch;
+  try {
+    const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+    GlooAllgather(GlooCall{first_, kMeshLayoutTag - 1, deadline, &scratch, &retired_},
+                  Buffer{&mine, sizeof(Record), DType::kUInt8, Device::CPU()},
+                  Buffer{all.data(), all.size() * sizeof(Record), DType::kUInt8, Device::CPU()});
+  } catch (const std::exception& e) {
+    RethrowGlooError(absl::StrCat("rank ", rank_, " of ", size_, ": learning which ranks share a host"), e);
+  }
+  std::vector<std::string> keys, names;
+  for (const Record& r : all) {
+    keys.push_back(absl::StrCat(r.key_hash));
+    names.emplace_back(r.name, strnlen(r.name, kNameBytes));
+  }
+  topology_ = Topology::FromHostKeys(keys, names);
+  if (options.topology == TopologyMode::kHierarchical && !topology_.uniform()) {
+    throw InvalidArgumentError(absl::StrCat("rank ", rank_, " of ", size_,
+                                            ": Communicator::Create: CommunicatorOptions::topology is hierarchical, "
+                                            "which needs as many ranks on every host, but the ranks are on ",
+                                            topology_.Describe(), " (use kFlat, or kAuto, which is flat here)"));
+  }
+  hierarchical_ = options.topology == TopologyMode::kHierarchical ||
+                  (options.topology == TopologyMode::kAuto && topology_.any_host_shared() && topology_.uniform());
 }
 
 // The order, and why. When an operation fails part-way (a dead peer, a timeout), Gloo's device

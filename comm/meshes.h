@@ -27,6 +27,7 @@
 #include "comm/options.h"
 #include "comm/p2p_exchange.h"
 #include "comm/store.h"
+#include "comm/topology.h"
 
 namespace gloo {
 class Context;
@@ -48,7 +49,7 @@ struct LaneLink {
 
 class Meshes {
  public:
-  Meshes(int rank, int size) : rank_(rank), size_(size) {}
+  Meshes(int rank, int size) : rank_(rank), size_(size), topology_(Topology::Flat(size)) {}
   ~Meshes();  // Close()
   Meshes(const Meshes&) = delete;
   Meshes& operator=(const Meshes&) = delete;
@@ -66,6 +67,10 @@ class Meshes {
   LaneLink& lane(int i) { return *lanes_[i]; }
   const LaneLink& lane(int i) const { return *lanes_[i]; }
   P2PExchange* p2p() const { return p2p_.get(); }  // null before StartP2P
+  // Which ranks share a host (after Connect), and whether large all-reduces run in two levels
+  // over it (CommunicatorOptions::topology).
+  const Topology& topology() const { return topology_; }
+  const Topology* hierarchy() const { return hierarchical_ ? &topology_ : nullptr; }
   RetiredBuffers& retired() { return retired_; }
 
   // Once nothing runs on the meshes any more (lanes joined, P2PExchange::Shutdown called).
@@ -78,6 +83,9 @@ class Meshes {
   // sends its all-reduces on another ring (lossless_float32_allreduce: packed messages travel
   // on a slot of their own), would otherwise wait out the timeout at its first use.
   void AgreeOnSharedOptions(const CommunicatorOptions& options);
+  // One all-gather of every rank's host key (CommunicatorOptions::host_key): sets topology_
+  // and hierarchical_.
+  void LearnTopology(const CommunicatorOptions& options);
 
   const int rank_;
   const int size_;
@@ -90,6 +98,8 @@ class Meshes {
   // Every mesh above, kept until Close has destroyed its pairs.
   std::vector<std::shared_ptr<gloo::Context>> meshes_;
   std::unique_ptr<P2PExchange> p2p_;
+  Topology topology_;
+  bool hierarchical_ = false;
   bool closed_ = false;
 };
 

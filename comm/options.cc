@@ -5,6 +5,18 @@
 
 namespace gossipcc {
 
+std::string TopologyModeName(TopologyMode mode) {
+  switch (mode) {
+    case TopologyMode::kFlat:
+      return "flat";
+    case TopologyMode::kHierarchical:
+      return "hierarchical";
+    case TopologyMode::kAuto:
+      return "auto";
+  }
+  return absl::StrCat("TopologyMode(", static_cast<int>(mode), ")");
+}
+
 void ValidateCommunicatorOptions(const CommunicatorOptions& options) {
   if (options.rendezvous_timeout.count() < 0) {
     throw InvalidArgumentError(absl::StrCat("Communicator: rendezvous_timeout must be >= 0 (0: the timeout), got ",
@@ -27,6 +39,11 @@ void ValidateCommunicatorOptions(const CommunicatorOptions& options) {
   if (options.streams_per_peer < 1 || options.streams_per_peer > kMaxStreamsPerPeer) {
     throw InvalidArgumentError(absl::StrCat("Communicator: streams_per_peer must be in [1, ", kMaxStreamsPerPeer,
                                             "], got ", options.streams_per_peer));
+  }
+  if (options.topology != TopologyMode::kFlat && options.topology != TopologyMode::kHierarchical &&
+      options.topology != TopologyMode::kAuto) {
+    throw InvalidArgumentError(absl::StrCat("Communicator: topology must be kFlat, kHierarchical or kAuto, got ",
+                                            static_cast<int>(options.topology)));
   }
   if (options.cuda_device < -1) {
     throw InvalidArgumentError(absl::StrCat("Communicator: cuda_device must be a CUDA device ordinal, or -1 to take ",

@@ -6,9 +6,17 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace gossipcc {
+
+// How collectives use which ranks share a host (comm/topology.h).
+enum class TopologyMode : uint8_t {
+  kFlat,          // every rank as a host of its own
+  kHierarchical,  // large all-reduces in two levels: inside each host, then across hosts
+  kAuto,          // hierarchical when some host has more than one rank and all have as many
+};
 
 struct CommunicatorOptions {
   // Deadline of every operation, counted from its issue (comm/issue_time.h), rendezvous included.
@@ -37,7 +45,16 @@ struct CommunicatorOptions {
   // meshes, so that links whose bandwidth-delay product exceeds one stream's window fill.
   // 1: one stream. Checked.
   int streams_per_peer = 1;
+  // Two-level all-reduces (comm/hierarchical_allreduce.h) over the hosts the ranks are on.
+  // kHierarchical with hosts of unequal rank counts fails Create naming them. Checked.
+  TopologyMode topology = TopologyMode::kFlat;
+  // Which host this rank is on: ranks with equal keys share one (and its name in messages).
+  // Empty: this machine's boot id and network namespace (DefaultHostKey).
+  std::string host_key;
 };
+
+// "flat", "hierarchical" or "auto".
+std::string TopologyModeName(TopologyMode mode);
 
 inline constexpr int kMaxCollectiveLanes = 8;
 inline constexpr int kMaxStreamsPerPeer = 16;

@@ -61,50 +61,53 @@ class RingStreams {
   std::vector<int> sends_;
 };
 
-// The ring's messages on `streams`, with this rank's receive slots at `scratch` (RingWindow(k)
-// x max segment). Message u travels on stream u % k (striping.h), each stream's in order on
-// both ends.
-void RunRingMessages(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& plan, uint8_t* scratch,
-                     RingStreams& streams) {
-  gloo::Context& ctx = *call.context;
-  const int n = ctx.size;
-  const int right = (ctx.rank + 1) % n;
-  const int left = (ctx.rank + n - 1) % n;
+// The ring's messages of `phases` on `streams`, with this rank's receive slots at `scratch`
+// (RingWindow(k) x max segment). Message u travels on stream u % k (striping.h), each stream's
+// in order on both ends.
+void RunRingMessages(const GlooCall& call, const RingMembers& ring, Buffer data, ReduceOp op, RingPhases phases,
+                     const RingPlan& plan, uint8_t* scratch, RingStreams& streams) {
   const size_t element = ElementSize(data.dtype);
   const int S = plan.segments();
   const int P = plan.phase_messages();
   const int U = plan.messages();
+  // The messages run here: [begin, end).
+  const int begin = phases == RingPhases::kAllgather ? P : 0;
+  const int end = phases == RingPhases::kReduceScatter ? P : U;
   const int window = RingWindow(call.stream_count());
   const size_t slot_bytes = plan.max_segment() * element;
   const ReduceFn reduce = GetReduceFn(data.dtype, op);
   const uint64_t slot = MakeSlot(kRingAllreduceSlotPrefix, call.tag);
   auto* bytes = static_cast<uint8_t*>(data.data);
 
-
   // Reduce-scatter messages land in scratch slot u % window, all-gather ones in place.
   auto post_receive = [&](int u) {
     const RingSpan s = plan.Received(u);
     if (s.count == 0) return;
     if (u < P) {
-      streams.scratch(u).recv(left, slot, static_cast<size_t>(u % window) * slot_bytes, s.count * element);
+      streams.scratch(u).recv(ring.left, slot, static_cast<size_t>(u % window) * slot_bytes, s.count * element);
     } else {
-      streams.data(u).recv(left, slot, s.first * element, s.count * element);
+      streams.data(u).recv(ring.left, slot, s.first * element, s.count * element);
     }
   };
   auto send = [&](int u) {
     const RingSpan s = plan.Sent(u);
     if (s.count == 0) return;
-    streams.Send(u, right, slot, s.first * element, s.count * element);
+    streams.Send(u, ring.right, slot, s.first * element, s.count * element);
   };
+  // All-gather message m lands where this rank's reduce-scatter message m - P left from. When
+  // both phases run here it is posted only after that send (sends issued before step u: u + S),
+  // so that the receive's writes follow the send's reads on this thread too, not only through
+  // the network (ThreadSanitizer sees the former).
+  auto may_post = [&](int m, int u) { return m < P || phases != RingPhases::kBoth || m - P < u + S; };
 
   // Before the verdict: receives only into scratch, and sends only of messages the right
   // neighbour posted receives for before its signature left (its first `window`).
-  int posted = std::min(window, P);
-  for (int u = 0; u < posted; ++u) post_receive(u);
-  const int ahead = std::min(S, window);
-  int sent = 0;
+  int posted = begin;
+  for (; posted < std::min(begin + window, phases == RingPhases::kAllgather ? end : P); ++posted) post_receive(posted);
+  const int ahead = begin + std::min(S, window);
+  int sent = begin;
   RunOverlappedCheck(
-      call, left, right, [&] {
+      call, ring.left, ring.right, [&] {
         for (; sent < ahead; ++sent) send(sent);
       },
       [&](bool left_sent) {
@@ -118,15 +121,12 @@ void RunRingMessages(const GlooCall& call, Buffer data, ReduceOp op, const RingP
           }
         }
       });
-  for (; sent < S; ++sent) send(sent);
+  for (; sent < begin + S; ++sent) send(sent);
 
-  const double avg_scale = 1.0 / static_cast<double>(n);
-  for (int u = 0; u < U; ++u) {
+  const double avg_scale = 1.0 / static_cast<double>(ring.size);
+  for (int u = begin; u < end; ++u) {
     // A reduce-scatter slot is reused by message u + window only once message u is reduced.
-    // All-gather message m lands where this rank's reduce-scatter message m - P left from, so
-    // it is posted only after that send (sends issued by now: u + S): the receive's writes
-    // then follow the send's reads on this thread too, not only through the network.
-    for (; posted < U && posted < u + window && (posted < P || posted - P < u + S); ++posted) post_receive(posted);
+    for (; posted < end && posted < u + window && may_post(posted, u); ++posted) post_receive(posted);
     const RingSpan s = plan.Received(u);
     uint8_t* target = bytes + s.first * element;
     if (s.count) {
@@ -142,39 +142,51 @@ void RunRingMessages(const GlooCall& call, Buffer data, ReduceOp op, const RingP
     }
     // Message u + S forwards what just arrived: the partial sum one step on, the finished
     // chunk into the all-gather, or the gathered chunk one more hop.
-    if (u + S < U) send(u + S);
+    if (u + S < end) send(u + S);
   }
   streams.WaitSends(call.left());
 }
 
-// The ring on `data`. A failure other than a signature mismatch (found before any message
-// touched the caller's data: RunOverlappedCheck) abandons the ring's pairs before it is reported.
-void RunRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& plan, uint8_t* scratch) {
-  const int n = call.context->size;
+// The ring's phases on `data`. A failure other than a signature mismatch (found before any
+// message touched the caller's data: RunOverlappedCheck) abandons the ring's pairs before it is
+// reported.
+void RunRing(const GlooCall& call, const RingMembers& ring, Buffer data, ReduceOp op, RingPhases phases,
+             const RingPlan& plan, uint8_t* scratch) {
   const size_t slot_bytes = plan.max_segment() * ElementSize(data.dtype);
   RingStreams streams(call, scratch, slot_bytes * static_cast<size_t>(RingWindow(call.stream_count())), data);
   try {
-    RunRingMessages(call, data, op, plan, scratch, streams);
+    RunRingMessages(call, ring, data, op, phases, plan, scratch, streams);
   } catch (const MismatchError&) {
     throw;
   } catch (...) {
-    streams.Abandon(call, (call.context->rank + n - 1) % n, (call.context->rank + 1) % n);
+    streams.Abandon(call, ring.left, ring.right);
     throw;
   }
 }
 
 }  // namespace
 
+RingMembers RingMembers::Of(const std::vector<int>& ranks, int rank) {
+  const int m = static_cast<int>(ranks.size());
+  const int index = static_cast<int>(std::find(ranks.begin(), ranks.end(), rank) - ranks.begin());
+  return {index, m, ranks[static_cast<size_t>((index + m - 1) % m)], ranks[static_cast<size_t>((index + 1) % m)]};
+}
+
 void RingAllreduce(const GlooCall& call, Buffer data, ReduceOp op) {
   const int n = call.context->size;
-  if (n == 1 || data.count == 0) {
+  const int rank = call.context->rank;
+  RingAllreduceAmong(call, RingMembers{rank, n, (rank + n - 1) % n, (rank + 1) % n}, data, op, RingPhases::kBoth);
+}
+
+void RingAllreduceAmong(const GlooCall& call, const RingMembers& ring, Buffer data, ReduceOp op, RingPhases phases) {
+  if (ring.size == 1 || data.count == 0) {
     RunCheck(call);
     return;
   }
-  const RingPlan plan(n, call.context->rank, data.count, ElementSize(data.dtype));
+  const RingPlan plan(ring.size, ring.index, data.count, ElementSize(data.dtype));
   const size_t scratch_bytes =
       plan.max_segment() * ElementSize(data.dtype) * static_cast<size_t>(RingWindow(call.stream_count()));
-  WithRingSlots(call, scratch_bytes, [&](uint8_t* slots) { RunRing(call, data, op, plan, slots); });
+  WithRingSlots(call, scratch_bytes, [&](uint8_t* slots) { RunRing(call, ring, data, op, phases, plan, slots); });
 }
 
 }  // namespace gossipcc

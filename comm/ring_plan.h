@@ -47,6 +47,11 @@ class RingPlan {
   // What this rank receives as message u, and what it sends as message u.
   RingSpan Received(int u) const { return Piece(ChunkReceived(u), u % segments_); }
   RingSpan Sent(int u) const { return Piece(ChunkSent(u), u % segments_); }
+  // The chunk this rank completes in the reduce-scatter (the first the all-gather sends).
+  RingSpan OwnedChunk() const {
+    const int c = Mod(rank_ + 1);
+    return {ChunkBegin(c), ChunkBegin(c + 1) - ChunkBegin(c)};
+  }
 
  private:
   int Mod(int i) const { return ((i % n_) + n_) % n_; }

@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "comm/cuda_stream.h"
@@ -141,6 +142,22 @@ const std::vector<Variable>& Variables() {
          o.streams_per_peer = streams;
        },
        [](const CommunicatorOptions& o) { return absl::StrCat(o.streams_per_peer); }},
+      // Which ranks share a host is learned at creation (comm/topology.h); this says whether
+      // large all-reduces use it (comm/hierarchical_allreduce.h).
+      {{"GOSSIPCC_TOPOLOGY", "flat", true},
+       [](CommunicatorOptions& o, const std::string& t) {
+         const std::string word = absl::AsciiStrToLower(t);
+         if (word == "flat") {
+           o.topology = TopologyMode::kFlat;
+         } else if (word == "hierarchical") {
+           o.topology = TopologyMode::kHierarchical;
+         } else if (word == "auto") {
+           o.topology = TopologyMode::kAuto;
+         } else {
+           Invalid("GOSSIPCC_TOPOLOGY", t, "expected flat, hierarchical or auto");
+         }
+       },
+       [](const CommunicatorOptions& o) { return TopologyModeName(o.topology); }},
       // Off on one rank only, that rank would skip the signature exchange its peers wait for.
       {{"GOSSIPCC_VERIFY_COLLECTIVES", "1", true},
        [](CommunicatorOptions& o, const std::string& t) {

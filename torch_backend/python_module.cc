@@ -239,6 +239,20 @@ PYBIND11_MODULE(_C, m) {
            },
            "Bytes this rank handed to collectives, sent/received point to point, and the packed "
            "all-reduce's float32 bytes and what it sent for them.")
+      .def("topology",
+           [](ProcessGroupGossipcc& pg) {
+             const Topology& t = pg.communicator().topology();
+             py::dict d;
+             py::list hosts;
+             for (int h = 0; h < t.hosts(); ++h) hosts.append(py::cast(t.ranks_on_host(h)));
+             d["hosts"] = hosts;
+             d["description"] = t.Describe();
+             d["hierarchical"] = pg.communicator().hierarchical();
+             return d;
+           },
+           "Which ranks share a host (a list of each host's ranks, hosts in the order of their "
+           "lowest rank), and whether large all-reduces run in two levels over them "
+           "(GOSSIPCC_TOPOLOGY).")
       .def("shutdown", &ProcessGroupGossipcc::shutdown, py::call_guard<py::gil_scoped_release>())
       .def_property("order_nested_collectives", &ProcessGroupGossipcc::order_nested_collectives,
                     &ProcessGroupGossipcc::set_order_nested_collectives,

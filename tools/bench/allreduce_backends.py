@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Benchmark (a): exact all-reduce through backend="gossipcc" vs backend="gloo" (c10d's
 ProcessGroupGloo), same processes and tensors, N ranks (default 4), 4 KB .. 256 MB, on an
-unshaped emulated network and at 1 Gbit/s per host; and gossipcc with its lossless packing
-(GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE=1, "gossipcc packed").
+unshaped emulated network and at 1 Gbit/s per host; gossipcc with its lossless packing
+(GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE=1, "gossipcc packed"); and with hosts of several ranks
+(--ranks-per-host > 1), gossipcc's two-level all-reduce (GOSSIPCC_TOPOLOGY=hierarchical,
+"gossipcc hierarchical").
 
     tools/bench/run.sh allreduce_backends [--hosts 4 [--ranks-per-host 1] | --ranks 4] [--networks none,1gbit] [--max-bytes 268435456] [--plot PNG]
                                           [--iterations K] [--quantiles] [--data gradients|constant]
@@ -51,7 +53,7 @@ def iterations(nbytes, override=None):
     return 10 if nbytes <= (16 << 20) else 3 if nbytes <= (64 << 20) else 1
 
 
-BACKENDS = ("gloo", "gossipcc", "gossipcc packed")
+BACKENDS = ("gloo", "gossipcc", "gossipcc packed", "gossipcc hierarchical")
 
 
 def gradient_source(rank, n, nbytes):
@@ -89,6 +91,10 @@ def worker(args):
     os.environ["GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE"] = "1"  # read when the group is created
     groups["gossipcc packed"] = dist.new_group(backend="gossipcc")
     del os.environ["GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE"]
+    if args.ranks_per_host > 1:  # the two-level all-reduce over the emulated hosts
+        os.environ["GOSSIPCC_TOPOLOGY"] = "hierarchical"
+        groups["gossipcc hierarchical"] = dist.new_group(backend="gossipcc")
+        del os.environ["GOSSIPCC_TOPOLOGY"]
     expected = n * (n + 1) / 2
     sizes = []
     nbytes = args.min_bytes
@@ -158,10 +164,14 @@ def check_results(results, nbytes):
         bad = (plain.view(torch.int32) != packed.view(torch.int32)).nonzero()[0].item()
         raise AssertionError(f"packed all-reduce of {nbytes} bytes differs from the plain one at element {bad}: "
                              f"{packed[bad].item()} vs {plain[bad].item()}")
-    if not torch.allclose(plain, gloo, rtol=1e-5, atol=1e-6 * max(1.0, gloo.abs().max().item())):
-        bad = (plain - gloo).abs().argmax().item()
-        raise AssertionError(f"gossipcc and gloo all-reduces of {nbytes} bytes differ at element {bad}: "
-                             f"{plain[bad].item()} vs {gloo[bad].item()}")
+    for name in ("gossipcc", "gossipcc hierarchical"):
+        if name not in results:
+            continue
+        mine = results[name]
+        if not torch.allclose(mine, gloo, rtol=1e-5, atol=1e-6 * max(1.0, gloo.abs().max().item())):
+            bad = (mine - gloo).abs().argmax().item()
+            raise AssertionError(f"{name} and gloo all-reduces of {nbytes} bytes differ at element {bad}: "
+                                 f"{mine[bad].item()} vs {gloo[bad].item()}")
 
 
 link_bytes_per_second = common.link_bytes_per_second
@@ -266,7 +276,8 @@ def quantile_table(doc, network):
 
 
 def title(args):
-    return (f"all-reduce, backend gossipcc (plain and packed) vs gloo, {common.args_world(args)}, "
+    variants = "plain, packed and hierarchical" if args.get("ranks_per_host", 1) > 1 else "plain and packed"
+    return (f"all-reduce, backend gossipcc ({variants}) vs gloo, {common.args_world(args)}, "
             f"{common.human_bytes(args['min_bytes'])}..{common.human_bytes(args['max_bytes'])}, "
             f"float32 {args['data']}")
 
@@ -295,7 +306,7 @@ def plot(doc, path):
         sizes = [info["bytes"] for _, info in cells]
         summ = [doc["summary"]["cells"][c] for c, _ in cells]
         color = None
-        for name, style in zip(BACKENDS, ("s--", "o-", "^-.")):
+        for name, style in zip(BACKENDS, ("s--", "o-", "^-.", "d:")):
             if name not in backends_in(doc, network):
                 continue
             line, = times.plot(sizes, [1e3 * s["methods"][name]["time"]["median"] for s in summ], style, color=color,

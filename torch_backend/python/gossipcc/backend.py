@@ -85,7 +85,25 @@ def create(store, rank, size, timeout, started_at):
     policy, source = policy_and_source()
     backend = ProcessGroupGossipcc(store, rank, size, timeout, policy, rendezvous_timeout, source)
     _live_backends[id(backend)] = backend
+    _check_local_world_size(backend, rank, size)
     return backend
+
+
+def _check_local_world_size(backend, rank, size):
+    """torchrun's LOCAL_WORLD_SIZE against the ranks the backend found on this host (whole-world
+    groups only): a mismatch warns, since the two-level all-reduce groups ranks by the hosts
+    found (GOSSIPCC_TOPOLOGY)."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    world = os.environ.get("WORLD_SIZE")
+    if not local or not local.isdigit() or world != str(size):
+        return
+    topology = backend.topology()
+    here = next(h for h in topology["hosts"] if rank in h)
+    if len(here) != int(local):
+        warnings.warn(
+            f"gossipcc: LOCAL_WORLD_SIZE={local} but rank {rank} found {len(here)} rank(s) on its host "
+            f"({topology['description']}); the hierarchical all-reduce (GOSSIPCC_TOPOLOGY) follows the hosts "
+            f"found (ranks in one network namespace of one machine share a host)", UserWarning, stacklevel=3)
 
 
 def get_backend_object(group=None):

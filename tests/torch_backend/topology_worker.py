@@ -1,0 +1,64 @@
+"""One rank of test_topology.py: env:// init on backend gossipcc (GOSSIPCC_TOPOLOGY from the
+environment), the topology the backend learned, a large all-reduce of every reduce op against
+the reference, and one DDP step against a model whose gradients are averaged by hand. Writes
+rank<r>.json into the output directory."""
+import json
+import os
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gossipcc
+
+
+def value(rank, n):
+    # Small integers: exact in float32 whatever the order of the additions.
+    i = torch.arange(n, dtype=torch.int64)
+    return ((rank * 131 + i * 7) % 23 - 11).to(torch.float32)
+
+
+def main(out):
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dist.init_process_group("gossipcc")
+    record = {"rank": rank, "topology": gossipcc.get_backend_object().topology(),
+              "warnings": [str(w.message) for w in caught if "LOCAL_WORLD_SIZE" in str(w.message)]}
+    n = 300001  # past the direct all-reduce's 512 KiB: the ring, or the two levels
+    results = {}
+    for op, name in [(dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.MAX, "max"), (dist.ReduceOp.MIN, "min")]:
+        t = value(rank, n)
+        dist.all_reduce(t, op=op)
+        everyone = torch.stack([value(r, n) for r in range(world)])
+        want = {"sum": everyone.sum(0), "max": everyone.max(0).values, "min": everyone.min(0).values}[name]
+        results[name] = int((t != want).sum())
+    record["mismatches"] = results
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
+    reference = [p.detach().clone() for p in net.parameters()]
+    model = DDP(net)
+    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(rank))
+    model(x).square().mean().backward()
+    # The average of every rank's gradient, computed here from every rank's input.
+    ref_net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
+    grads = [torch.zeros_like(p) for p in reference]
+    for r in range(world):
+        with torch.no_grad():
+            for p, q in zip(ref_net.parameters(), reference):
+                p.copy_(q)
+        ref_net.zero_grad()
+        ref_net(torch.randn(8, 256, generator=torch.Generator().manual_seed(r))).square().mean().backward()
+        for g, p in zip(grads, ref_net.parameters()):
+            g += p.grad / world
+    record["ddp_max_grad_diff"] = max(float((p.grad - g).abs().max()) for p, g in zip(model.parameters(), grads))
+    dist.destroy_process_group()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(record, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
