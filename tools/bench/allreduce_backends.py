@@ -358,7 +358,8 @@ def main():
             with common.make_cluster(args.hosts, args.ranks_per_host, network) as cluster:
                 docs = common.run_ranks(cluster, os.path.abspath(__file__),
                                         ["--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
-                                         "--data", args.data, "--trials", str(args.trials)]
+                                         "--data", args.data, "--trials", str(args.trials),
+                                         "--ranks-per-host", str(args.ranks_per_host)]
                                         + (["--iterations", str(args.iterations)] if args.iterations else []),
                                         timeout=3600)
         except common.NamespacesUnavailable as e:
