@@ -43,8 +43,10 @@ class StoreToGloo : public gloo::rendezvous::Store {
   void set(const std::string& key, const std::vector<char>& data) override { store_->set(key, data); }
   std::vector<char> get(const std::string& key) override { return store_->get(key, timeout_); }
   void wait(const std::vector<std::string>& keys) override { store_->wait(keys, timeout_); }
+  // Gloo passes its context's timeout (the mesh's operation timeout); a peer's key may take the
+  // whole rendezvous time to appear (a rank that starts late), which ConnectWithDeadline bounds.
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    store_->wait(keys, timeout);
+    store_->wait(keys, std::max(timeout, timeout_));
   }
 
  private:

@@ -468,6 +468,21 @@ TEST_P(ErrorsTest, QueuedCollectiveGetsWhatIsLeftOfItsTimeout) {
 INSTANTIATE_TEST_SUITE_P(Modes, ErrorsTest, ::testing::ValuesIn(LaunchModes()),
                          [](const ::testing::TestParamInfo<LaunchMode>& info) { return LaunchModeName(info.param); });
 
+// rendezvous_timeout bounds the rendezvous, not the (shorter) operation timeout: a rank that
+// starts 3 s late still joins ranks whose operations time out after 1 s.
+TEST(CreateTest, RendezvousWaitsItsOwnTimeForALateRank) {
+  RunRanksWithStore(2, LaunchMode::kThreads, [](int rank, std::shared_ptr<Store> store) {
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(3));
+    CommunicatorOptions o;
+    o.timeout = std::chrono::seconds(1);
+    o.rendezvous_timeout = std::chrono::seconds(60);
+    auto comm = Communicator::Create(store, rank, 2, o);
+    std::vector<float> x(4, 1.0f);
+    comm->allreduce(CpuBuffer(x.data(), x.size()))->wait();
+    EXPECT_EQ(x[0], 2.0f);
+  });
+}
+
 TEST(CreateTest, RejectsBadArgumentsAndTimesOutWhenRanksAreMissing) {
   EXPECT_THAT(ExpectPromptThrow<InvalidArgumentError>([] { Communicator::Create(MakeHashStore(), 3, 2); }),
               HasSubstr("rank 3 is out of range [0, 2)"));
@@ -483,8 +498,11 @@ TEST(CreateTest, RejectsBadArgumentsAndTimesOutWhenRanksAreMissing) {
   bad_device.cuda_device = -2;
   EXPECT_THAT(ExpectPromptThrow<InvalidArgumentError>([&] { Communicator::Create(MakeHashStore(), 0, 1, bad_device); }),
               HasSubstr("cuda_device must be a CUDA device ordinal, or -1"));
+  // A rank that never comes: Create fails at the rendezvous time (here the timeout itself).
+  CommunicatorOptions short_rendezvous;
+  short_rendezvous.timeout = std::chrono::milliseconds(500);
   const auto start = Clock::now();
-  EXPECT_THAT(ExpectPromptThrow<TimeoutError>([] { Communicator::Create(MakeHashStore(), 0, 2, Quick(500)); }),
+  EXPECT_THAT(ExpectPromptThrow<TimeoutError>([&] { Communicator::Create(MakeHashStore(), 0, 2, short_rendezvous); }),
               AllOf(HasSubstr("rank 0 of 2"), HasSubstr("rendezvous")));
   const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
   EXPECT_LT(took.count(), 5000) << CurrentTestName() << ": a rendezvous with a 500 ms timeout took " << took.count()

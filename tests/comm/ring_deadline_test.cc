@@ -60,8 +60,14 @@ void RingWithCheckOnRankZeroOnly(size_t count) {
     }
     const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
     EXPECT_NE(error, "") << "rank " << rank << ": the ring returned without its peer's data";
-    EXPECT_NE(error.find(rank == 0 ? "no header from rank 1" : "Timed out"), std::string::npos)
-        << "rank " << rank << ": " << error;
+    // Rank 1 times out, unless rank 0 reached its own deadline first: its failed ring then
+    // closed its pairs (RingAllreduce abandons them), and rank 1's wait ends on the reset.
+    if (rank == 0) {
+      EXPECT_NE(error.find("no header from rank 1"), std::string::npos) << "rank 0: " << error;
+    } else {
+      EXPECT_TRUE(error.find("Timed out") != std::string::npos || error.find("reset by peer") != std::string::npos)
+          << "rank 1: " << error;
+    }
     // A safety net, not a timing: a wait bounded by the deadline ends within it plus Gloo's
     // teardown; one bounded by the mesh's timeout only would take 10x the deadline.
     EXPECT_LT(took, 4 * kTimeout) << "rank " << rank << " waited " << took.count() << " ms past a "
