@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import bench_script
 
 LOAD = {"loadavg_before": [0.5, 0.5, 0.5], "loadavg_after": [0.6, 0.5, 0.5], "wall_s": 9.0, "busy_cores": 1.0,
@@ -134,9 +136,11 @@ def test_plot_writes_a_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_tiny_run_on_local_ranks(tmp_path):
+@pytest.mark.parametrize("layout", [["--ranks", "2"], ["--hosts", "1", "--ranks-per-host", "2"]],
+                         ids=["hosts_of_one_rank", "a_host_of_two"])
+def test_tiny_run_on_local_ranks(tmp_path, layout):
     script = os.path.join(bench_script.TOOLS, "bench", "allreduce_backends.py")
-    out = subprocess.run([sys.executable, script, "--network", "local", "--ranks", "2", "--min-bytes", "4096",
+    out = subprocess.run([sys.executable, script, "--network", "local"] + layout + ["--min-bytes", "4096",
                           "--max-bytes", str(16 << 10), "--iterations", "1", "--data", "constant", "--trials", "2",
                           "--allow-load", "--results-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -144,6 +148,7 @@ def test_tiny_run_on_local_ranks(tmp_path):
     (d,) = os.listdir(tmp_path)
     with open(tmp_path / d / "results.json") as f:
         doc = json.load(f)
-    backends = list(load().BACKENDS)
+    # The hierarchical variant runs on hosts of several ranks only (--ranks-per-host > 1).
+    backends = [b for b in load().BACKENDS if b != "gossipcc hierarchical" or "--ranks-per-host" in layout]
     assert [t["order"] for t in doc["trials"]] == [backends, backends[1:] + backends[:1]]
     assert doc["summary"]["cells"]["local 16 KB"]["methods"]["gossipcc packed"]["time"]["n"] == 2
