@@ -4,7 +4,7 @@
 #     ATen/): only torch_backend/ sees torch;
 #  2. a file in comm/ includes communicator.h other than the facade's own users: the
 #     facade's implementation (comm/communicator.cc), the collectives composed on its public
-#     API (layer 9: comm/quantized_allreduce) and the programs in comm/bench/ and
+#     API (layer 10: comm/quantized_allreduce) and the programs in comm/bench/ and
 #     comm/examples/, which use the public API from above;
 #  3. a file in comm/ includes a comm/ header of its own layer or above (LAYER below): every
 #     include runs down, so there is no circle. foo.cc has foo.h's layer and may include it.
@@ -16,7 +16,7 @@ declare -A LAYER=(
   # 0: no comm/ include
   [errors.h]=0 [types.h]=0 [cuda_stream.h]=0 [issue_time.h]=0 [quantized_blocks.h]=0 [float32_packing.h]=0 [transfer_progress.h]=0 [ring_plan.h]=0
   # 1: values and interfaces
-  [listen_address.h]=1 [reduce.h]=1 [work.h]=1 [store.h]=1 [options.h]=1 [op_spec.h]=1 [striping.h]=1
+  [listen_address.h]=1 [reduce.h]=1 [work.h]=1 [store.h]=1 [options.h]=1 [op_spec.h]=1 [striping.h]=1 [topology.h]=1
   # 2: what the data paths are handed; a collective's fingerprint (encoding, comparison)
   [p2p_op.h]=2 [gloo_util.h]=2 [gloo_call.h]=2 [fingerprint.h]=2
   # 3: the signature check, the rings' shared plan
@@ -24,16 +24,18 @@ declare -A LAYER=(
   # 4: the algorithms; point-to-point's wire format (header, segments) and receive turns
   [eager_collectives.h]=4 [direct_allreduce.h]=4 [ring_allreduce.h]=4 [packed_ring_allreduce.h]=4
   [ring_reduce_scatter.h]=4 [p2p_wire.h]=4 [p2p_turns.h]=4
-  # 5: the data paths (Gloo collectives, point-to-point, NCCL)
-  [gloo_collectives.h]=5 [p2p_exchange.h]=5 [nccl_transport.h]=5
-  # 6: the Communicator's parts, one job each
-  [argument_checks.h]=6 [failure_state.h]=6 [lanes.h]=6 [peer_health.h]=6 [staged_work.h]=6 [meshes.h]=6
-  # 7: what a collective call is (its description and data paths), built on the parts above
-  [collective_plan.h]=7
-  # 8: the facade
-  [communicator.h]=8
-  # 9: collectives composed on the facade's public API
-  [quantized_allreduce.h]=9
+  # 5: algorithms composed of those (the two-level all-reduce: rings inside and across hosts)
+  [hierarchical_allreduce.h]=5
+  # 6: the data paths (Gloo collectives, point-to-point, NCCL)
+  [gloo_collectives.h]=6 [p2p_exchange.h]=6 [nccl_transport.h]=6
+  # 7: the Communicator's parts, one job each
+  [argument_checks.h]=7 [failure_state.h]=7 [lanes.h]=7 [peer_health.h]=7 [staged_work.h]=7 [meshes.h]=7
+  # 8: what a collective call is (its description and data paths), built on the parts above
+  [collective_plan.h]=8
+  # 9: the facade
+  [communicator.h]=9
+  # 10: collectives composed on the facade's public API
+  [quantized_allreduce.h]=10
 )
 FACADE_USERS_RE='^comm/(communicator\.cc|quantized_allreduce\.(h|cc)|bench/.*|examples/.*)$'
 
