@@ -83,16 +83,17 @@ void Meshes::StartP2P(const CommunicatorOptions& options, P2PExchange::FailureHa
 }
 
 void Meshes::AgreeOnSharedOptions(const CommunicatorOptions& options) {
+  enum class Shown { kNumber, kFlag, kTopology };
   struct Agreed {
     const char* name;
-    bool is_flag;  // shown as true/false, else as a number
+    Shown shown;
   };
-  static constexpr std::array<Agreed, 6> kAgreed = {{{"p2p_connection_per_direction", true},
-                                                     {"collective_lanes", false},
-                                                     {"lossless_float32_allreduce", true},
-                                                     {"verify_collectives", true},
-                                                     {"streams_per_peer", false},
-                                                     {"topology", false}}};
+  static constexpr std::array<Agreed, 6> kAgreed = {{{"p2p_connection_per_direction", Shown::kFlag},
+                                                     {"collective_lanes", Shown::kNumber},
+                                                     {"lossless_float32_allreduce", Shown::kFlag},
+                                                     {"verify_collectives", Shown::kFlag},
+                                                     {"streams_per_peer", Shown::kNumber},
+                                                     {"topology", Shown::kTopology}}};
   const std::array<uint8_t, kAgreed.size()> mine = {
       static_cast<uint8_t>(options.p2p_connection_per_direction ? 1 : 0),
       static_cast<uint8_t>(options.collective_lanes),
@@ -112,8 +113,15 @@ void Meshes::AgreeOnSharedOptions(const CommunicatorOptions& options) {
     RethrowGlooError(where + "agreeing on the connection layout", e);
   }
   auto show = [](size_t field, uint8_t value) {
-    if (kAgreed[field].name == std::string("topology")) return TopologyModeName(static_cast<TopologyMode>(value));
-    return kAgreed[field].is_flag ? std::string(value ? "true" : "false") : absl::StrCat(value);
+    switch (kAgreed[field].shown) {
+      case Shown::kFlag:
+        return std::string(value ? "true" : "false");
+      case Shown::kTopology:
+        return TopologyModeName(static_cast<TopologyMode>(value));
+      case Shown::kNumber:
+        break;
+    }
+    return absl::StrCat(value);
   };
   for (size_t field = 0; field < mine.size(); ++field) {
     std::map<uint8_t, std::vector<int>> ranks_by_value;  // of the ranks that differ from this one
