@@ -32,6 +32,23 @@ def _bits(rank, dtype):
     return base.to(dtype)
 
 
+# Every tensor a case hands to a collective, held until the group is destroyed. torch's Gloo worker
+# thread releases a finished work (and its tensors) after the caller has returned; a tensor Python
+# dropped meanwhile (a failed case, a temporary input) then needs the GIL to die, which
+# destroy_process_group holds while it joins that thread: a deadlock seen on torch 2.6.
+_HELD = []
+
+
+def hold(tensor):
+    _HELD.append(tensor)
+    return tensor
+
+
+def _destroy():
+    dist.destroy_process_group()
+    _HELD.clear()
+
+
 def _run_cases(cases):
     """name -> ("ok", result tensors) or ("error", message); the ranks stay in step on errors
     because every case raises (or not) on every rank alike."""
@@ -54,18 +71,18 @@ def bitwise_worker(rank, world_size, backend):
     for op in BITWISE:
         for dtype in INT_DTYPES + [torch.float32]:
             def case(op=op, dtype=dtype):
-                t = _bits(rank, dtype) if dtype != torch.float32 else torch.ones(4)
+                t = hold(_bits(rank, dtype) if dtype != torch.float32 else torch.ones(4))
                 dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
                 return [t]
             cases.append((f"all_reduce {op} {dtype}", case))
 
         def on_slice(op=op):  # a bitwise op on a strided view: the rest of the base untouched
-            base = torch.arange(12, dtype=torch.int32) * (rank + 2)
-            dist.all_reduce(base[1::3], op=getattr(dist.ReduceOp, op))
+            base = hold(torch.arange(12, dtype=torch.int32) * (rank + 2))
+            dist.all_reduce(hold(base[1::3]), op=getattr(dist.ReduceOp, op))
             return [base]
         cases.append((f"all_reduce {op} strided int32", on_slice))
     out = _run_cases(cases)
-    dist.destroy_process_group()
+    _destroy()
     return out
 
 
@@ -112,44 +129,44 @@ def noncontiguous_worker(rank, world_size, backend):
         return torch.arange(rows * cols, dtype=torch.float32).reshape(rows, cols) + 10 * rank + offset
 
     def all_reduce_t():
-        t = grid(3, 4).t()
+        t = hold(grid(3, 4).t())
         dist.all_reduce(t)
         return [t]
 
     def all_reduce_slice():
-        base = torch.arange(12, dtype=torch.float32) + rank
-        dist.all_reduce(base[::2])
+        base = hold(torch.arange(12, dtype=torch.float32) + rank)
+        dist.all_reduce(hold(base[::2]))
         return [base]
 
     def broadcast_t():
-        t = grid(3, 4).t()
+        t = hold(grid(3, 4).t())
         dist.broadcast(t, src=ws - 1)
         return [t]
 
     def all_gather_t():
-        outs = [torch.zeros(3, 2).t() for _ in range(ws)]
-        dist.all_gather(outs, grid(2, 3))
+        outs = [hold(torch.zeros(3, 2).t()) for _ in range(ws)]
+        dist.all_gather(outs, hold(grid(2, 3)))
         return outs
 
     def all_gather_in_t():
-        outs = [torch.zeros(3, 2) for _ in range(ws)]
-        dist.all_gather(outs, grid(2, 3).t())
+        outs = [hold(torch.zeros(3, 2)) for _ in range(ws)]
+        dist.all_gather(outs, hold(grid(2, 3).t()))
         return outs
 
     def reduce_t():
-        t = grid(2, 3).t()
+        t = hold(grid(2, 3).t())
         dist.reduce(t, dst=0)
         return [t] if rank == 0 else []
 
     def scatter_t():
-        out = torch.zeros(2, 3).t()
-        ins = [torch.arange(6, dtype=torch.float32).reshape(3, 2) + i for i in range(ws)] if rank == 0 else None
+        out = hold(torch.zeros(2, 3).t())
+        ins = [hold(torch.arange(6, dtype=torch.float32).reshape(3, 2) + i) for i in range(ws)] if rank == 0 else None
         dist.scatter(out, ins, src=0)
         return [out]
 
     def all_to_all_t():
-        out = torch.zeros(2 * ws, 2)
-        dist.all_to_all_single(out, grid(2, 2 * ws).t())
+        out = hold(torch.zeros(2 * ws, 2))
+        dist.all_to_all_single(out, hold(grid(2, 2 * ws).t()))
         return [out]
 
     cases = [("all_reduce transposed", all_reduce_t), ("all_reduce strided slice", all_reduce_slice),
@@ -158,18 +175,18 @@ def noncontiguous_worker(rank, world_size, backend):
              ("scatter transposed output", scatter_t), ("all_to_all_single transposed input", all_to_all_t)]
     if TORCH2:
         def gather_into_t():
-            out = torch.zeros(ws * 6)
-            dist.all_gather_into_tensor(out, grid(2, 3).t())
+            out = hold(torch.zeros(ws * 6))
+            dist.all_gather_into_tensor(out, hold(grid(2, 3).t()))
             return [out]
 
         def reduce_scatter_t():
-            out = torch.zeros(3, 2).t()
-            dist.reduce_scatter_tensor(out, grid(ws * 2, 3))
+            out = hold(torch.zeros(3, 2).t())
+            dist.reduce_scatter_tensor(out, hold(grid(ws * 2, 3)))
             return [out]
         cases += [("all_gather_into_tensor transposed input", gather_into_t),
                   ("reduce_scatter_tensor transposed output", reduce_scatter_t)]
     out = _run_cases(cases)
-    dist.destroy_process_group()
+    _destroy()
     return out
 
 
@@ -231,7 +248,7 @@ def coalesced_worker(rank, world_size, backend):
         outs = [torch.empty(ws * t.numel()) for t in ins]
         with dist._coalescing_manager():
             for o, i in zip(outs, ins):
-                dist.all_gather_into_tensor(o, i)
+                dist.all_gather_into_tensor(hold(o), hold(i))
         return outs
 
     def reduce_scatter(op):
@@ -240,12 +257,12 @@ def coalesced_worker(rank, world_size, backend):
         outs = [torch.empty(t.numel()) for t in inputs(0)]
         with dist._coalescing_manager():
             for o, i in zip(outs, big):
-                dist.reduce_scatter_tensor(o, i, op=getattr(dist.ReduceOp, op))
+                dist.reduce_scatter_tensor(hold(o), hold(i), op=getattr(dist.ReduceOp, op))
         return outs
 
     results = _run_cases([("all_gather_into_tensor", gather)] +
                          [(f"reduce_scatter_tensor {op}", lambda op=op: reduce_scatter(op)) for op in ("SUM", "AVG")])
-    dist.destroy_process_group()
+    _destroy()
     return results
 
 
