@@ -10,8 +10,10 @@
 # - the sanitizer stages share the C++ suites' parameters out (tests/comm/harness.h): rank sweeps
 #   at n = 5..8 and process mode under ASan+UBSan, n = 1..4 in threads under TSan; suites
 #   parameterised by launch mode in process mode under ASan, in threads under TSan; a few long
-#   fault-tolerant and dead-peer cases under one of the two. The plain stage runs every case;
-#   full: both sanitizers run every shared-out case.
+#   fault-tolerant and dead-peer cases under one of the two; full: both sanitizers run every
+#   shared-out case;
+# - the C++ tests run under the two sanitizers (the same assertions, with the sanitizers' checks);
+#   full: also in the plain build, where every shared-out case runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,7 +60,11 @@ wait_trixie_root() {
 TEST_JOBS=${GOSSIPCC_TEST_JOBS:-$(( $(nproc) * 2 ))}
 PARALLEL_TESTS=(--jobs="$TEST_JOBS" --local_test_jobs="$TEST_JOBS")
 FULL=${GOSSIPCC_FULL_SUITE:-0}
-if [ "$FULL" = 1 ]; then TORCH1_ONLY=""; TORCH2_ONLY=""; else TORCH1_ONLY=",-torch2_stage,-full_suite"; TORCH2_ONLY=",-torch1_stage,-full_suite"; fi
+if [ "$FULL" = 1 ]; then
+  PLAIN_TESTS="-gpu"; TORCH2_ONLY=""
+else
+  PLAIN_TESTS="python,-gpu,-torch2_stage,-full_suite"; TORCH2_ONLY=",-torch1_stage,-full_suite"
+fi
 # The C++ tests read it (tests/comm/harness.h, FullSuite); Bazel passes no variable unasked.
 SANITIZER_SWEEP=(--test_env=GOSSIPCC_FULL_SUITE="$FULL")
 
@@ -73,7 +79,7 @@ forky_log=$(mktemp /tmp/gossipcc-forky-root.XXXXXX.log)
 tools/forky_root.sh >"$forky_log" 2>&1 &
 forky_pid=$!
 stage "build //..." bazel build //...
-stage "test //... (torch 1.13)" bazel test "${PARALLEL_TESTS[@]}" --test_tag_filters="-gpu${TORCH1_ONLY}" //... "$@"
+stage "test Python (torch 1.13)" bazel test "${PARALLEL_TESTS[@]}" --test_tag_filters="$PLAIN_TESTS" //... "$@"
 # The pip path (pyproject.toml): the wheel built by pip, installed into a fresh venv and tested
 # from outside the source tree (tools/wheel_test.sh): against torch 2.x at the end, and here
 # against torch 1.13 in the full suite.
