@@ -177,8 +177,11 @@ void Meshes::LearnTopology(const CommunicatorOptions& options) {
                                             "which needs as many ranks on every host, but the ranks are on ",
                                             topology_.Describe(), " (use kFlat, or kAuto, which is flat here)"));
   }
+  // kAuto: two levels only where they spare a NIC (several hosts, some holding several ranks);
+  // one host has none to spare, and hosts of unequal counts fall back to the flat ring.
   hierarchical_ = options.topology == TopologyMode::kHierarchical ||
-                  (options.topology == TopologyMode::kAuto && topology_.any_host_shared() && topology_.uniform());
+                  (options.topology == TopologyMode::kAuto && topology_.hosts() > 1 && topology_.any_host_shared() &&
+                   topology_.uniform());
 }
 
 // The order, and why. When an operation fails part-way (a dead peer, a timeout), Gloo's device

@@ -15,7 +15,7 @@ namespace gossipcc {
 enum class TopologyMode : uint8_t {
   kFlat,          // every rank as a host of its own
   kHierarchical,  // large all-reduces in two levels: inside each host, then across hosts
-  kAuto,          // hierarchical when some host has more than one rank and all have as many
+  kAuto,          // hierarchical on several hosts of as many ranks each, some more than one
 };
 
 struct CommunicatorOptions {
@@ -47,7 +47,7 @@ struct CommunicatorOptions {
   int streams_per_peer = 1;
   // Two-level all-reduces (comm/hierarchical_allreduce.h) over the hosts the ranks are on.
   // kHierarchical with hosts of unequal rank counts fails Create naming them. Checked.
-  TopologyMode topology = TopologyMode::kFlat;
+  TopologyMode topology = TopologyMode::kAuto;
   // Which host this rank is on: ranks with equal keys share one (and its name in messages).
   // Empty: this machine's boot id and network namespace (DefaultHostKey).
   std::string host_key;

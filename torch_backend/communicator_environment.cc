@@ -144,7 +144,7 @@ const std::vector<Variable>& Variables() {
        [](const CommunicatorOptions& o) { return absl::StrCat(o.streams_per_peer); }},
       // Which ranks share a host is learned at creation (comm/topology.h); this says whether
       // large all-reduces use it (comm/hierarchical_allreduce.h).
-      {{"GOSSIPCC_TOPOLOGY", "flat", true},
+      {{"GOSSIPCC_TOPOLOGY", "auto", true},
        [](CommunicatorOptions& o, const std::string& t) {
          const std::string word = absl::AsciiStrToLower(t);
          if (word == "flat") {

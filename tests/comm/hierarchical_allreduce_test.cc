@@ -212,14 +212,24 @@ TEST(HierarchicalTopologyTest, UnevenHostsAreRefusedOrFlat) {
   });
 }
 
-// kAuto is hierarchical when some host has several ranks and all have as many, flat when every
-// rank is alone on its host.
-TEST(HierarchicalTopologyTest, AutoFollowsTheHosts) {
-  for (bool shared : {true, false}) {
+// kAuto, the default, is hierarchical on several hosts of as many ranks, some holding more than
+// one; flat on hosts of one rank each and on one host (no NIC to spare).
+TEST(HierarchicalTopologyTest, TheDefaultFollowsTheHosts) {
+  struct Hosts {
+    std::string name;
+    int (*host_of)(int rank);
+    bool hierarchical;
+  };
+  const Hosts layouts[] = {{"2 hosts of 2", [](int r) { return r / 2; }, true},
+                           {"4 hosts of 1", [](int r) { return r; }, false},
+                           {"1 host of 4", [](int) { return 0; }, false}};
+  for (const Hosts& hosts : layouts) {
     RunRanksWithStore(4, LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store> store) {
-      auto comm = Communicator::Create(std::make_shared<PrefixStore>("comm", store), rank, 4,
-                                       OnHost(absl::StrCat("h", shared ? rank / 2 : rank), TopologyMode::kAuto));
-      EXPECT_EQ(comm->hierarchical(), shared);
+      CommunicatorOptions o;  // topology left at its default
+      o.host_key = absl::StrCat("h", hosts.host_of(rank));
+      o.rendezvous_timeout = std::chrono::seconds(60);
+      auto comm = Communicator::Create(std::make_shared<PrefixStore>("comm", store), rank, 4, o);
+      EXPECT_EQ(comm->hierarchical(), hosts.hierarchical) << hosts.name;
     });
   }
 }
@@ -227,10 +237,9 @@ TEST(HierarchicalTopologyTest, AutoFollowsTheHosts) {
 // Without host_key, ranks on this machine (one network namespace) share one host.
 TEST(HierarchicalTopologyTest, RanksOfOneMachineShareAHostByDefault) {
   RunRanksWithStore(3, LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store> store) {
-    CommunicatorOptions o = OnHost("", TopologyMode::kAuto);
-    auto comm = Communicator::Create(std::make_shared<PrefixStore>("comm", store), rank, 3, o);
+    auto comm = Communicator::Create(std::make_shared<PrefixStore>("comm", store), rank, 3, CommunicatorOptions{});
     EXPECT_EQ(comm->topology().hosts(), 1);
-    EXPECT_TRUE(comm->hierarchical());
+    EXPECT_FALSE(comm->hierarchical());
   });
 }
 

@@ -29,7 +29,8 @@ def run(hosts, ranks_per_host, topology, local=False):
     with make(hosts=hosts, ranks_per_host=ranks_per_host, **kwargs) as cluster:
         logs = [open(os.path.join(out, f"log{r}"), "w+") for r in range(cluster.n)]
         try:
-            cluster.run([[sys.executable, WORKER, out]] * cluster.n, env={"GOSSIPCC_TOPOLOGY": topology},
+            env = {} if topology is None else {"GOSSIPCC_TOPOLOGY": topology}
+            cluster.run([[sys.executable, WORKER, out]] * cluster.n, env=env,
                         timeout=300, stdout=logs, stderr=logs)
         except ec.ClusterError as e:
             text = ""
@@ -49,7 +50,7 @@ def run(hosts, ranks_per_host, topology, local=False):
 
 @pytest.mark.parametrize("hosts,ranks_per_host,topology,hierarchical", [
     (2, 2, "hierarchical", True),
-    (3, 2, "auto", True),
+    (3, 2, None, True),  # unset: auto, the default
     (2, 1, "auto", False),
     (2, 2, "flat", False),
 ])

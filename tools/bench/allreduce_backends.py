@@ -87,14 +87,16 @@ def worker(args):
     torch.set_num_threads(1)
     rank, n = common.worker_env()
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=300))
-    groups = {"gloo": dist.new_group(backend="gloo"), "gossipcc": dist.new_group(backend="gossipcc")}
+    groups = {"gloo": dist.new_group(backend="gloo")}
+    os.environ["GOSSIPCC_TOPOLOGY"] = "flat"  # the default (auto) is two-level on hosts of several ranks
+    groups["gossipcc"] = dist.new_group(backend="gossipcc")
     os.environ["GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE"] = "1"  # read when the group is created
     groups["gossipcc packed"] = dist.new_group(backend="gossipcc")
     del os.environ["GOSSIPCC_LOSSLESS_FLOAT32_ALLREDUCE"]
     if args.ranks_per_host > 1:  # the two-level all-reduce over the emulated hosts
         os.environ["GOSSIPCC_TOPOLOGY"] = "hierarchical"
         groups["gossipcc hierarchical"] = dist.new_group(backend="gossipcc")
-        del os.environ["GOSSIPCC_TOPOLOGY"]
+    del os.environ["GOSSIPCC_TOPOLOGY"]
     expected = n * (n + 1) / 2
     sizes = []
     nbytes = args.min_bytes
