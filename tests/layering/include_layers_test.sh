@@ -3,8 +3,8 @@
 #  1. a file under comm/, algorithms/ or compression/ includes a torch header (torch/, c10/,
 #     ATen/): only torch_backend/ sees torch;
 #  2. a file in comm/ includes communicator.h other than the facade's own users: the
-#     facade's implementation (comm/communicator.cc), the collectives composed on its public
-#     API (layer 10: comm/quantized_allreduce) and the programs in comm/bench/ and
+#     facade's implementation (comm/communicator.cc), what is composed on its public API
+#     (layer 10: comm/quantized_allreduce, comm/host_groups) and the programs in comm/bench/ and
 #     comm/examples/, which use the public API from above;
 #  3. a file in comm/ includes a comm/ header of its own layer or above (LAYER below): every
 #     include runs down, so there is no circle. foo.cc has foo.h's layer and may include it.
@@ -34,10 +34,10 @@ declare -A LAYER=(
   [collective_plan.h]=8
   # 9: the facade
   [communicator.h]=9
-  # 10: collectives composed on the facade's public API
-  [quantized_allreduce.h]=10
+  # 10: collectives composed on the facade's public API; groups split from a communicator
+  [quantized_allreduce.h]=10 [host_groups.h]=10
 )
-FACADE_USERS_RE='^comm/(communicator\.cc|quantized_allreduce\.(h|cc)|bench/.*|examples/.*)$'
+FACADE_USERS_RE='^comm/(communicator\.cc|quantized_allreduce\.(h|cc)|host_groups\.(h|cc)|bench/.*|examples/.*)$'
 
 failures=0
 fail() {
@@ -58,7 +58,7 @@ for f in "$@"; do
     esac
     [[ "$rel" == comm/* ]] || continue
     if [[ "$inc" == comm/communicator.h && ! "$rel" =~ $FACADE_USERS_RE ]]; then
-      fail "$rel includes comm/communicator.h (only the facade's users may: comm/communicator.cc, comm/quantized_allreduce, comm/bench/, comm/examples/)"
+      fail "$rel includes comm/communicator.h (only the facade's users may: comm/communicator.cc, comm/quantized_allreduce, comm/host_groups, comm/bench/, comm/examples/)"
     fi
     # Layers apply to the files of comm/ itself, not to its bench/ and examples/ programs.
     [[ "$rel" =~ ^comm/[^/]+$ && "$inc" =~ ^comm/[^/]+\.h$ ]] || continue

@@ -1,0 +1,56 @@
+#include "algorithms/hierarchical_push_sum.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "comm/errors.h"
+
+namespace gossipcc {
+namespace {
+
+constexpr char kAlgorithm[] = "hierarchical_push_sum";
+
+size_t Words(size_t bytes) { return (bytes + sizeof(uint64_t) - 1) / sizeof(uint64_t); }
+
+}  // namespace
+
+HierarchicalPushSum::HierarchicalPushSum(std::shared_ptr<const PeerGraph> graph, MixingFn mixing, uint32_t tag)
+    : across_(std::move(graph), std::move(mixing), tag) {}
+
+void HierarchicalPushSum::Step(HostGroups& groups, Buffer x) {
+  if (x.device.is_cuda() || !IsFloatingPoint(x.dtype)) {
+    throw InvalidArgumentError(absl::StrCat(kAlgorithm, ": x must be a CPU buffer of a floating dtype, got ",
+                                            x.ToString()));
+  }
+  if (x.count > 0 && x.data == nullptr) throw InvalidArgumentError(absl::StrCat(kAlgorithm, ": x has no data"));
+  const size_t g = static_cast<size_t>(groups.host->size());
+  const size_t slice = (x.count + g - 1) / g;
+  const size_t element = ElementSize(x.dtype);
+
+  // 1. The host's mean, slice by slice: this rank gets slice `local_rank`.
+  padded_.assign(Words(slice * g * element), 0);
+  if (x.count > 0) std::memcpy(padded_.data(), x.data, x.bytes());
+  slice_.resize(Words(slice * element));
+  const Buffer padded{padded_.data(), slice * g, x.dtype, x.device};
+  const Buffer mine{slice_.data(), slice, x.dtype, x.device};
+  groups.host->reduce_scatter(padded, mine, ReduceOp::kAvg)->wait();
+
+  // 2. Push-sum across hosts on that slice (PushSum leaves its step and weight alone on error).
+  const int64_t step = across_.step();
+  const double weight = across_.weight();
+  across_.Step(*groups.across, {mine});
+
+  // 3. The host's new value on every rank of the host.
+  try {
+    groups.host->allgather(mine, padded)->wait();
+  } catch (...) {
+    across_.Restore(step, weight);
+    throw;
+  }
+  if (x.count > 0) std::memcpy(x.data, padded_.data(), x.bytes());
+}
+
+void HierarchicalPushSum::Debias(const Buffer& in, Buffer out) const { DebiasBuffer(kAlgorithm, weight(), in, out); }
+
+}  // namespace gossipcc

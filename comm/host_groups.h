@@ -1,0 +1,31 @@
+// The two communicators a two-level algorithm runs on, split from a communicator by the hosts
+// it learned (Communicator::topology()): `host`, the ranks of this rank's host (its rank: the
+// local rank), and `across`, the ranks with this rank's local rank, one per host (its rank: the
+// host's index). On H hosts of G ranks, an algorithm that reduces inside `host` and exchanges a
+// 1/G share over `across` puts one copy of the data on each host's NIC, carried by its G ranks
+// in parallel (docs/comm.md, "Hosts with several ranks").
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+#include "comm/store.h"
+
+namespace gossipcc {
+
+struct HostGroups {
+  std::unique_ptr<Communicator> host;
+  std::unique_ptr<Communicator> across;
+  int host_index = 0;  // this rank's host (== across->rank())
+  int local_rank = 0;  // this rank's place on it (== host->rank())
+
+  // Collective over `parent`: every rank calls it with the same `store` (the one `parent` was
+  // created on, or any store every rank reaches) and the same `prefix`, unused by other groups.
+  // The groups get `parent`'s options (flat topology: each is one host, or one rank per host).
+  // InvalidArgumentError naming the hosts when they hold different numbers of ranks; Create's
+  // errors (a rank that never arrives: TimeoutError) otherwise.
+  static HostGroups Split(const Communicator& parent, std::shared_ptr<Store> store, const std::string& prefix);
+};
+
+}  // namespace gossipcc
