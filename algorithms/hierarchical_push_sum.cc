@@ -18,22 +18,34 @@ size_t Words(size_t bytes) { return (bytes + sizeof(uint64_t) - 1) / sizeof(uint
 HierarchicalPushSum::HierarchicalPushSum(std::shared_ptr<const PeerGraph> graph, MixingFn mixing, uint32_t tag)
     : across_(std::move(graph), std::move(mixing), tag) {}
 
-void HierarchicalPushSum::Step(HostGroups& groups, Buffer x) {
-  if (x.device.is_cuda() || !IsFloatingPoint(x.dtype)) {
-    throw InvalidArgumentError(absl::StrCat(kAlgorithm, ": x must be a CPU buffer of a floating dtype, got ",
-                                            x.ToString()));
+void HierarchicalPushSum::Step(HostGroups& groups, const std::vector<Buffer>& buffers) {
+  if (buffers.empty()) throw InvalidArgumentError(absl::StrCat(kAlgorithm, ": no buffers"));
+  const DType dtype = buffers[0].dtype;
+  size_t count = 0;
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    const Buffer& x = buffers[b];
+    if (x.device.is_cuda() || !IsFloatingPoint(x.dtype) || x.dtype != dtype) {
+      throw InvalidArgumentError(absl::StrCat(kAlgorithm, ": buffers must be on the CPU, of one floating dtype; buffer ",
+                                              b, " is ", x.ToString(), ", buffer 0 ", buffers[0].ToString()));
+    }
+    if (x.count > 0 && x.data == nullptr) throw InvalidArgumentError(absl::StrCat(kAlgorithm, ": buffer ", b, " has no data"));
+    count += x.count;
   }
-  if (x.count > 0 && x.data == nullptr) throw InvalidArgumentError(absl::StrCat(kAlgorithm, ": x has no data"));
   const size_t g = static_cast<size_t>(groups.host->size());
-  const size_t slice = (x.count + g - 1) / g;
-  const size_t element = ElementSize(x.dtype);
+  const size_t slice = (count + g - 1) / g;
+  const size_t element = ElementSize(dtype);
+  const Device cpu = Device::CPU();
 
   // 1. The host's mean, slice by slice: this rank gets slice `local_rank`.
   padded_.assign(Words(slice * g * element), 0);
-  if (x.count > 0) std::memcpy(padded_.data(), x.data, x.bytes());
+  char* at = reinterpret_cast<char*>(padded_.data());
+  for (const Buffer& x : buffers) {
+    if (x.count > 0) std::memcpy(at, x.data, x.bytes());
+    at += x.bytes();
+  }
   slice_.resize(Words(slice * element));
-  const Buffer padded{padded_.data(), slice * g, x.dtype, x.device};
-  const Buffer mine{slice_.data(), slice, x.dtype, x.device};
+  const Buffer padded{padded_.data(), slice * g, dtype, cpu};
+  const Buffer mine{slice_.data(), slice, dtype, cpu};
   groups.host->reduce_scatter(padded, mine, ReduceOp::kAvg)->wait();
 
   // 2. Push-sum across hosts on that slice (PushSum leaves its step and weight alone on error).
@@ -48,7 +60,11 @@ void HierarchicalPushSum::Step(HostGroups& groups, Buffer x) {
     across_.Restore(step, weight);
     throw;
   }
-  if (x.count > 0) std::memcpy(x.data, padded_.data(), x.bytes());
+  const char* from = reinterpret_cast<const char*>(padded_.data());
+  for (const Buffer& x : buffers) {
+    if (x.count > 0) std::memcpy(x.data, from, x.bytes());
+    from += x.bytes();
+  }
 }
 
 void HierarchicalPushSum::Debias(const Buffer& in, Buffer out) const { DebiasBuffer(kAlgorithm, weight(), in, out); }

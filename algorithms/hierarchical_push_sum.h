@@ -4,7 +4,8 @@
 //
 // One round at step k, on the groups of HostGroups::Split:
 //  1. reduce-scatter, averaging, inside the host: local rank i gets slice i of the host's mean
-//     (slices of ceil(count / G) elements, the last one padded with zeros);
+//     (the buffers concatenated, in slices of ceil(count / G) elements, the last one padded
+//     with zeros);
 //  2. a push-sum round (PushSum) on slice i among the H ranks with local rank i, over `graph`
 //     (a graph for H ranks, one per host) at step k, carrying the host's weight;
 //  3. all-gather inside the host: every rank of the host holds the host's new value.
@@ -31,10 +32,11 @@ class HierarchicalPushSum {
   explicit HierarchicalPushSum(std::shared_ptr<const PeerGraph> graph, MixingFn mixing = nullptr,
                                uint32_t tag = PushSum::kDefaultTag);
 
-  // One round at step(), in place on `x` (this rank's numerator; a CPU buffer of float32,
-  // float64, float16 or bfloat16). Every rank calls it with the same step and count (else the
-  // comm layer's MismatchError, or PushSum's). On error `x`, weight() and step() are unchanged.
-  void Step(HostGroups& groups, Buffer x);
+  // One round at step(), in place on `buffers` (together this rank's numerator x, as PushSum
+  // takes it: CPU buffers of one dtype, float32, float64, float16 or bfloat16). Every rank calls
+  // it with the same step and total count (else the comm layer's MismatchError, or PushSum's).
+  // On error the buffers, weight() and step() are unchanged.
+  void Step(HostGroups& groups, const std::vector<Buffer>& buffers);
 
   // out <- in / weight() (same count and dtype; out may equal in).
   void Debias(const Buffer& in, Buffer out) const;

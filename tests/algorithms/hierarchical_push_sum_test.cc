@@ -105,7 +105,9 @@ TEST_P(HierarchicalPushSumTest, HostsFollowPushSumOverHosts) {
     std::vector<float> x(kCount);
     for (size_t i = 0; i < kCount; ++i) x[i] = Input(rank, i);
     HierarchicalPushSum push_sum(graph);
-    for (int k = 0; k < kRounds; ++k) push_sum.Step(groups, CpuBuffer(x.data(), x.size()));
+    // Two buffers, as one numerator (a slice boundary falls inside the first at G = 2, 3).
+    const std::vector<Buffer> buffers = {CpuBuffer(x.data(), 600), CpuBuffer(x.data() + 600, kCount - 600)};
+    for (int k = 0; k < kRounds; ++k) push_sum.Step(groups, buffers);
     EXPECT_EQ(push_sum.step(), kRounds);
     std::lock_guard<std::mutex> lock(mu);
     got[rank] = x;
@@ -156,7 +158,7 @@ TEST(HierarchicalPushSumConsensusTest, PowerOfTwoHostsAgreeOnTheMeanOfAllRanks) 
     std::vector<float> x(kCount);
     for (size_t i = 0; i < kCount; ++i) x[i] = Input(rank, i);
     HierarchicalPushSum push_sum(graph);
-    for (int k = 0; k < 2; ++k) push_sum.Step(groups, CpuBuffer(x.data(), x.size()));
+    for (int k = 0; k < 2; ++k) push_sum.Step(groups, {CpuBuffer(x.data(), x.size())});
     push_sum.Debias(CpuBuffer(x.data(), x.size()), CpuBuffer(x.data(), x.size()));
     for (size_t i = 0; i < kCount; ++i) {
       if (std::abs(x[i] - mean[i]) > 1e-5) FAIL() << "rank " << rank << ", element " << i << ": " << x[i] << " vs " << mean[i];
@@ -192,7 +194,7 @@ TEST(HierarchicalPushSumErrorsTest, MismatchedCountsFailAndLeaveTheStateAlone) {
     std::vector<float> x(rank < 2 ? 100 : 102, static_cast<float>(rank));
     const std::vector<float> before = x;
     const std::string message = testing::ExpectThrow<CommError>(
-        [&] { push_sum.Step(groups, CpuBuffer(x.data(), x.size())); });
+        [&] { push_sum.Step(groups, {CpuBuffer(x.data(), x.size())}); });
     EXPECT_NE(message.find("push_sum"), std::string::npos) << message;
     EXPECT_EQ(x, before) << "rank " << rank;
     EXPECT_EQ(push_sum.step(), 0);
