@@ -7,10 +7,12 @@
 #include "algorithms/async_bilateral_exchange.h"
 #include "algorithms/bilateral_exchange.h"
 #include "algorithms/fault_tolerant_push_sum.h"
+#include "algorithms/hierarchical_push_sum.h"
 #include "algorithms/peer_graph.h"
 #include "algorithms/push_sum.h"
 #include "algorithms/symmetric_gossip.h"
 #include "comm/errors.h"
+#include "comm/host_groups.h"
 #include "compression/power_sgd.h"
 #include "torch_backend/gossipcc_work.h"
 #include "torch_backend/process_group_gossipcc.h"
@@ -39,18 +41,35 @@ std::string DoubleKey(double v) {
 
 }  // namespace
 
-std::shared_ptr<const PeerGraph> ProcessGroupGossipcc::Graph(const std::string& spec, const char* op) {
+std::shared_ptr<const PeerGraph> ProcessGroupGossipcc::Graph(const std::string& spec, const char* op, int nodes) {
+  if (nodes < 0) nodes = size_;
+  const std::string key = nodes == size_ ? spec : spec + "|nodes=" + std::to_string(nodes);
   std::lock_guard<std::mutex> lock(cache_mu_);
-  auto it = graphs_.find(spec);
+  auto it = graphs_.find(key);
   if (it != graphs_.end()) return it->second;
   std::shared_ptr<const PeerGraph> graph;
   try {
-    graph = MakePeerGraph(spec, size_);
+    graph = MakePeerGraph(spec, nodes);
   } catch (const InvalidArgumentError& e) {
-    throw InvalidArgumentError(std::string("gossipcc ") + op + ": bad graph spec \"" + spec + "\": " + e.what());
+    throw InvalidArgumentError(std::string("gossipcc ") + op + ": bad graph spec \"" + spec + "\"" +
+                               (nodes == size_ ? std::string() : " (over " + std::to_string(nodes) + " hosts)") +
+                               ": " + e.what());
   }
-  graphs_.emplace(spec, graph);
+  graphs_.emplace(key, graph);
   return graph;
+}
+
+HostGroups& ProcessGroupGossipcc::HostGroupsOnLane() {
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (host_groups_) return *host_groups_;
+  }
+  // Created outside the lock (a rendezvous); only lane_ creates it, so once.
+  auto groups = std::make_shared<HostGroups>(
+      HostGroups::Split(*communicator_, std::make_shared<PrefixStore>("gossipcc_hostgroups", fault_tolerant_store_), ""));
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  host_groups_ = groups;
+  return *host_groups_;
 }
 
 void ProcessGroupGossipcc::run_on_lane(const std::string& description, std::function<void()> fn,
@@ -76,16 +95,43 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::push_sum_round(std::vecto
   if (keep && !(*keep > 0 && *keep <= 1)) {
     throw InvalidArgumentError("gossipcc push_sum_round: keep must be in (0, 1], got " + DoubleKey(*keep));
   }
+  const std::string key = graph + (keep ? "|keep=" + DoubleKey(*keep) : std::string("|uniform"));
+  SyncCallerStreams(tensors);
+  std::vector<at::Tensor> outputs = tensors;
+  outputs.push_back(weight);
+  if (communicator_->hierarchical() && !buffers[0].device.is_cuda()) {
+    // Hosts of several ranks (GOSSIPCC_TOPOLOGY): exact means inside each host, push-sum over
+    // the hosts on the graph `graph` names for the number of hosts (hierarchical_push_sum.h).
+    std::shared_ptr<const PeerGraph> host_graph = Graph(graph, op, communicator_->topology().hosts());
+    std::shared_ptr<HierarchicalPushSum> push_sum;
+    {
+      std::lock_guard<std::mutex> lock(cache_mu_);
+      auto& slot = hierarchical_push_sums_[key];
+      if (!slot) {
+        slot = std::make_shared<HierarchicalPushSum>(host_graph, keep ? KeepShareMixing(*keep) : MixingFn());
+      }
+      push_sum = slot;
+    }
+    auto inner = lane_->Submit(
+        Where(op, rank_, size_) + " (over hosts, graph " + host_graph->name() + ", step " + std::to_string(step) + ")",
+        [this, push_sum, buffers, weight, step]() {
+          HostGroups& groups = HostGroupsOnLane();
+          double* w = weight.data_ptr<double>();
+          push_sum->Restore(step, *w);  // validates w: finite and > 0
+          push_sum->Step(groups, buffers);
+          *w = push_sum->weight();
+        },
+        /*uses_collectives=*/false);
+    return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:push_sum_round", std::move(inner), std::move(outputs));
+  }
   std::shared_ptr<const PeerGraph> peer_graph = Graph(graph, op);
   std::shared_ptr<PushSum> push_sum;
   {
-    const std::string key = graph + (keep ? "|keep=" + DoubleKey(*keep) : std::string("|uniform"));
     std::lock_guard<std::mutex> lock(cache_mu_);
     auto& slot = push_sums_[key];
     if (!slot) slot = std::make_shared<PushSum>(peer_graph, keep ? KeepShareMixing(*keep) : MixingFn());
     push_sum = slot;
   }
-  SyncCallerStreams(tensors);
   Communicator* comm = communicator_.get();
   auto inner = lane_->Submit(
       Where(op, rank_, size_) + " (graph " + peer_graph->name() + ", step " + std::to_string(step) + ")",
@@ -96,8 +142,6 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::push_sum_round(std::vecto
         *w = push_sum->weight();
       },
       /*uses_collectives=*/false);
-  std::vector<at::Tensor> outputs = tensors;
-  outputs.push_back(weight);
   return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:push_sum_round", std::move(inner), std::move(outputs));
 }
 

@@ -12,6 +12,7 @@
 
 #include "comm/cuda_stream.h"
 #include "comm/errors.h"
+#include "comm/host_groups.h"
 #include "torch_backend/c10d_store.h"
 #include "torch_backend/collective_issue.h"
 #include "torch_backend/communicator_environment.h"
@@ -106,6 +107,15 @@ void ProcessGroupGossipcc::shutdown() {
   std::shared_ptr<void> region = BlockingRegions() ? BlockingRegions()() : nullptr;
   // The communicator first: a lane task blocked in it fails at once, so the lanes stop promptly.
   if (communicator_) communicator_->shutdown();
+  std::shared_ptr<HostGroups> groups;
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    groups = host_groups_;
+  }
+  if (groups) {
+    groups->host->shutdown();
+    groups->across->shutdown();
+  }
   if (lane_) lane_->Stop("the process group was shut down");
   if (async_lane_) async_lane_->Stop("the process group was shut down");
   // Every operation has now completed (the failed ones with the shutdown's error): deliver

@@ -26,6 +26,8 @@ namespace gossipcc {
 
 class PeerGraph;
 class PushSum;
+class HierarchicalPushSum;
+struct HostGroups;
 class SymmetricGossip;
 class BilateralExchange;
 class AsyncBilateralExchange;
@@ -193,7 +195,11 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   // Where a Work completes: collectives in issue order, point-to-point as they finish.
   Completion Ordered() const;
   Completion Unordered() const;
-  std::shared_ptr<const PeerGraph> Graph(const std::string& spec, const char* op);
+  // The graph `spec` names on `nodes` nodes (default: this group's size).
+  std::shared_ptr<const PeerGraph> Graph(const std::string& spec, const char* op, int nodes = -1);
+  // This group's host group and group across hosts, made by the first call (a collective: on
+  // lane_, in a call every rank makes).
+  HostGroups& HostGroupsOnLane();
   // A per-call timeout other than unset or the group's: InvalidArgumentError.
   void CheckCallTimeout(std::chrono::milliseconds timeout, const char* op, const char* options) const;
 
@@ -210,6 +216,8 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   std::mutex cache_mu_;
   std::map<std::string, std::shared_ptr<const PeerGraph>> graphs_;
   std::map<std::string, std::shared_ptr<PushSum>> push_sums_;
+  std::map<std::string, std::shared_ptr<HierarchicalPushSum>> hierarchical_push_sums_;
+  std::shared_ptr<HostGroups> host_groups_;
   std::map<std::string, std::shared_ptr<SymmetricGossip>> symmetric_gossips_;
   std::map<std::pair<std::string, int64_t>, bool> symmetric_at_;  // (spec, step mod period)
   std::map<std::string, std::shared_ptr<BilateralExchange>> bilateral_exchanges_;

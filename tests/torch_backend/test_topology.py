@@ -1,16 +1,20 @@
 """GOSSIPCC_TOPOLOGY on emulated hosts with several ranks each (tools/emulated_cluster.py: a
 network namespace per host, ranks launched with torchrun's variables): the backend learns which
 ranks share a host from the hosts themselves, runs large all-reduces in two levels under
-`hierarchical` and `auto`, and DDP's gradients equal a locally computed average. Needs root
-(network namespaces); skips saying why otherwise."""
+`hierarchical` and `auto` (the default), DDP's gradients equal a locally computed average, and
+push-sum rounds run over the hosts (exact means inside each) where the topology is two-level,
+equal to push-sum computed here from its definition. Needs root (network namespaces); skips
+saying why otherwise."""
 import json
 import os
 import sys
 import tempfile
 
 import pytest
+import torch
 
 import emulated_cluster as ec
+from topology_worker import PUSH_SUM_ROUNDS, push_sum_input
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "topology_worker.py")
 
@@ -57,6 +61,11 @@ def run(hosts, ranks_per_host, topology, local=False):
 def test_hosts_learned_and_allreduce_exact(hosts, ranks_per_host, topology, hierarchical):
     cluster, records = run(hosts, ranks_per_host, topology)
     want_hosts = [cluster.ranks_of(h) for h in range(hosts)]
+    # Push-sum: over the hosts (each host's value the mean of its ranks) where the topology is
+    # two-level, over the ranks where it is flat; computed here from the definition.
+    nodes = want_hosts if hierarchical else [[r] for r in range(cluster.n)]
+    want_x, want_w = push_sum_reference([torch.stack([push_sum_input(r) for r in ranks]).double().mean(0)
+                                         for ranks in nodes], PUSH_SUM_ROUNDS)
     for r, rec in records.items():
         print(f"rank {r}: {rec['topology']['description']}, hierarchical={rec['topology']['hierarchical']}, "
               f"mismatches {rec['mismatches']}, DDP gradient max difference {rec['ddp_max_grad_diff']:.2e}")
@@ -65,6 +74,28 @@ def test_hosts_learned_and_allreduce_exact(hosts, ranks_per_host, topology, hier
         assert rec["mismatches"] == {"sum": 0, "max": 0, "min": 0}, rec
         assert rec["ddp_max_grad_diff"] < 1e-5, rec
         assert rec["warnings"] == [], rec
+        node = next(i for i, ranks in enumerate(nodes) if r in ranks)
+        got = torch.tensor(rec["push_sum"]["x"], dtype=torch.float64)
+        assert abs(rec["push_sum"]["w"] - want_w[node]) < 1e-12, (r, rec["push_sum"]["w"], want_w[node])
+        assert torch.allclose(got, want_x[node], atol=1e-5), (r, float((got - want_x[node]).abs().max()))
+
+
+def push_sum_reference(x, rounds):
+    """Push-sum from step 0 on the one-peer exponential graph over len(x) nodes: node j keeps
+    1 / (|out| + 1) of (x_j, w_j) and sends as much to each out-peer."""
+    import gossipcc  # the graph's out-peers, as the collectives use them
+    n = len(x)
+    w = [1.0] * n
+    for step in range(rounds):
+        nx, nw = [torch.zeros_like(x[0]) for _ in range(n)], [0.0] * n
+        for j in range(n):
+            out = gossipcc._C.peer_graph_out_peers("exponential", n, j, step) if n > 1 else []
+            share = 1.0 / (len(out) + 1)
+            for t in list(out) + [j]:
+                nx[t] += share * x[j]
+                nw[t] += share * w[j]
+        x, w = nx, nw
+    return x, w
 
 
 def test_local_world_size_that_disagrees_with_the_hosts_found_warns():
@@ -73,6 +104,6 @@ def test_local_world_size_that_disagrees_with_the_hosts_found_warns():
     cluster, records = run(2, 2, "auto", local=True)
     for r, rec in records.items():
         assert rec["topology"]["hosts"] == [[0, 1, 2, 3]], rec
-        assert rec["topology"]["hierarchical"], rec
+        assert not rec["topology"]["hierarchical"], rec  # one host: no NIC to spare
         assert rec["mismatches"] == {"sum": 0, "max": 0, "min": 0}, rec
         assert len(rec["warnings"]) == 1 and f"LOCAL_WORLD_SIZE=2 but rank {r} found 4 rank(s)" in rec["warnings"][0], rec

@@ -1,7 +1,7 @@
 """One rank of test_topology.py: env:// init on backend gossipcc (GOSSIPCC_TOPOLOGY from the
 environment), the topology the backend learned, a large all-reduce of every reduce op against
-the reference, and one DDP step against a model whose gradients are averaged by hand. Writes
-rank<r>.json into the output directory."""
+the reference, one DDP step against a model whose gradients are averaged by hand, and push-sum
+rounds (GossipDataParallel's). Writes rank<r>.json into the output directory."""
 import json
 import os
 import sys
@@ -18,6 +18,13 @@ def value(rank, n):
     # Small integers: exact in float32 whatever the order of the additions.
     i = torch.arange(n, dtype=torch.int64)
     return ((rank * 131 + i * 7) % 23 - 11).to(torch.float32)
+
+
+PUSH_SUM_ROUNDS = 3
+
+
+def push_sum_input(rank):
+    return torch.sin(torch.arange(1001, dtype=torch.float64) * 0.37 + 1.3 * rank).to(torch.float32) * (rank + 1)
 
 
 def main(out):
@@ -55,6 +62,13 @@ def main(out):
         for g, p in zip(grads, ref_net.parameters()):
             g += p.grad / world
     record["ddp_max_grad_diff"] = max(float((p.grad - g).abs().max()) for p, g in zip(model.parameters(), grads))
+
+    x = push_sum_input(rank)
+    w = torch.ones(1, dtype=torch.float64)
+    backend = gossipcc.get_backend_object()
+    for step in range(PUSH_SUM_ROUNDS):
+        backend.push_sum_round([x], w, step, "exponential").wait()
+    record["push_sum"] = {"x": x.tolist(), "w": float(w)}
     dist.destroy_process_group()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)
