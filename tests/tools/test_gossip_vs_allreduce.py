@@ -163,6 +163,28 @@ def test_round_check_runs_the_benchmark_on_local_ranks(tmp_path):
     assert "| 3 |" in out.stdout
 
 
+def test_round_over_hosts_runs_on_emulated_hosts_of_two_ranks(tmp_path):
+    """On 2 emulated hosts of 2 ranks (network namespaces, unshaped) the benchmark adds the round
+    over the hosts, which its worker checks against push-sum over the hosts' means, and reports
+    its time and bytes per host. Needs root (namespaces); skips saying why otherwise."""
+    import os
+    import subprocess
+    import sys
+    import emulated_cluster
+    try:
+        emulated_cluster.check_namespaces_allowed()
+    except emulated_cluster.NamespacesUnavailable as e:
+        pytest.skip(f"no network namespaces here: {e}")
+    script = os.path.join(bench_script.TOOLS, "bench", "gossip_vs_allreduce.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([bench_script.TOOLS] + sys.path))
+    out = subprocess.run([sys.executable, script, "--network", "none", "--hosts", "2", "--ranks-per-host", "2",
+                          "--bytes", "65536", "--iters", "1", "--trials", "1", "--allow-load",
+                          "--results-dir", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "| push-sum over hosts (ms) | round / over hosts | sent/host ÷ size: over hosts |" in out.stdout, out.stdout
+    assert "| 4 | 2 x 2 |" in out.stdout, out.stdout
+
+
 @pytest.mark.parametrize("graph", ["exponential:peers=1", "edges:0>1,1>2,2>3,3>0,0>2"])
 def test_push_sum_expected_is_the_round_by_hand(graph):
     m = bench_script.load("gossip_vs_allreduce")

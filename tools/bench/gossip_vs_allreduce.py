@@ -15,14 +15,17 @@ group, all-reduce through backend gossipcc and through gloo, and the round's exc
 with plain TCP sockets (the same graph and peers, a connection per edge and direction, nothing
 else: what this machine's network stack gives a round with no library at all). On
 tools/bench/harness.py: per n one run of the ranks, an untimed warm-up of every op, then
---trials trials of --iters iterations; in each iteration the four ops run in rotating order
+--trials trials of --iters iterations; in each iteration the ops run in rotating order
 (iteration i of trial t starts at op t + i), each preceded by an untimed barrier. A trial's sample
 is the median over its iterations of the slowest rank's time; a cell is the median over the
 trials with its min-max, and every ratio the median of the per-trial ratios. Bytes: NIC tx
 counters per op (until after the next barrier), per rank (its own sockets) and per host (its
 NIC: every rank of the host together). A push-sum round must send every rank's
 share to its peer and receive one: its floor is one message time, flat in n; a ring all-reduce's
-is 2(n-1)/n message times.
+is 2(n-1)/n message times. On hosts of several ranks (--ranks-per-host G > 1) a fifth op, the
+round over the hosts (GOSSIPCC_TOPOLOGY's default there): exact means inside each host, push-sum
+between hosts with each rank carrying 1/G of the tensor, so each host's NIC carries one share per
+out-peer instead of G.
 """
 import argparse
 import json
@@ -37,6 +40,15 @@ import common  # noqa: E402
 import harness  # noqa: E402
 
 OPS = ("push-sum round", "all-reduce gossipcc", "all-reduce gloo", "plain TCP exchange")
+# On hosts of several ranks also the round over the hosts (the default topology there: exact
+# means inside each host, push-sum between hosts, each rank carrying 1/G; docs/gossip.md).
+OVER_HOSTS = "push-sum round over hosts"
+
+
+def ops_for(ranks_per_host, network):
+    """The ops of a run: the round over hosts where hosts hold several ranks and are hosts of
+    their own (emulated: a network namespace each; "local" runs every rank on this one)."""
+    return OPS + ((OVER_HOSTS,) if ranks_per_host > 1 and network != "local" else ())
 
 
 class PlainTcpExchange:
@@ -121,7 +133,7 @@ class PlainTcpExchange:
                 s.close()
 
 
-OPS_IN_TABLE_ORDER = ("push-sum round", "plain TCP exchange", "all-reduce gossipcc", "all-reduce gloo")
+OPS_IN_TABLE_ORDER = ("push-sum round", "plain TCP exchange", "all-reduce gossipcc", "all-reduce gloo", OVER_HOSTS)
 
 
 def cell_name(n):
@@ -132,7 +144,7 @@ def trial_samples(docs, trial, n):
     """One trial's samples from its ranks' documents (common.slowest_samples): per op the median
     over the trial's iterations of the slowest rank's time (s) and the tx bytes per op per rank
     and per host, averaged over the ranks (None where counters were unavailable)."""
-    return {cell_name(n): common.slowest_samples(docs, trial, OPS)}
+    return {cell_name(n): common.slowest_samples(docs, trial, docs[0].get("ops", OPS))}
 
 
 def record(run, docs, n, nbytes, bps, hosts=None, ranks_per_host=1):
@@ -154,9 +166,13 @@ HEADER = ["n", "hosts x ranks", "push-sum round (ms)", "round / message time", "
           "plain TCP"]
 
 
-def table_row(doc, cell):
+OVER_HOSTS_HEADER = ["push-sum over hosts (ms)", "round / over hosts", "sent/host ÷ size: over hosts"]
+
+
+def table_row(doc, cell, over_hosts=False):
     """The table's cells for one world size: times (median of the trials, min-max), each time over
-    one message time, and the ratios between ops (medians of the per-trial ratios)."""
+    one message time, and the ratios between ops (medians of the per-trial ratios); with
+    `over_hosts`, the round over the hosts' time, the flat round over it, and its bytes per host."""
     info, s, trials = doc["cells"][cell], doc["summary"]["cells"][cell]["methods"], doc["trials"]
     msg = info["message_time"]
 
@@ -176,6 +192,11 @@ def table_row(doc, cell):
            f"{info['ring_bound'] / s[g]['time']['median']:.2f}" if msg else "-"]
     for key in ("sent", "host_sent"):
         row += [f"{s[op][key]['median'] / info['bytes']:.3f}" if s[op].get(key) is not None else "-" for op in OPS]
+    if over_hosts:
+        h = OVER_HOSTS
+        present = h in s
+        row += [ms(h) if present else "-", ratio(g, h) if present else "-",
+                f"{s[h]['host_sent']['median'] / info['bytes']:.3f}" if present and s[h].get("host_sent") else "-"]
     return row
 
 
@@ -186,8 +207,10 @@ def report(doc):
             f"float32 per rank, network {a['network']}, {a.get('ranks_per_host', 1)} rank(s) per host"
             + (f", one message time {1e3 * msg:.1f} ms" if msg else "")
             + f", {a['iters']} iteration(s) per trial")
-    rows = [table_row(doc, c) for c in doc["cells"]]
-    return "\n\n".join([harness.preamble(doc), head, harness.markdown_table(HEADER, rows), harness.trials_table(doc)])
+    over_hosts = any(OVER_HOSTS in doc["summary"]["cells"][c]["methods"] for c in doc["cells"])
+    rows = [table_row(doc, c, over_hosts) for c in doc["cells"]]
+    header = HEADER + (OVER_HOSTS_HEADER if over_hosts else [])
+    return "\n\n".join([harness.preamble(doc), head, harness.markdown_table(header, rows), harness.trials_table(doc)])
 
 
 def plot(doc, path, goal=1.10):
@@ -200,7 +223,9 @@ def plot(doc, path, goal=1.10):
     shaped = all(info["message_time"] for _, info in infos)
     ns = [info["n"] for _, info in infos]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for op, style in zip(OPS_IN_TABLE_ORDER, ("o-", "^:", "s--", "d--")):
+    for op, style in zip(OPS_IN_TABLE_ORDER, ("o-", "^:", "s--", "d--", "v-")):
+        if any(op not in doc["summary"]["cells"][c]["methods"] for c, _ in infos):
+            continue
         unit = [info["message_time"] if shaped else 1e-3 for _, info in infos]
         st = [doc["summary"]["cells"][c]["methods"][op]["time"] for c, _ in infos]
         med = [s["median"] / u for s, u in zip(st, unit)]
@@ -260,18 +285,32 @@ def worker(args):
     rank, n = common.worker_env()
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=300))
     gloo = dist.new_group(backend="gloo")
+    # Flat (every rank its own node), as this benchmark's reference assumes; the default (auto)
+    # gossips over the hosts on hosts of several ranks (docs/gossip.md, "Push-sum over hosts").
+    os.environ["GOSSIPCC_TOPOLOGY"] = "flat"
     gcc = dist.new_group(backend="gossipcc")
+    del os.environ["GOSSIPCC_TOPOLOGY"]
     backend = gossipcc.get_backend_object(gcc)
+    ops = ops_for(args.ranks_per_host, args.network)
+    over_hosts = None
+    if OVER_HOSTS in ops:
+        over_hosts = gossipcc.get_backend_object(dist.new_group(backend="gossipcc"))  # the default: auto
+        if not over_hosts.topology()["hierarchical"]:
+            raise AssertionError(f"rank {rank}: the default topology is not two-level on these hosts: "
+                                 f"{over_hosts.topology()['description']}")
     x = torch.empty(args.bytes // 4, dtype=torch.float32)
     w = torch.ones(1, dtype=torch.float64)
     plain = PlainTcpExchange(dist, rank, args.bytes, _C.peer_graph_info(args.graph, n)["period"],
                              lambda step: _C.peer_graph_out_peers(args.graph, n, rank, step),
                              lambda step: _C.peer_graph_in_peers(args.graph, n, rank, step))
-    steps = {"push-sum round": 0, "plain TCP exchange": 0}
+    steps = {"push-sum round": 0, "plain TCP exchange": 0, OVER_HOSTS: 0}
 
     def run(op):
         if op == "push-sum round":
             backend.push_sum_round([x], w, steps[op], args.graph).wait()
+            steps[op] += 1
+        elif op == OVER_HOSTS:
+            over_hosts.push_sum_round([x], w, steps[op], args.graph).wait()
             steps[op] += 1
         elif op == "all-reduce gossipcc":
             dist.all_reduce(x, group=gcc)
@@ -289,9 +328,9 @@ def worker(args):
             raise AssertionError(f"{op}: got {x[0].item()}, expected {n * (n + 1) / 2}")
         return measured
 
-    for op in OPS:  # warm-up, not timed
+    for op in ops:  # warm-up, not timed
         one(op)
-    trials = common.run_trials(dist.barrier, OPS, args.trials, args.iters, one)
+    trials = common.run_trials(dist.barrier, ops, args.trials, args.iters, one)
     step = steps["push-sum round"]
     # One more round, checked against its exact result computed here (and for conservation).
     x.fill_(rank + 1)
@@ -302,11 +341,24 @@ def worker(args):
     dist.all_reduce(check, group=gloo)
     if abs(check[0].item() - n * (n + 1) / 2) > 1e-3 or abs(check[1].item() - n) > 1e-9:
         raise AssertionError(f"push-sum round did not conserve mass: sum x {check[0].item()}, sum w {check[1].item()}")
+    if over_hosts is not None:  # one round over the hosts, against push-sum over the host means
+        x.fill_(rank + 1)
+        w.fill_(1.0)
+        over_hosts.push_sum_round([x], w, steps[OVER_HOSTS], args.graph).wait()
+        hosts = over_hosts.topology()["hosts"]
+        host = next(h for h, ranks in enumerate(hosts) if rank in ranks)
+        means = [sum(r + 1.0 for r in ranks) / len(ranks) for ranks in hosts]
+        ex, ew = push_sum_expected(args.graph, len(hosts), host, steps[OVER_HOSTS], means, [1.0] * len(hosts))
+        bad = ((x.double() - ex).abs() > 1e-6 * max(1.0, abs(ex))).nonzero()
+        if len(bad) or abs(w.item() - ew) > 1e-12:
+            raise AssertionError(f"push-sum round over hosts on rank {rank} (host {host} of {len(hosts)}, step "
+                                 f"{steps[OVER_HOSTS]}): x[0] = {x[0].item()}, w = {w.item()}; expected x = {ex}, "
+                                 f"w = {ew} from push-sum over the hosts' means")
     dist.barrier()
     plain.close()
     dist.destroy_process_group()
     with open(args.out, "w") as f:
-        json.dump({"trials": trials}, f)
+        json.dump({"trials": trials, "ops": list(ops)}, f)
 
 
 def main():
@@ -326,13 +378,15 @@ def main():
         common.fail(f"gossip_vs_allreduce: --iters must be at least 1, got {args.iters}")
     common.resolve_cluster_arguments(args, "gossip_vs_allreduce")
     bps = common.link_bytes_per_second(args.network)
-    run = harness.Run("gossip_vs_allreduce", args, OPS_IN_TABLE_ORDER, "push-sum round", "time")
+    methods = [op for op in OPS_IN_TABLE_ORDER if op in ops_for(args.ranks_per_host, args.network)]
+    run = harness.Run("gossip_vs_allreduce", args, methods, "push-sum round", "time")
     for hosts, n in zip(args.hosts, args.ranks):
         try:
             with common.make_cluster(hosts, args.ranks_per_host, args.network) as cluster:
                 docs = common.run_ranks(cluster, os.path.abspath(__file__),
                                         ["--bytes", str(args.bytes), "--iters", str(args.iters), "--graph", args.graph,
-                                         "--trials", str(args.trials)],
+                                         "--trials", str(args.trials), "--ranks-per-host", str(args.ranks_per_host),
+                                         "--network", args.network],
                                         timeout=1800)
         except common.NamespacesUnavailable as e:
             common.fail(f"gossip_vs_allreduce: emulated network not available: {e}")
