@@ -177,8 +177,16 @@ int RankMain(int rank, const std::string& dir, const FaultParam& p) {
   options.timeout = kTimeout;
   options.rendezvous_timeout = std::chrono::seconds(60);  // a safety net: connecting may be slow
   options.lossless_float32_allreduce = p.op.lossless_float32_allreduce;
-  auto comm = Communicator::Create(MakeFileStore(dir), rank, kRanks, options);
+  std::shared_ptr<Store> store = MakeFileStore(dir);
+  auto comm = Communicator::Create(store, rank, kRanks, options);
   Op op = p.op.make(rank);
+  // The ranks meet through the store (its own 120 s wait) before the first operation: kTimeout,
+  // short so that a dead peer is named quickly, bounds the operations, not how far apart the
+  // ranks finished starting (seconds under ThreadSanitizer on a loaded machine).
+  store->set(absl::StrCat("started/", rank), {'y'});
+  std::vector<std::string> started;
+  for (int r = 0; r < kRanks; ++r) started.push_back(absl::StrCat("started/", r));
+  store->wait(started, std::chrono::seconds(120));
   comm->barrier()->wait();
   if (rank == kVictim) {
     // Mid-operation: the main thread is inside the loop below when this fires.
