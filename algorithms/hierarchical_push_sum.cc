@@ -37,12 +37,13 @@ void HierarchicalPushSum::Step(HostGroups& groups, const std::vector<Buffer>& bu
   const Device cpu = Device::CPU();
 
   // 1. The host's mean, slice by slice: this rank gets slice `local_rank`.
-  padded_.assign(Words(slice * g * element), 0);
+  padded_.resize(Words(slice * g * element));
   char* at = reinterpret_cast<char*>(padded_.data());
   for (const Buffer& x : buffers) {
     if (x.count > 0) std::memcpy(at, x.data, x.bytes());
     at += x.bytes();
   }
+  std::memset(at, 0, (slice * g - count) * element);  // the last slice's padding
   slice_.resize(Words(slice * element));
   const Buffer padded{padded_.data(), slice * g, dtype, cpu};
   const Buffer mine{slice_.data(), slice, dtype, cpu};
