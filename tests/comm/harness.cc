@@ -53,6 +53,13 @@ void ExpectCreateFailsOnEveryRank(int n, const std::function<CommunicatorOptions
   });
 }
 
+void MeetThroughStore(Store& store, int rank, int n, const std::string& key) {
+  store.set(absl::StrCat(key, "/", rank), {'y'});
+  std::vector<std::string> keys;
+  for (int r = 0; r < n; ++r) keys.push_back(absl::StrCat(key, "/", r));
+  store.wait(keys, std::chrono::seconds(120));
+}
+
 std::string FreshTempDir() {
   static std::atomic<int> counter{0};
   const char* base = std::getenv("TEST_TMPDIR");

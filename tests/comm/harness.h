@@ -169,6 +169,11 @@ void ExpectCreateFailsOnEveryRank(int n, const std::function<CommunicatorOptions
 // A directory unique to this call, under the test's temporary directory.
 std::string FreshTempDir();
 
+// Returns once all n ranks have called it with the same `key` (through `store`, whose wait is
+// 120 s): for a test whose operation timeout is short on purpose (a failure named quickly), so
+// that the timeout bounds the operations and not how far apart the ranks finished starting.
+void MeetThroughStore(Store& store, int rank, int n, const std::string& key);
+
 // Fails (fatally: wrap a call whose caller goes on in ASSERT_NO_FATAL_FAILURE) unless `got` holds
 // exactly the bits of `want` (so -0.0 vs 0.0 and NaN payloads count), naming the first element
 // that differs.

@@ -214,17 +214,15 @@ TEST(StreamsPerPeerSenderTest, SenderThatDiesMidPayloadFailsTheReceive) {
 // 256 MB unsent) leaves the caller's buffer to the caller: when the sender resumes, none of the
 // rest lands there, and the sender's send fails instead of completing into abandoned memory.
 // Processes only (the sender stops itself with SIGSTOP). The ranks meet through the store
-// (its own 120 s wait) before posting, so the 10 s operation timeout, which ends the receive,
-// bounds only the transfer, not how far apart the ranks finished filling 256 MB (seconds under
-// ThreadSanitizer on a loaded machine).
+// before posting (MeetThroughStore): the 10 s operation timeout, which ends the receive, bounds
+// the transfer, not how far apart the ranks finished filling 256 MB.
 TEST(StreamsPerPeerSenderTest, ReceiveThatTimesOutLeavesTheBufferAlone) {
   RunRanksWithStore(2, LaunchMode::kProcesses, [](int rank, std::shared_ptr<Store> store) {
     auto comm = Communicator::Create(std::make_shared<PrefixStore>("comm", store), rank, 2, Striped(4, 10000));
     std::vector<float> f(size_t{64} << 20, 1.0f);
     const size_t bytes = f.size() * sizeof(float);
     auto progress = std::make_shared<TransferProgress>();
-    store->set(absl::StrCat("filled/", rank), {'y'});
-    store->wait({"filled/0", "filled/1"}, std::chrono::seconds(120));
+    MeetThroughStore(*store, rank, 2, "filled");
     if (rank == 1) {
       const std::string pid = std::to_string(getpid());
       store->set("sender_pid", std::vector<char>(pid.begin(), pid.end()));

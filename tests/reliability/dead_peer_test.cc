@@ -180,13 +180,8 @@ int RankMain(int rank, const std::string& dir, const FaultParam& p) {
   std::shared_ptr<Store> store = MakeFileStore(dir);
   auto comm = Communicator::Create(store, rank, kRanks, options);
   Op op = p.op.make(rank);
-  // The ranks meet through the store (its own 120 s wait) before the first operation: kTimeout,
-  // short so that a dead peer is named quickly, bounds the operations, not how far apart the
-  // ranks finished starting (seconds under ThreadSanitizer on a loaded machine).
-  store->set(absl::StrCat("started/", rank), {'y'});
-  std::vector<std::string> started;
-  for (int r = 0; r < kRanks; ++r) started.push_back(absl::StrCat("started/", r));
-  store->wait(started, std::chrono::seconds(120));
+  // kTimeout is short (a dead peer named quickly): the ranks meet before the first operation.
+  testing::MeetThroughStore(*store, rank, kRanks, "started");
   comm->barrier()->wait();
   if (rank == kVictim) {
     // Mid-operation: the main thread is inside the loop below when this fires.
