@@ -404,7 +404,7 @@ def running(pid):
 # group the cluster kills), then per MODE: exits, waits to be interrupted, or (rank 3) is killed.
 LEFT_BEHIND = r"""
 echo $$ > "$OUT/pid$RANK"
-setsid sleep 60 & echo $! > "$OUT/escaped$RANK"
+setsid sleep 60 & echo $! > "$OUT/.escaped$RANK" && mv "$OUT/.escaped$RANK" "$OUT/escaped$RANK"
 case "$MODE" in
   exit) exit 0 ;;
   killed) if [ "$RANK" = 3 ]; then sleep 0.5; kill -9 $$; fi ;;
