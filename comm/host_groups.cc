@@ -18,6 +18,7 @@ HostGroups HostGroups::Split(const Communicator& parent, std::shared_ptr<Store> 
   HostGroups groups;
   groups.host_index = topology.host_of(rank);
   groups.local_rank = topology.local_rank(rank);
+  groups.topology = topology;
   const int per_host = static_cast<int>(topology.ranks_on_host(groups.host_index).size());
   CommunicatorOptions options = parent.options();
   options.topology = TopologyMode::kFlat;

@@ -11,6 +11,7 @@
 
 #include "comm/communicator.h"
 #include "comm/store.h"
+#include "comm/topology.h"
 
 namespace gossipcc {
 
@@ -19,6 +20,7 @@ struct HostGroups {
   std::unique_ptr<Communicator> across;
   int host_index = 0;  // this rank's host (== across->rank())
   int local_rank = 0;  // this rank's place on it (== host->rank())
+  Topology topology;   // the parent's: which parent rank is local rank l of host h
 
   // Collective over `parent`: every rank calls it with the same `store` (the one `parent` was
   // created on, or any store every rank reaches) and the same `prefix`, unused by other groups.

@@ -256,20 +256,18 @@ double QuantizedAllreduceErrorBound(int bits, int ranks, double sum_of_block_max
   return (op == ReduceOp::kAvg ? scaled / ranks : scaled) + std::ldexp(1.0, -96);
 }
 
-QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, const QuantizedAllreduceOptions& options,
-                                           QuantizedResidual residual, QuantizedAllreduceScratch* kept_scratch) {
-  const int n = comm.size();
-  const int me = comm.rank();
+namespace quantized_internal {
 
-  // 1. The check: every rank's header (with its own verdict on its arguments) to every rank.
-  int64_t mine[kFields] = {kHeaderMagic,
-                           static_cast<int64_t>(data.dtype),
-                           static_cast<int64_t>(data.count),
-                           options.bits,
-                           static_cast<int64_t>(options.block_size),
-                           static_cast<int64_t>(options.op),
-                           data.device.is_cuda() ? 1 : 0,
-                           kOk};
+std::vector<int64_t> CheckHeader(Buffer data, const QuantizedAllreduceOptions& options,
+                                 const QuantizedResidual& residual) {
+  std::vector<int64_t> mine = {kHeaderMagic,
+                               static_cast<int64_t>(data.dtype),
+                               static_cast<int64_t>(data.count),
+                               options.bits,
+                               static_cast<int64_t>(options.block_size),
+                               static_cast<int64_t>(options.op),
+                               data.device.is_cuda() ? 1 : 0,
+                               kOk};
   const bool feedback = residual.enabled();
   auto residual_ok = [&](const Buffer& b) {
     return b.data != nullptr && b.count == data.count && b.dtype == DType::kFloat32 && !b.device.is_cuda();
@@ -289,9 +287,11 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
   } else if (feedback && data.count > 0 && !(residual_ok(residual.sent) && residual_ok(residual.owned))) {
     mine[kProblem] = kBadResidual;
   }
-  std::vector<int64_t> table(static_cast<size_t>(kFields) * n);
-  comm.allgather(CpuBuffer(mine, kFields), CpuBuffer(table.data(), table.size()))->wait();
+  return mine;
+}
 
+void JudgeHeaders(const std::vector<int64_t>& table, int me, Buffer data, const QuantizedAllreduceOptions& options) {
+  const int n = static_cast<int>(table.size() / kFields);
   auto header = [&](int r) { return table.data() + static_cast<size_t>(r) * kFields; };
   std::ostringstream where;
   where << "gossipcc quantized_allreduce (" << data.count << " x " << DTypeName(data.dtype) << ", " << options.bits
@@ -323,7 +323,28 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
                                "; nothing was modified");
   }
   if (!mismatch.empty()) throw MismatchError(where.str() + ": " + mismatch + "; nothing was modified");
+}
 
+}  // namespace quantized_internal
+
+QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, const QuantizedAllreduceOptions& options,
+                                           QuantizedResidual residual, QuantizedAllreduceScratch* kept_scratch) {
+  // 1. The check: every rank's header (with its own verdict on its arguments) to every rank.
+  std::vector<int64_t> mine = quantized_internal::CheckHeader(data, options, residual);
+  std::vector<int64_t> table(mine.size() * static_cast<size_t>(comm.size()));
+  comm.allgather(CpuBuffer(mine.data(), mine.size()), CpuBuffer(table.data(), table.size()))->wait();
+  quantized_internal::JudgeHeaders(table, comm.rank(), data, options);
+  return quantized_internal::QuantizedAllreduceChecked(comm, data, options, residual, kept_scratch);
+}
+
+namespace quantized_internal {
+
+QuantizedAllreduceStats QuantizedAllreduceChecked(Communicator& comm, Buffer data,
+                                                  const QuantizedAllreduceOptions& options, QuantizedResidual residual,
+                                                  QuantizedAllreduceScratch* kept_scratch) {
+  const int n = comm.size();
+  const int me = comm.rank();
+  const bool feedback = residual.enabled();
   QuantizedAllreduceStats stats;
   const size_t count = data.count;
   if (count == 0) return stats;
@@ -526,6 +547,8 @@ QuantizedAllreduceStats QuantizedAllreduce(Communicator& comm, Buffer data, cons
   }
   return stats;
 }
+
+}  // namespace quantized_internal
 
 QuantizedErrorFeedback::QuantizedErrorFeedback(QuantizedAllreduceOptions options) : options_(options) {}
 

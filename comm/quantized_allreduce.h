@@ -69,6 +69,8 @@ struct QuantizedAllreduceScratch {
   std::vector<uint8_t> quantized;              // this rank's quantized input, then the result
   std::vector<std::vector<uint8_t>> received;  // per slice: every rank's copy of this rank's region
   std::vector<float> sum;                      // the owner's float32 sum of a slice's region
+  // Internal to HierarchicalQuantizedAllreduce: the buffer in G slices, this rank's slice.
+  std::vector<float> host_value, host_slice;
 };
 
 // In place: data <- (approximately) the sum or average of every rank's data.
@@ -110,5 +112,20 @@ class QuantizedErrorFeedback {
   QuantizedAllreduceScratch scratch_;
 };
 
+// The pieces of QuantizedAllreduce that a two-level form (comm/hierarchical_quantized_allreduce.h)
+// runs on groups of its own.
+namespace quantized_internal {
 
+// This rank's check header: its arguments and its verdict on them.
+std::vector<int64_t> CheckHeader(Buffer data, const QuantizedAllreduceOptions& options,
+                                 const QuantizedResidual& residual);
+// Every rank's header, in rank order: throws what QuantizedAllreduce's check throws (the same on
+// every rank that judges the same table), naming ranks by their place in `table`.
+void JudgeHeaders(const std::vector<int64_t>& table, int me, Buffer data, const QuantizedAllreduceOptions& options);
+// QuantizedAllreduce after the check: every rank of `comm` passed JudgeHeaders on equal arguments.
+QuantizedAllreduceStats QuantizedAllreduceChecked(Communicator& comm, Buffer data,
+                                                  const QuantizedAllreduceOptions& options, QuantizedResidual residual,
+                                                  QuantizedAllreduceScratch* scratch);
+
+}  // namespace quantized_internal
 }  // namespace gossipcc

@@ -1,5 +1,7 @@
 // ProcessGroupGossipcc::quantized_allreduce: the lossy 8/4-bit all-reduce of
-// comm/quantized_allreduce.h on the group's algorithm lane.
+// comm/quantized_allreduce.h on the group's algorithm lane; on hosts of several ranks (the
+// communicator's hierarchical()), compressed only across hosts
+// (comm/hierarchical_quantized_allreduce.h).
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -8,6 +10,8 @@
 #include <utility>
 
 #include "comm/errors.h"
+#include "comm/hierarchical_quantized_allreduce.h"
+#include "comm/host_groups.h"
 #include "comm/quantized_allreduce.h"
 #include "torch_backend/gossipcc_work.h"
 #include "torch_backend/process_group_gossipcc.h"
@@ -45,6 +49,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::quantized_allreduce(std::
   for (const Buffer& b : buffers) total += b.count;
   SyncCallerStreams(tensors);
   Communicator* comm = communicator_.get();
+  // The same on every rank (the topology is): never a rank on each path.
+  const bool over_hosts = comm->hierarchical();
   std::shared_ptr<QuantizedAllreduceScratch> scratch;
   {
     std::lock_guard<std::mutex> lock(cache_mu_);
@@ -54,13 +60,20 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::quantized_allreduce(std::
   auto inner = lane_->Submit(
       "gossipcc quantized_allreduce on rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " (" +
           std::to_string(total) + " elements, " + std::to_string(bits) + " bits, " + (average ? "avg" : "sum") + ")",
-      [comm, scratch, buffers, options, feedback, total, keep = tensors, keep_residuals = std::make_pair(residual, owned_residual)]() {
+      [this, comm, over_hosts, scratch, buffers, options, feedback, total, keep = tensors,
+       keep_residuals = std::make_pair(residual, owned_residual)]() {
+        auto reduce = [&](Buffer data) {
+          if (over_hosts) {
+            HierarchicalQuantizedAllreduce(HostGroupsOnLane(), data, options, feedback, scratch.get());
+          } else {
+            QuantizedAllreduce(*comm, data, options, feedback, scratch.get());
+          }
+        };
         const Buffer& first = buffers[0];
         if (buffers.size() == 1 || first.dtype != DType::kFloat32 || first.device.is_cuda()) {
           // One tensor: in place. Several of a dtype or device the collective refuses: it fails on
           // every rank before touching the (then nominal) buffer.
-          QuantizedAllreduce(*comm, Buffer{first.data, total, first.dtype, first.device}, options, feedback,
-                             scratch.get());
+          reduce(Buffer{first.data, total, first.dtype, first.device});
           return;
         }
         std::vector<float> staged(total);
@@ -69,7 +82,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::quantized_allreduce(std::
           if (b.count) std::memcpy(staged.data() + offset, b.data, b.bytes());
           offset += b.count;
         }
-        QuantizedAllreduce(*comm, CpuBuffer(staged.data(), total), options, feedback, scratch.get());
+        reduce(CpuBuffer(staged.data(), total));
         offset = 0;
         for (const Buffer& b : buffers) {
           if (b.count) std::memcpy(b.data, staged.data() + offset, b.bytes());

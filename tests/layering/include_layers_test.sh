@@ -36,6 +36,8 @@ declare -A LAYER=(
   [communicator.h]=9
   # 10: collectives composed on the facade's public API; groups split from a communicator
   [quantized_allreduce.h]=10 [host_groups.h]=10
+  # 11: two-level forms of those, on the groups of host_groups.h
+  [hierarchical_quantized_allreduce.h]=11
 )
 FACADE_USERS_RE='^comm/(communicator\.cc|quantized_allreduce\.(h|cc)|host_groups\.(h|cc)|bench/.*|examples/.*)$'
 

@@ -3,7 +3,8 @@ network namespace per host, ranks launched with torchrun's variables): the backe
 ranks share a host from the hosts themselves, runs large all-reduces in two levels under
 `hierarchical` and `auto` (the default), DDP's gradients equal a locally computed average, and
 push-sum rounds run over the hosts (exact means inside each) where the topology is two-level,
-equal to push-sum computed here from its definition. Needs root (network namespaces); skips
+equal to push-sum computed here from its definition, and so does the quantized all-reduce
+(quantized only across hosts: the bits of the quantized all-reduce over the host sums). Needs root (network namespaces); skips
 saying why otherwise."""
 import json
 import os
@@ -14,7 +15,8 @@ import pytest
 import torch
 
 import emulated_cluster as ec
-from topology_worker import PUSH_SUM_ROUNDS, push_sum_input
+import quantized_reference as quantized
+from topology_worker import PUSH_SUM_ROUNDS, QUANTIZED_COUNT, push_sum_input, value
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "topology_worker.py")
 
@@ -66,6 +68,9 @@ def test_hosts_learned_and_allreduce_exact(hosts, ranks_per_host, topology, hier
     nodes = want_hosts if hierarchical else [[r] for r in range(cluster.n)]
     want_x, want_w = push_sum_reference([torch.stack([push_sum_input(r) for r in ranks]).double().mean(0)
                                          for ranks in nodes], PUSH_SUM_ROUNDS)
+    # The quantized all-reduce over the same nodes, each node's input its ranks' sum (integers:
+    # exact in float32 in any order).
+    want_q = quantized.reference([sum(value(r, QUANTIZED_COUNT) for r in ranks) for ranks in nodes], 8, 256, False)
     for r, rec in records.items():
         print(f"rank {r}: {rec['topology']['description']}, hierarchical={rec['topology']['hierarchical']}, "
               f"mismatches {rec['mismatches']}, DDP gradient max difference {rec['ddp_max_grad_diff']:.2e}")
@@ -78,6 +83,8 @@ def test_hosts_learned_and_allreduce_exact(hosts, ranks_per_host, topology, hier
         got = torch.tensor(rec["push_sum"]["x"], dtype=torch.float64)
         assert abs(rec["push_sum"]["w"] - want_w[node]) < 1e-12, (r, rec["push_sum"]["w"], want_w[node])
         assert torch.allclose(got, want_x[node], atol=1e-5), (r, float((got - want_x[node]).abs().max()))
+        got_q = torch.tensor(rec["quantized"], dtype=torch.float32)
+        assert torch.equal(got_q, want_q), (r, int((got_q != want_q).sum()))
 
 
 def push_sum_reference(x, rounds):

@@ -1,7 +1,7 @@
 """One rank of test_topology.py: env:// init on backend gossipcc (GOSSIPCC_TOPOLOGY from the
 environment), the topology the backend learned, a large all-reduce of every reduce op against
 the reference, one DDP step against a model whose gradients are averaged by hand, and push-sum
-rounds (GossipDataParallel's). Writes rank<r>.json into the output directory."""
+rounds (GossipDataParallel's), a quantized all-reduce. Writes rank<r>.json into the output directory."""
 import json
 import os
 import sys
@@ -21,6 +21,7 @@ def value(rank, n):
 
 
 PUSH_SUM_ROUNDS = 3
+QUANTIZED_COUNT = 5000
 
 
 def push_sum_input(rank):
@@ -69,6 +70,9 @@ def main(out):
     for step in range(PUSH_SUM_ROUNDS):
         backend.push_sum_round([x], w, step, "exponential").wait()
     record["push_sum"] = {"x": x.tolist(), "w": float(w)}
+    q = value(rank, QUANTIZED_COUNT)
+    backend.quantized_allreduce([q], bits=8, average=False).wait()
+    record["quantized"] = q.tolist()
     dist.destroy_process_group()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)
