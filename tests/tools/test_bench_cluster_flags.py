@@ -140,3 +140,21 @@ def test_two_hosts_of_two_ranks_over_a_delayed_link(tmp_path):
         rank, host = s["sent"]["median"], s["host_sent"]["median"]
         assert 256 << 10 < rank < 1.2 * (256 << 10), (seg, rank)
         assert 1.9 * rank < host < 2.2 * rank, (seg, rank, host)
+
+
+def test_quantized_over_hosts_puts_one_copy_on_each_nic(tmp_path):
+    """quantized_allreduce at 2 emulated hosts x 2 ranks: the two-level variants run beside the
+    flat ones (same bits on every rank, checked by the benchmark), and each host's NIC carries
+    about half the flat variant's bytes (one quantized copy per host instead of two)."""
+    namespaces_or_skip()
+    out = run_bench("quantized_allreduce", ["--network", "100mbit", "--hosts", "2", "--ranks-per-host", "2",
+                                            "--bytes", str(1 << 20)], tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "vs flat" in out.stdout, out.stdout[-3000:]
+    (d,) = os.listdir(tmp_path)
+    doc = json.loads((tmp_path / d / "results.json").read_text())
+    methods = doc["summary"]["cells"]["all-reduce"]["methods"]
+    for bits in (8, 4):
+        flat = methods[f"quantized {bits} bits"]["host_sent"]["median"]
+        over = methods[f"quantized {bits} bits over hosts"]["host_sent"]["median"]
+        assert 0.4 * flat < over < 0.65 * flat, (bits, flat, over)
