@@ -1,70 +1,26 @@
 #include "algorithms/hierarchical_push_sum.h"
 
-#include <cstring>
 #include <utility>
-
-#include "absl/strings/str_cat.h"
-#include "comm/errors.h"
 
 namespace gossipcc {
 namespace {
 
 constexpr char kAlgorithm[] = "hierarchical_push_sum";
 
-size_t Words(size_t bytes) { return (bytes + sizeof(uint64_t) - 1) / sizeof(uint64_t); }
-
 }  // namespace
 
 HierarchicalPushSum::HierarchicalPushSum(std::shared_ptr<const PeerGraph> graph, MixingFn mixing, uint32_t tag)
-    : across_(std::move(graph), std::move(mixing), tag) {}
+    : across_(std::move(graph), std::move(mixing), tag), slices_(kAlgorithm) {}
 
 void HierarchicalPushSum::Step(HostGroups& groups, const std::vector<Buffer>& buffers) {
-  if (buffers.empty()) throw InvalidArgumentError(absl::StrCat(kAlgorithm, ": no buffers"));
-  const DType dtype = buffers[0].dtype;
-  size_t count = 0;
-  for (size_t b = 0; b < buffers.size(); ++b) {
-    const Buffer& x = buffers[b];
-    if (x.device.is_cuda() || !IsFloatingPoint(x.dtype) || x.dtype != dtype) {
-      throw InvalidArgumentError(absl::StrCat(kAlgorithm, ": buffers must be on the CPU, of one floating dtype; buffer ",
-                                              b, " is ", x.ToString(), ", buffer 0 ", buffers[0].ToString()));
-    }
-    if (x.count > 0 && x.data == nullptr) throw InvalidArgumentError(absl::StrCat(kAlgorithm, ": buffer ", b, " has no data"));
-    count += x.count;
-  }
-  const size_t g = static_cast<size_t>(groups.host->size());
-  const size_t slice = (count + g - 1) / g;
-  const size_t element = ElementSize(dtype);
-  const Device cpu = Device::CPU();
-
-  // 1. The host's mean, slice by slice: this rank gets slice `local_rank`.
-  padded_.resize(Words(slice * g * element));
-  char* at = reinterpret_cast<char*>(padded_.data());
-  for (const Buffer& x : buffers) {
-    if (x.count > 0) std::memcpy(at, x.data, x.bytes());
-    at += x.bytes();
-  }
-  std::memset(at, 0, (slice * g - count) * element);  // the last slice's padding
-  slice_.resize(Words(slice * element));
-  const Buffer padded{padded_.data(), slice * g, dtype, cpu};
-  const Buffer mine{slice_.data(), slice, dtype, cpu};
-  groups.host->reduce_scatter(padded, mine, ReduceOp::kAvg)->wait();
-
-  // 2. Push-sum across hosts on that slice (PushSum leaves its step and weight alone on error).
   const int64_t step = across_.step();
   const double weight = across_.weight();
-  across_.Step(*groups.across, {mine});
-
-  // 3. The host's new value on every rank of the host.
   try {
-    groups.host->allgather(mine, padded)->wait();
+    // Push-sum across hosts on this rank's slice of the host's mean, carrying the host's weight.
+    slices_.Round(groups, buffers, [&](Buffer slice) { across_.Step(*groups.across, {slice}); });
   } catch (...) {
-    across_.Restore(step, weight);
+    across_.Restore(step, weight);  // PushSum leaves both alone on its own errors; the all-gather's too
     throw;
-  }
-  const char* from = reinterpret_cast<const char*>(padded_.data());
-  for (const Buffer& x : buffers) {
-    if (x.count > 0) std::memcpy(x.data, from, x.bytes());
-    from += x.bytes();
   }
 }
 

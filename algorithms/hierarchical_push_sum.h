@@ -2,10 +2,8 @@
 // gossip between hosts, each host's G ranks carrying 1/G of the buffer across its NIC. A flat
 // push-sum round sends a full buffer per rank, G per host NIC; this sends one per host.
 //
-// One round at step k, on the groups of HostGroups::Split:
-//  1. reduce-scatter, averaging, inside the host: local rank i gets slice i of the host's mean
-//     (the buffers concatenated, in slices of ceil(count / G) elements, the last one padded
-//     with zeros);
+// One round at step k, on the groups of HostGroups::Split (algorithms/host_slices.h):
+//  1. reduce-scatter, averaging, inside the host: local rank i gets slice i of the host's mean;
 //  2. a push-sum round (PushSum) on slice i among the H ranks with local rank i, over `graph`
 //     (a graph for H ranks, one per host) at step k, carrying the host's weight;
 //  3. all-gather inside the host: every rank of the host holds the host's new value.
@@ -19,6 +17,7 @@
 #include <memory>
 #include <vector>
 
+#include "algorithms/host_slices.h"
 #include "algorithms/peer_graph.h"
 #include "algorithms/push_sum.h"
 #include "comm/host_groups.h"
@@ -47,9 +46,8 @@ class HierarchicalPushSum {
   void Restore(int64_t step, double weight) { across_.Restore(step, weight); }
 
  private:
-  PushSum across_;               // on this rank's slice, among the ranks of its local rank
-  std::vector<uint64_t> padded_;  // G slices (8-byte words: aligned for every dtype)
-  std::vector<uint64_t> slice_;
+  PushSum across_;  // on this rank's slice, among the ranks of its local rank
+  HostSlices slices_;
 };
 
 }  // namespace gossipcc

@@ -8,6 +8,7 @@
 #include "algorithms/bilateral_exchange.h"
 #include "algorithms/fault_tolerant_push_sum.h"
 #include "algorithms/hierarchical_push_sum.h"
+#include "algorithms/hierarchical_symmetric_gossip.h"
 #include "algorithms/peer_graph.h"
 #include "algorithms/push_sum.h"
 #include "algorithms/symmetric_gossip.h"
@@ -195,21 +196,18 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::symmetric_gossip_round(st
   const char* op = "symmetric_gossip_round";
   std::vector<Buffer> buffers = FloatingBuffers(tensors, op);
   CheckStep(step, op);
-  std::shared_ptr<const PeerGraph> peer_graph = Graph(graph, op);
-  std::shared_ptr<SymmetricGossip> gossip;
-  {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    auto& slot = symmetric_gossips_[graph];
-    if (!slot) slot = std::make_shared<SymmetricGossip>(peer_graph);
-    gossip = slot;
-  }
+  // Hosts of several ranks (GOSSIPCC_TOPOLOGY): exact means inside each host, D-PSGD over the
+  // hosts on the graph `graph` names for the number of hosts (hierarchical_symmetric_gossip.h).
+  const bool over_hosts = communicator_->hierarchical() && !buffers[0].device.is_cuda();
+  const int nodes = over_hosts ? communicator_->topology().hosts() : size_;
+  std::shared_ptr<const PeerGraph> peer_graph = over_hosts ? Graph(graph, op, nodes) : Graph(graph, op);
   // Checked here too (the algorithm would fail the Work) to raise at the call; remembered per
   // step of the graph's period, so that steady-state calls cost no O(world size) check.
   bool symmetric;
   {
     const int64_t phase = step % peer_graph->period();
     std::lock_guard<std::mutex> lock(cache_mu_);
-    auto key = std::make_pair(graph, phase);
+    auto key = std::make_pair(graph + (over_hosts ? "|hosts" : ""), phase);
     auto it = symmetric_at_.find(key);
     if (it == symmetric_at_.end()) it = symmetric_at_.emplace(key, peer_graph->IsSymmetricAt(step)).first;
     symmetric = it->second;
@@ -220,6 +218,31 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::symmetric_gossip_round(st
                                "; D-PSGD needs an undirected graph such as \"ring\", \"complete\" or \"hypercube\"");
   }
   SyncCallerStreams(tensors);
+  if (over_hosts) {
+    std::shared_ptr<HierarchicalSymmetricGossip> gossip;
+    {
+      std::lock_guard<std::mutex> lock(cache_mu_);
+      auto& slot = hierarchical_symmetric_gossips_[graph];
+      if (!slot) slot = std::make_shared<HierarchicalSymmetricGossip>(peer_graph);
+      gossip = slot;
+    }
+    auto inner = lane_->Submit(
+        Where(op, rank_, size_) + " (over hosts, graph " + peer_graph->name() + ", step " + std::to_string(step) + ")",
+        [this, gossip, buffers, step]() {
+          HostGroups& groups = HostGroupsOnLane();
+          gossip->Restore(step);
+          gossip->Step(groups, buffers);
+        },
+        /*uses_collectives=*/false);
+    return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:symmetric_gossip_round", std::move(inner), tensors);
+  }
+  std::shared_ptr<SymmetricGossip> gossip;
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    auto& slot = symmetric_gossips_[graph];
+    if (!slot) slot = std::make_shared<SymmetricGossip>(peer_graph);
+    gossip = slot;
+  }
   Communicator* comm = communicator_.get();
   auto inner = lane_->Submit(
       Where(op, rank_, size_) + " (graph " + peer_graph->name() + ", step " + std::to_string(step) + ")",

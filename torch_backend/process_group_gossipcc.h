@@ -27,6 +27,7 @@ namespace gossipcc {
 class PeerGraph;
 class PushSum;
 class HierarchicalPushSum;
+class HierarchicalSymmetricGossip;
 struct HostGroups;
 class SymmetricGossip;
 class BilateralExchange;
@@ -219,6 +220,7 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   std::map<std::string, std::shared_ptr<HierarchicalPushSum>> hierarchical_push_sums_;
   std::shared_ptr<HostGroups> host_groups_;
   std::map<std::string, std::shared_ptr<SymmetricGossip>> symmetric_gossips_;
+  std::map<std::string, std::shared_ptr<HierarchicalSymmetricGossip>> hierarchical_symmetric_gossips_;
   std::map<std::pair<std::string, int64_t>, bool> symmetric_at_;  // (spec, step mod period)
   std::map<std::string, std::shared_ptr<BilateralExchange>> bilateral_exchanges_;
   std::shared_ptr<AsyncBilateralExchange> async_bilateral_;

@@ -25,6 +25,7 @@
 namespace gossipcc {
 namespace {
 
+using ::gossipcc::testing::CreateOnHosts;
 using ::gossipcc::testing::InSanitizerRankCounts;
 using ::gossipcc::testing::LaunchMode;
 using ::gossipcc::testing::RunRanksWithStore;
@@ -41,16 +42,6 @@ std::string LayoutName(const ::testing::TestParamInfo<Layout>& info) {
 
 // Rank r's input: distinct on every rank and element.
 float Input(int rank, size_t i) { return static_cast<float>(std::sin(0.37 * i + 1.3 * rank) * (rank + 1) + 0.01 * i); }
-
-// Ranks r*G .. r*G+G-1 form host r.
-std::unique_ptr<Communicator> OnHosts(const Layout& layout, int rank, std::shared_ptr<Store> store,
-                                      std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
-  CommunicatorOptions o;
-  o.host_key = absl::StrCat("host", rank / layout.per_host);
-  o.timeout = timeout;
-  o.rendezvous_timeout = std::chrono::seconds(60);
-  return Communicator::Create(std::make_shared<PrefixStore>("comm", store), rank, layout.size(), o);
-}
 
 // `rounds` push-sum rounds over H nodes from step 0, by the definition: node j sends
 // s_j = 1 / (|out(j, k)| + 1) of its (x, w) to each out-peer and keeps s_j.
@@ -96,7 +87,7 @@ TEST_P(HierarchicalPushSumTest, HostsFollowPushSumOverHosts) {
   std::vector<double> got_w(n);
   std::vector<uint64_t> sent_across(n);
   RunRanksWithStore(n, LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store> store) {
-    auto comm = OnHosts(layout, rank, store);
+    auto comm = CreateOnHosts(layout.hosts, layout.per_host, rank, store);
     HostGroups groups = HostGroups::Split(*comm, store, "groups");
     EXPECT_EQ(groups.host->size(), layout.per_host);
     EXPECT_EQ(groups.across->size(), layout.hosts);
@@ -153,7 +144,7 @@ TEST(HierarchicalPushSumConsensusTest, PowerOfTwoHostsAgreeOnTheMeanOfAllRanks) 
   }
   auto graph = std::shared_ptr<const PeerGraph>(MakeExponentialGraph(layout.hosts, 1));
   RunRanksWithStore(n, LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store> store) {
-    auto comm = OnHosts(layout, rank, store);
+    auto comm = CreateOnHosts(layout.hosts, layout.per_host, rank, store);
     HostGroups groups = HostGroups::Split(*comm, store, "groups");
     std::vector<float> x(kCount);
     for (size_t i = 0; i < kCount; ++i) x[i] = Input(rank, i);
@@ -188,7 +179,7 @@ TEST(HierarchicalPushSumErrorsTest, MismatchedCountsFailAndLeaveTheStateAlone) {
   const int n = layout.size();
   auto graph = std::shared_ptr<const PeerGraph>(MakeExponentialGraph(layout.hosts, 1));
   RunRanksWithStore(n, LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store> store) {
-    auto comm = OnHosts(layout, rank, store, std::chrono::seconds(10));
+    auto comm = CreateOnHosts(layout.hosts, layout.per_host, rank, store, std::chrono::seconds(10));
     HostGroups groups = HostGroups::Split(*comm, store, "groups");
     HierarchicalPushSum push_sum(graph);
     std::vector<float> x(rank < 2 ? 100 : 102, static_cast<float>(rank));

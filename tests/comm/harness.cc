@@ -60,6 +60,15 @@ void MeetThroughStore(Store& store, int rank, int n, const std::string& key) {
   store.wait(keys, std::chrono::seconds(120));
 }
 
+std::unique_ptr<Communicator> CreateOnHosts(int hosts, int per_host, int rank, std::shared_ptr<Store> store,
+                                            std::chrono::milliseconds timeout) {
+  CommunicatorOptions o;
+  o.host_key = absl::StrCat("host", rank / per_host);
+  o.timeout = timeout;
+  o.rendezvous_timeout = std::chrono::seconds(60);
+  return Communicator::Create(std::make_shared<PrefixStore>("comm", std::move(store)), rank, hosts * per_host, o);
+}
+
 std::string FreshTempDir() {
   static std::atomic<int> counter{0};
   const char* base = std::getenv("TEST_TMPDIR");

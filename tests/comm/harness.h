@@ -174,6 +174,11 @@ std::string FreshTempDir();
 // that the timeout bounds the operations and not how far apart the ranks finished starting.
 void MeetThroughStore(Store& store, int rank, int n, const std::string& key);
 
+// Rank `rank` of `hosts` x `per_host` ranks, ranks r*G .. r*G+G-1 on host r (a host key per
+// host: as if each host were a machine), created on `store` (rendezvous timeout 60 s).
+std::unique_ptr<Communicator> CreateOnHosts(int hosts, int per_host, int rank, std::shared_ptr<Store> store,
+                                            std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
 // Fails (fatally: wrap a call whose caller goes on in ASSERT_NO_FATAL_FAILURE) unless `got` holds
 // exactly the bits of `want` (so -0.0 vs 0.0 and NaN payloads count), naming the first element
 // that differs.

@@ -3,7 +3,7 @@ network namespace per host, ranks launched with torchrun's variables): the backe
 ranks share a host from the hosts themselves, runs large all-reduces in two levels under
 `hierarchical` and `auto` (the default), DDP's gradients equal a locally computed average, and
 push-sum rounds run over the hosts (exact means inside each) where the topology is two-level,
-equal to push-sum computed here from its definition, and so does the quantized all-reduce
+equal to push-sum computed here from its definition, and so do D-PSGD rounds and the quantized all-reduce
 (quantized only across hosts: the bits of the quantized all-reduce over the host sums). Needs root (network namespaces); skips
 saying why otherwise."""
 import json
@@ -68,6 +68,8 @@ def test_hosts_learned_and_allreduce_exact(hosts, ranks_per_host, topology, hier
     nodes = want_hosts if hierarchical else [[r] for r in range(cluster.n)]
     want_x, want_w = push_sum_reference([torch.stack([push_sum_input(r) for r in ranks]).double().mean(0)
                                          for ranks in nodes], PUSH_SUM_ROUNDS)
+    want_sym = symmetric_reference([torch.stack([push_sum_input(r) for r in ranks]).double().mean(0)
+                                    for ranks in nodes], PUSH_SUM_ROUNDS)
     # The quantized all-reduce over the same nodes, each node's input its ranks' sum (integers:
     # exact in float32 in any order).
     want_q = quantized.reference([sum(value(r, QUANTIZED_COUNT) for r in ranks) for ranks in nodes], 8, 256, False)
@@ -83,6 +85,8 @@ def test_hosts_learned_and_allreduce_exact(hosts, ranks_per_host, topology, hier
         got = torch.tensor(rec["push_sum"]["x"], dtype=torch.float64)
         assert abs(rec["push_sum"]["w"] - want_w[node]) < 1e-12, (r, rec["push_sum"]["w"], want_w[node])
         assert torch.allclose(got, want_x[node], atol=1e-5), (r, float((got - want_x[node]).abs().max()))
+        got_sym = torch.tensor(rec["symmetric"], dtype=torch.float64)
+        assert torch.allclose(got_sym, want_sym[node], atol=1e-5), (r, float((got_sym - want_sym[node]).abs().max()))
         got_q = torch.tensor(rec["quantized"], dtype=torch.float32)
         assert torch.equal(got_q, want_q), (r, int((got_q != want_q).sum()))
 
@@ -103,6 +107,21 @@ def push_sum_reference(x, rounds):
                 nw[t] += share * w[j]
         x, w = nx, nw
     return x, w
+
+
+def symmetric_reference(x, rounds):
+    """D-PSGD from step 0 on the ring over len(x) nodes: Metropolis-Hastings weights
+    1 / (1 + max(d_i, d_j)) to each neighbour j, the rest kept."""
+    import gossipcc
+    n = len(x)
+    for step in range(rounds):
+        peers = [list(gossipcc._C.peer_graph_out_peers("ring", n, j, step)) if n > 1 else [] for j in range(n)]
+        nx = [v.clone() for v in x]
+        for j in range(n):
+            for t in peers[j]:
+                nx[j] += (x[t] - x[j]) / (1 + max(len(peers[j]), len(peers[t])))
+        x = nx
+    return x
 
 
 def test_local_world_size_that_disagrees_with_the_hosts_found_warns():

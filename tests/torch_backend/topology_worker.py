@@ -1,7 +1,7 @@
 """One rank of test_topology.py: env:// init on backend gossipcc (GOSSIPCC_TOPOLOGY from the
 environment), the topology the backend learned, a large all-reduce of every reduce op against
 the reference, one DDP step against a model whose gradients are averaged by hand, and push-sum
-rounds (GossipDataParallel's), a quantized all-reduce. Writes rank<r>.json into the output directory."""
+rounds (GossipDataParallel's), D-PSGD rounds, a quantized all-reduce. Writes rank<r>.json into the output directory."""
 import json
 import os
 import sys
@@ -70,6 +70,10 @@ def main(out):
     for step in range(PUSH_SUM_ROUNDS):
         backend.push_sum_round([x], w, step, "exponential").wait()
     record["push_sum"] = {"x": x.tolist(), "w": float(w)}
+    x = push_sum_input(rank)
+    for step in range(PUSH_SUM_ROUNDS):
+        backend.symmetric_gossip_round([x], step, "ring").wait()
+    record["symmetric"] = x.tolist()
     q = value(rank, QUANTIZED_COUNT)
     backend.quantized_allreduce([q], bits=8, average=False).wait()
     record["quantized"] = q.tolist()

@@ -1,0 +1,146 @@
+// HierarchicalSymmetricGossip (algorithms/hierarchical_symmetric_gossip.h) on H x G layouts,
+// against D-PSGD over the hosts computed here from its definition (each host's value the mean
+// of its ranks; Metropolis-Hastings weights 1 / (1 + max(d_i, d_j)) over the graph's neighbours);
+// the average over all ranks kept; one slice, 1/G of the buffer, per rank, neighbour and round
+// across hosts; errors that leave x and the step alone.
+#include "algorithms/hierarchical_symmetric_gossip.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "algorithms/peer_graph.h"
+#include "comm/communicator.h"
+#include "comm/errors.h"
+#include "comm/host_groups.h"
+#include "comm/store.h"
+#include "gtest/gtest.h"
+#include "tests/comm/harness.h"
+
+namespace gossipcc {
+namespace {
+
+using ::gossipcc::testing::CreateOnHosts;
+using ::gossipcc::testing::InSanitizerRankCounts;
+using ::gossipcc::testing::LaunchMode;
+using ::gossipcc::testing::RunRanksWithStore;
+
+struct Layout {
+  int hosts;
+  int per_host;
+  int size() const { return hosts * per_host; }
+};
+
+std::string LayoutName(const ::testing::TestParamInfo<Layout>& info) {
+  return absl::StrCat(info.param.hosts, "x", info.param.per_host);
+}
+
+float Input(int rank, size_t i) { return static_cast<float>(std::cos(0.29 * i + 0.7 * rank) * (rank + 2) - 0.003 * i); }
+
+// `rounds` D-PSGD rounds over H nodes from step 0, by the definition.
+void SymmetricGossipOverHosts(const PeerGraph& graph, int rounds, std::vector<std::vector<double>>& x) {
+  const int h = graph.world_size();
+  for (int k = 0; k < rounds; ++k) {
+    std::vector<int> degree(h);
+    for (int j = 0; j < h; ++j) degree[j] = static_cast<int>(graph.OutPeers(j, k).size());
+    std::vector<std::vector<double>> nx = x;
+    for (int j = 0; j < h; ++j) {
+      for (int t : graph.OutPeers(j, k)) {
+        const double w = 1.0 / (1.0 + std::max(degree[j], degree[t]));
+        for (size_t i = 0; i < x[j].size(); ++i) nx[j][i] += w * (x[t][i] - x[j][i]);
+      }
+    }
+    x = std::move(nx);
+  }
+}
+
+class HierarchicalSymmetricGossipTest : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(HierarchicalSymmetricGossipTest, HostsFollowSymmetricGossipOverHosts) {
+  const Layout layout = GetParam();
+  const int n = layout.size();
+  if (!InSanitizerRankCounts(std::min(n, 8))) GTEST_SKIP() << "n = " << n << " runs under the other sanitizer (harness.h)";
+  constexpr size_t kCount = 1001;  // not a multiple of G = 2, 3: the last slice is padded
+  constexpr int kRounds = 4;
+  auto graph = std::shared_ptr<const PeerGraph>(MakeRingGraph(layout.hosts));
+
+  std::vector<std::vector<double>> want(layout.hosts, std::vector<double>(kCount, 0.0));
+  double total = 0.0;
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < kCount; ++i) {
+      want[r / layout.per_host][i] += Input(r, i) / layout.per_host;
+      total += Input(r, i);
+    }
+  }
+  SymmetricGossipOverHosts(*graph, kRounds, want);
+
+  std::mutex mu;
+  std::vector<std::vector<float>> got(n);
+  std::vector<uint64_t> sent_across(n);
+  RunRanksWithStore(n, LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store> store) {
+    auto comm = CreateOnHosts(layout.hosts, layout.per_host, rank, store);
+    HostGroups groups = HostGroups::Split(*comm, store, "groups");
+    std::vector<float> x(kCount);
+    for (size_t i = 0; i < kCount; ++i) x[i] = Input(rank, i);
+    HierarchicalSymmetricGossip gossip(graph);
+    const std::vector<Buffer> buffers = {CpuBuffer(x.data(), 400), CpuBuffer(x.data() + 400, kCount - 400)};
+    for (int k = 0; k < kRounds; ++k) gossip.Step(groups, buffers);
+    EXPECT_EQ(gossip.step(), kRounds);
+    std::lock_guard<std::mutex> lock(mu);
+    got[rank] = x;
+    sent_across[rank] = groups.across->traffic().p2p_bytes_sent;
+  });
+
+  const size_t slice = (kCount + layout.per_host - 1) / layout.per_host;
+  double got_total = 0.0;
+  for (int r = 0; r < n; ++r) {
+    const int h = r / layout.per_host;
+    for (size_t i = 0; i < kCount; ++i) {
+      got_total += got[r][i];
+      if (std::abs(got[r][i] - want[h][i]) > 1e-4) {
+        FAIL() << "rank " << r << " (host " << h << "), element " << i << ": " << got[r][i] << ", want " << want[h][i];
+      }
+    }
+    const int first = h * layout.per_host;
+    EXPECT_EQ(std::memcmp(got[r].data(), got[first].data(), kCount * sizeof(float)), 0)
+        << "rank " << r << " differs from rank " << first << " of its host";
+    // Across hosts: this rank's slice (and a 16-byte round header) to each ring neighbour per round.
+    const uint64_t neighbours = graph->OutPeers(h, 0).size();
+    EXPECT_EQ(sent_across[r], kRounds * neighbours * (slice * sizeof(float) + 16)) << "rank " << r;
+  }
+  // W doubly stochastic: the sum over all ranks is kept (to float32 rounding).
+  EXPECT_NEAR(got_total, total, 1e-6 * n * kCount * 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, HierarchicalSymmetricGossipTest,
+                         ::testing::Values(Layout{2, 2}, Layout{4, 2}, Layout{3, 3}, Layout{1, 4}, Layout{2, 3},
+                                           Layout{3, 1}, Layout{1, 1}),
+                         LayoutName);
+
+// Hosts that disagree on the count: the gossip across hosts fails with MismatchError on every
+// rank (within the timeout), and x and the step are as before the call.
+TEST(HierarchicalSymmetricGossipErrorsTest, MismatchedCountsFailAndLeaveTheStateAlone) {
+  const Layout layout{2, 2};
+  auto graph = std::shared_ptr<const PeerGraph>(MakeRingGraph(layout.hosts));
+  RunRanksWithStore(layout.size(), LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store> store) {
+    auto comm = CreateOnHosts(layout.hosts, layout.per_host, rank, store, std::chrono::seconds(10));
+    HostGroups groups = HostGroups::Split(*comm, store, "groups");
+    HierarchicalSymmetricGossip gossip(graph);
+    std::vector<float> x(rank < 2 ? 100 : 102, static_cast<float>(rank));
+    const std::vector<float> before = x;
+    const std::string message =
+        testing::ExpectThrow<MismatchError>([&] { gossip.Step(groups, {CpuBuffer(x.data(), x.size())}); });
+    EXPECT_NE(message.find("symmetric"), std::string::npos) << message;
+    EXPECT_EQ(x, before) << "rank " << rank;
+    EXPECT_EQ(gossip.step(), 0);
+  });
+}
+
+}  // namespace
+}  // namespace gossipcc
