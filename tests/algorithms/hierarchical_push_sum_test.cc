@@ -193,5 +193,39 @@ TEST(HierarchicalPushSumErrorsTest, MismatchedCountsFailAndLeaveTheStateAlone) {
   });
 }
 
+// A rank that dies inside a host (its communicators closed before the round, as at process
+// exit): its host's other rank fails in the host's reduce-scatter, the rank of the other host
+// that gossips with it fails across hosts, and the last rank, whose across-host partner failed
+// first, fails too; every rank raises a CommError well within the timeout's safety net, its
+// buffers, weight and step unchanged.
+TEST(HierarchicalPushSumErrorsTest, ARankThatDiesInsideAHostFailsEveryRank) {
+  const Layout layout{2, 2};
+  const int dead = 1;  // local rank 1 of host 0
+  auto graph = std::shared_ptr<const PeerGraph>(MakeExponentialGraph(layout.hosts, 1));
+  std::mutex mu;
+  std::vector<std::string> errors(layout.size());
+  RunRanksWithStore(layout.size(), LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store> store) {
+    auto comm = CreateOnHosts(layout.hosts, layout.per_host, rank, store, std::chrono::seconds(10));
+    HostGroups groups = HostGroups::Split(*comm, store, "groups");
+    testing::MeetThroughStore(*store, rank, layout.size(), "split");
+    if (rank == dead) return;  // its communicators close as the thread leaves
+    HierarchicalPushSum push_sum(graph);
+    std::vector<float> x(1000, static_cast<float>(rank));
+    const std::vector<float> before = x;
+    const std::string message =
+        testing::ExpectThrow<CommError>([&] { push_sum.Step(groups, {CpuBuffer(x.data(), x.size())}); });
+    EXPECT_EQ(x, before) << "rank " << rank;
+    EXPECT_EQ(push_sum.step(), 0) << "rank " << rank;
+    EXPECT_EQ(push_sum.weight(), 1.0) << "rank " << rank;
+    std::lock_guard<std::mutex> lock(mu);
+    errors[rank] = message;
+  });
+  for (int r = 0; r < layout.size(); ++r) {
+    if (r != dead) EXPECT_FALSE(errors[r].empty()) << "rank " << r;
+  }
+  // The rank on the dead rank's host names the collective that lost it.
+  EXPECT_NE(errors[0].find("reduce_scatter"), std::string::npos) << errors[0];
+}
+
 }  // namespace
 }  // namespace gossipcc

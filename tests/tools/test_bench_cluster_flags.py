@@ -15,7 +15,7 @@ import pytest
 import bench_script
 
 BENCH = os.path.join(bench_script.TOOLS, "bench")
-SCRIPTS = ("allreduce_backends", "gossip_vs_allreduce", "model_shapes", "p2p_segments", "powersgd_overlap",
+SCRIPTS = ("allreduce_backends", "gossip_vs_allreduce", "hierarchical", "model_shapes", "p2p_segments", "powersgd_overlap",
            "powersgd_vs_torch", "quantized_allreduce")
 
 

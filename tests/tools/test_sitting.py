@@ -100,6 +100,28 @@ def test_strict_refuses_a_block_of_a_step_the_sitting_did_not_run(tmp_path):
     assert page.read_text() == PAGE
 
 
+def test_blocks_rewrites_only_the_named_blocks(tmp_path):
+    """--blocks: a sitting of some steps fills its own blocks ("sitting@WHAT" takes the sitting's
+    record too) and leaves every other block as it was; an unknown block name is refused."""
+    out, page = update(tmp_path, "--blocks", "quantized_allreduce-1x2")
+    assert out.returncode == 0, out.stderr
+    text = page.read_text()
+    blocks = {name: text[a:b] for name, a, b in docgen().blocks(text)}
+    assert "old table" not in blocks["quantized_allreduce-1x2"]
+    assert blocks["sitting"] == "stale record\n" and blocks["digits-1x2"] == ""
+    assert outside(text) == outside(PAGE)
+    named = PAGE.replace("<!-- generated:sitting -->", "<!-- generated:sitting@some -->")
+    page.write_text(named)
+    out = subprocess.run([sys.executable, REPORT, str(tmp_path / "sitting"), "--update-doc", str(page),
+                          "--blocks", "sitting@some"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    blocks = {name: page.read_text()[a:b] for name, a, b in docgen().blocks(page.read_text())}
+    assert "commit 94d2428abbd7" in blocks["sitting@some"] and "old table" in blocks["quantized_allreduce-1x2"]
+    out = subprocess.run([sys.executable, REPORT, str(tmp_path / "sitting"), "--update-doc", str(page),
+                          "--blocks", "nonesuch"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "no generated block named nonesuch" in out.stderr
+
+
 def test_a_refused_or_failed_step_and_a_moved_head_are_said(tmp_path):
     sitting = tmp_path / "sitting"
     shutil.copytree(FIXTURE, sitting)

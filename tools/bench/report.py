@@ -11,9 +11,11 @@ Known results: every benchmark of tools/bench (BENCHMARKS), the main job's workl
 and "lm" (main_job.py wraps their summaries) and a sitting (sitting.py: its record of every
 step). --update-doc rewrites the page's generated blocks (docgen.py) from a sitting's results:
 `<!-- generated:STEP -->` gets the step's report, `<!-- generated:plot:STEP -->` its plot (a PNG
-under the page's img/sitting/, linked), `<!-- generated:sitting -->` the sitting's record;
-everything outside the blocks is kept byte for byte, and a block naming a step the sitting did
-not run is left as it is (listed on stderr; --strict makes that an error).
+under the page's img/sitting/, linked), `<!-- generated:sitting -->` (or `sitting@WHAT`, for a
+page that shows more than one sitting) the sitting's record; everything outside the blocks is
+kept byte for byte, and a block naming a step the sitting did not run is left as it is (listed
+on stderr; --strict makes that an error). --blocks NAME,... rewrites the named blocks only (a
+sitting of some steps, beside the blocks of an earlier full one).
 
 A refused run (more than half its trials above --max-load, without --allow-load) is not
 rendered: the command exits 2 with the refusal's reason (in a page, its block says it was refused).
@@ -31,7 +33,7 @@ import harness  # noqa: E402
 BENCHMARKS = {"allreduce_backends": "allreduce_backends", "gossip_vs_allreduce": "gossip_vs_allreduce",
               "model_shapes": "model_shapes", "p2p_segments": "p2p_segments", "powersgd_overlap": "powersgd_overlap",
               "powersgd_vs_torch": "powersgd_vs_torch", "quantized_allreduce": "quantized_allreduce",
-              "projection": "projection",
+              "projection": "projection", "hierarchical": "hierarchical",
               "digits": "main_job", "lm": "main_job", "sitting": "sitting"}
 PLOT_DIR = os.path.join("img", "sitting")  # relative to the page
 
@@ -77,7 +79,7 @@ def sitting_renderer(sitting_dir, page):
         return doc, None
 
     def render_block(name):
-        if name == "sitting":
+        if name == "sitting" or name.startswith("sitting@"):  # the page's sittings: "sitting", "sitting@WHAT"
             return source + "\n" + sitting.report(record) + "\n"
         plot_of = name[len("plot:"):] if name.startswith("plot:") else None
         step = plot_of or name
@@ -97,11 +99,21 @@ def sitting_renderer(sitting_dir, page):
     return render_block
 
 
-def update_doc(page, sitting_dir, strict=False):
-    """Rewrites page's generated blocks from the sitting in sitting_dir; returns (rendered, kept)."""
+def update_doc(page, sitting_dir, strict=False, only=None):
+    """Rewrites page's generated blocks from the sitting in sitting_dir (`only`: those named
+    there, the others kept); returns (rendered, kept)."""
     with open(page) as f:
         text = f.read()
-    new, rendered, kept = docgen.regenerate(text, sitting_renderer(sitting_dir, page))
+    render = sitting_renderer(sitting_dir, page)
+    if only is not None:
+        unknown = sorted(set(only) - {name for name, _, _ in docgen.blocks(text)})
+        if unknown:
+            raise harness.HarnessError(f"{page}: no generated block named {', '.join(unknown)}")
+        render_all = render
+
+        def render(name):
+            return render_all(name) if name in only else None
+    new, rendered, kept = docgen.regenerate(text, render)
     if kept and strict:
         raise harness.HarnessError(f"{page}: blocks for steps the sitting did not run: {', '.join(kept)}")
     with open(page, "w") as f:
@@ -118,10 +130,14 @@ def main(argv=None):
     p.add_argument("--plot", metavar="PNG", help="also write the benchmark's plot here")
     p.add_argument("--update-doc", metavar="PAGE", help="rewrite PAGE's generated blocks from the sitting in RESULTS")
     p.add_argument("--strict", action="store_true", help="with --update-doc: fail on a block the sitting did not run")
+    p.add_argument("--blocks", metavar="NAME,...",
+                   help="with --update-doc: rewrite only these blocks (e.g. a sitting of some steps: "
+                        "sitting@hierarchical,hierarchical-4x2)")
     args = p.parse_args(argv)
     try:
         if args.update_doc:
-            update_doc(args.update_doc, args.results, args.strict)
+            update_doc(args.update_doc, args.results, args.strict,
+                       args.blocks.split(",") if args.blocks else None)
             return 0
         sitting_json = os.path.join(args.results, "sitting.json")
         doc = harness.read(sitting_json if os.path.isfile(sitting_json) else args.results)

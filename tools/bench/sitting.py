@@ -52,6 +52,8 @@ STEPS = (
      ["--bytes", str(16 * MB)], ["--bytes", str(MB)]),
     ("gossip_vs_allreduce", "bench/gossip_vs_allreduce.py", "network",
      ["--bytes", str(16 * MB)], ["--bytes", str(MB)]),
+    ("hierarchical", "bench/hierarchical.py", "network",
+     ["--bytes", str(16 * MB)], ["--bytes", str(MB)]),
     ("p2p_segments", "bench/p2p_segments.py", "network",
      ["--bytes", str(16 * MB), "--segments", f"{16 * MB},{MB},{256 << 10}"],
      ["--bytes", str(MB), "--segments", f"{MB},{256 << 10},{64 << 10}"]),
