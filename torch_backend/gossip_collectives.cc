@@ -14,6 +14,7 @@
 #include "algorithms/symmetric_gossip.h"
 #include "comm/errors.h"
 #include "comm/host_groups.h"
+#include "compression/hierarchical_power_sgd.h"
 #include "compression/power_sgd.h"
 #include "torch_backend/gossipcc_work.h"
 #include "torch_backend/process_group_gossipcc.h"
@@ -459,9 +460,19 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::powersgd_allreduce(
   }
   SyncCallerStreams(tensors);
   Communicator* comm = communicator_.get();
+  // Hosts of several ranks (GOSSIPCC_TOPOLOGY): exact means inside each host, PowerSGD across
+  // hosts once per host (compression/hierarchical_power_sgd.h). The same choice on every rank.
+  const bool over_hosts = comm->hierarchical() && !buffers.empty() && !buffers[0].device.is_cuda();
   auto inner = lane_->Submit(
-      Where(op, rank_, size_) + " (" + std::to_string(tensors.size()) + " tensors)",
-      [comm, state, grads = std::move(grads)]() { state->AllReduce(*comm, grads); },
+      Where(op, rank_, size_) + " (" + std::to_string(tensors.size()) + " tensors" + (over_hosts ? ", over hosts" : "") +
+          ")",
+      [this, comm, over_hosts, state, grads = std::move(grads)]() {
+        if (over_hosts) {
+          compression::HierarchicalPowerSGDAllReduce(*state, HostGroupsOnLane(), grads);
+        } else {
+          state->AllReduce(*comm, grads);
+        }
+      },
       /*uses_collectives=*/true);
   return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:powersgd_allreduce", std::move(inner), tensors);
 }

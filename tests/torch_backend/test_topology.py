@@ -3,7 +3,8 @@ network namespace per host, ranks launched with torchrun's variables): the backe
 ranks share a host from the hosts themselves, runs large all-reduces in two levels under
 `hierarchical` and `auto` (the default), DDP's gradients equal a locally computed average, and
 push-sum rounds run over the hosts (exact means inside each) where the topology is two-level,
-equal to push-sum computed here from its definition, and so do D-PSGD rounds and the quantized all-reduce
+equal to push-sum computed here from its definition, and so do D-PSGD rounds, PowerSGD (against
+PowerSGD over one rank per host fed the host means) and the quantized all-reduce
 (quantized only across hosts: the bits of the quantized all-reduce over the host sums). Needs root (network namespaces); skips
 saying why otherwise."""
 import json
@@ -87,6 +88,10 @@ def test_hosts_learned_and_allreduce_exact(hosts, ranks_per_host, topology, hier
         assert torch.allclose(got, want_x[node], atol=1e-5), (r, float((got - want_x[node]).abs().max()))
         got_sym = torch.tensor(rec["symmetric"], dtype=torch.float64)
         assert torch.allclose(got_sym, want_sym[node], atol=1e-5), (r, float((got_sym - want_sym[node]).abs().max()))
+        for call, (got_p, want_p) in enumerate(zip(rec["powersgd"], records[0]["powersgd_reference"])):
+            got_p, want_p = torch.tensor(got_p), torch.tensor(want_p)
+            assert torch.allclose(got_p, want_p, rtol=1e-5, atol=1e-5), (r, call, float((got_p - want_p).abs().max()))
+            assert got_p.tolist() == records[0]["powersgd"][call], (r, call, "differs from rank 0's bits")
         got_q = torch.tensor(rec["quantized"], dtype=torch.float32)
         assert torch.equal(got_q, want_q), (r, int((got_q != want_q).sum()))
 

@@ -1,7 +1,8 @@
 """One rank of test_topology.py: env:// init on backend gossipcc (GOSSIPCC_TOPOLOGY from the
 environment), the topology the backend learned, a large all-reduce of every reduce op against
 the reference, one DDP step against a model whose gradients are averaged by hand, and push-sum
-rounds (GossipDataParallel's), D-PSGD rounds, a quantized all-reduce. Writes rank<r>.json into the output directory."""
+rounds (GossipDataParallel's), D-PSGD rounds, a quantized all-reduce, PowerSGD (the DDP hook's
+and DiLoCo's call) beside PowerSGD on a flat group of one rank per node fed the node means. Writes rank<r>.json into the output directory."""
 import json
 import os
 import sys
@@ -22,6 +23,28 @@ def value(rank, n):
 
 PUSH_SUM_ROUNDS = 3
 QUANTIZED_COUNT = 5000
+POWERSGD_SHAPES = {"w1": (24, 32), "w2": (40, 12), "b": (16,)}
+
+
+def powersgd_input(rank, call):
+    """Small integers (exact host means of 2 ranks), one tensor per key."""
+    out = []
+    for k, (key, shape) in enumerate(POWERSGD_SHAPES.items()):
+        n = torch.tensor(shape).prod().item()
+        i = torch.arange(n, dtype=torch.int64)
+        out.append(((i * (7 + 2 * rank + k) + 13 * call + 5 * rank) % 17 - 8).to(torch.float32).reshape(shape))
+    return out
+
+
+def powersgd_calls(backend, inputs):
+    """Two calls of powersgd_allreduce (rank 2, the first exact), in place on copies of inputs."""
+    state = gossipcc._C.PowerSGD("rank=2,start_iter=1")
+    outs = []
+    for grads in inputs:
+        grads = [g.clone() for g in grads]
+        backend.powersgd_allreduce(grads, None, state, list(POWERSGD_SHAPES)).wait()
+        outs.append(torch.cat([g.flatten() for g in grads]).tolist())
+    return outs
 
 
 def push_sum_input(rank):
@@ -77,6 +100,23 @@ def main(out):
     q = value(rank, QUANTIZED_COUNT)
     backend.quantized_allreduce([q], bits=8, average=False).wait()
     record["quantized"] = q.tolist()
+    record["powersgd"] = powersgd_calls(backend, [powersgd_input(rank, call) for call in range(2)])
+    # The reference: the first rank of each node (host where the topology is two-level, rank
+    # otherwise) runs PowerSGD on a flat group of those ranks, fed its node's mean.
+    nodes = record["topology"]["hosts"] if record["topology"]["hierarchical"] else [[r] for r in range(world)]
+    firsts = [ranks[0] for ranks in nodes]
+    topology = os.environ.get("GOSSIPCC_TOPOLOGY")
+    os.environ["GOSSIPCC_TOPOLOGY"] = "flat"
+    reference_group = dist.new_group(ranks=firsts, backend="gossipcc")
+    if topology is None:
+        del os.environ["GOSSIPCC_TOPOLOGY"]
+    else:
+        os.environ["GOSSIPCC_TOPOLOGY"] = topology
+    mine = next(ranks for ranks in nodes if rank in ranks)
+    if rank in firsts:
+        means = [[sum(powersgd_input(r, call)[k] for r in mine) / len(mine) for k in range(len(POWERSGD_SHAPES))]
+                 for call in range(2)]
+        record["powersgd_reference"] = powersgd_calls(gossipcc.get_backend_object(reference_group), means)
     dist.destroy_process_group()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)

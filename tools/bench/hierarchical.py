@@ -13,6 +13,8 @@ after an untimed barrier):
 - "push-sum" (`push_sum_round`, graph exponential:peers=1: GossipDataParallel's SGP and OSGP
   rounds and DiLoCo's outer_sync="gossip", which are made of this call), "D-PSGD"
   (`symmetric_gossip_round`, ring), "quantized 8 bits" (`quantized_allreduce`, averaging),
+  "PowerSGD rank 4" (`powersgd_allreduce`: the DDP hook's and DiLoCo's call, on the buffer viewed
+  as 1024-wide matrices, compressing from the first call, error feedback and warm start on),
   "exact all-reduce" (`dist.all_reduce`), each on a group created with GOSSIPCC_TOPOLOGY=flat
   ("... flat") and on a group with the default topology (auto: two-level on hosts of several
   ranks, "... over hosts");
@@ -36,11 +38,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import harness  # noqa: E402
 
-KINDS = ("push-sum", "D-PSGD", "quantized 8 bits", "exact all-reduce")
+KINDS = ("push-sum", "D-PSGD", "quantized 8 bits", "PowerSGD rank 4", "exact all-reduce")
 METHODS = tuple(f"{k} {form}" for k in KINDS for form in ("flat", "over hosts")) + ("exact all-reduce gloo",)
 # Methods whose result every rank must hold bitwise the same (the gossip rounds: every rank of a host).
-SAME_EVERYWHERE = ("quantized 8 bits flat", "quantized 8 bits over hosts", "exact all-reduce flat",
-                   "exact all-reduce over hosts", "exact all-reduce gloo")
+SAME_EVERYWHERE = ("quantized 8 bits flat", "quantized 8 bits over hosts", "PowerSGD rank 4 flat",
+                   "PowerSGD rank 4 over hosts", "exact all-reduce flat", "exact all-reduce over hosts",
+                   "exact all-reduce gloo")
+# PowerSGD's tensors: the buffer viewed as square matrices of this side (the last one shorter).
+POWERSGD_SIDE = 1024
 SAME_IN_HOST = ("push-sum over hosts", "D-PSGD over hosts")
 
 
@@ -73,6 +78,11 @@ def worker(args):
     t = torch.empty(count, dtype=torch.float32)
     w = torch.ones(1, dtype=torch.float64)
     steps = {m: 0 for m in METHODS}
+    # PowerSGD: the buffer as matrices of POWERSGD_SIDE columns, one state per group.
+    rows = [min(POWERSGD_SIDE, (count - start) // POWERSGD_SIDE)
+            for start in range(0, count - count % POWERSGD_SIDE, POWERSGD_SIDE * POWERSGD_SIDE)]
+    shapes = [[r, POWERSGD_SIDE] for r in rows] + ([[count % POWERSGD_SIDE]] if count % POWERSGD_SIDE else [])
+    psgd = {m: gossipcc._C.PowerSGD("rank=4,start_iter=0") for m in METHODS if m.startswith("PowerSGD")}
 
     def run(name):
         backend, group = (hosts, hosts_group) if name.endswith("over hosts") else (flat, flat_group)
@@ -85,6 +95,13 @@ def worker(args):
             backend.symmetric_gossip_round([t], step, "ring").wait()
         elif name.startswith("quantized"):
             backend.quantized_allreduce([t], 8, True).wait()
+        elif name.startswith("PowerSGD"):
+            views, at = [], 0
+            for shape in shapes:
+                size = shape[0] * (shape[1] if len(shape) > 1 else 1)
+                views.append(t[at:at + size])
+                at += size
+            backend.powersgd_allreduce(views, shapes, psgd[name], [f"m{i}" for i in range(len(views))]).wait()
         else:
             dist.all_reduce(t, group=gloo if name.endswith("gloo") else group)
 

@@ -1,0 +1,98 @@
+#include "compression/hierarchical_power_sgd.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/errors.h"
+
+namespace gossipcc {
+namespace compression {
+
+std::vector<int> DealTensorsToLocalRanks(absl::Span<const GradientTensor> tensors, int ranks) {
+  std::vector<size_t> order(tensors.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return tensors[a].data.count > tensors[b].data.count; });
+  std::vector<uint64_t> load(static_cast<size_t>(ranks), 0);
+  std::vector<int> owner(tensors.size(), 0);
+  for (size_t t : order) {
+    const size_t least = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[t] = static_cast<int>(least);
+    load[least] += tensors[t].data.count;
+  }
+  return owner;
+}
+
+PowerSGDStats HierarchicalPowerSGDAllReduce(PowerSGD& across, HostGroups& groups,
+                                            absl::Span<const GradientTensor> tensors) {
+  Communicator& host = *groups.host;
+  const std::string where =
+      absl::StrCat("gossipcc hierarchical PowerSGD on host ", groups.host_index, ", local rank ", groups.local_rank);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Buffer& b = tensors[i].data;
+    if (b.device.is_cuda() || !IsFloatingPoint(b.dtype) || (b.count > 0 && b.data == nullptr)) {
+      throw InvalidArgumentError(absl::StrCat(where, ": tensor ", i, " (", tensors[i].key, ") is ", b.ToString(),
+                                              "; CPU tensors of a floating dtype only"));
+    }
+  }
+
+  // 1. A copy of every tensor, averaged over the host's ranks.
+  std::vector<std::vector<uint64_t>> staged(tensors.size());
+  std::vector<GradientTensor> views(tensors.begin(), tensors.end());
+  std::vector<std::shared_ptr<Work>> works;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Buffer& b = tensors[i].data;
+    staged[i].resize((b.bytes() + sizeof(uint64_t) - 1) / sizeof(uint64_t));
+    if (b.count) std::memcpy(staged[i].data(), b.data, b.bytes());
+    views[i].data.data = staged[i].data();
+    works.push_back(host.allreduce(views[i].data, ReduceOp::kAvg));
+  }
+  for (auto& w : works) w->wait();
+
+  // 2. This rank's tensors, through PowerSGD among one rank per host.
+  const std::vector<int> owner = DealTensorsToLocalRanks(views, host.size());
+  std::vector<GradientTensor> mine;
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (owner[i] == groups.local_rank) mine.push_back(views[i]);
+  }
+  PowerSGDStats stats;
+  std::exception_ptr failure;
+  if (!mine.empty()) {  // the same on the H ranks of this local rank: the deal is
+    try {
+      stats = across.AllReduce(*groups.across, mine);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+
+  // 3. Every local rank's step succeeded, or every rank of the host raises.
+  int32_t ok = failure ? 0 : 1;
+  std::vector<int32_t> oks(static_cast<size_t>(host.size()));
+  host.allgather(CpuBuffer(&ok, 1), CpuBuffer(oks.data(), oks.size()))->wait();
+  if (failure) std::rethrow_exception(failure);
+  for (size_t r = 0; r < oks.size(); ++r) {
+    if (!oks[r]) {
+      throw CommError(absl::StrCat(where, ": local rank ", r, " of this host failed its PowerSGD step across hosts ",
+                                   "(its own error names why); the tensors are unchanged"));
+    }
+  }
+
+  // 4. Each tensor from the rank that ran it, then back into the caller's memory.
+  works.clear();
+  for (size_t i = 0; i < views.size(); ++i) works.push_back(host.broadcast(views[i].data, owner[i]));
+  for (auto& w : works) w->wait();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].data.count) std::memcpy(tensors[i].data.data, staged[i].data(), tensors[i].data.bytes());
+  }
+  return stats;
+}
+
+}  // namespace compression
+}  // namespace gossipcc
