@@ -17,7 +17,7 @@ void HierarchicalPushSum::Step(HostGroups& groups, const std::vector<Buffer>& bu
   const double weight = across_.weight();
   try {
     // Push-sum across hosts on this rank's slice of the host's mean, carrying the host's weight.
-    slices_.Round(groups, buffers, [&](Buffer slice) { across_.Step(*groups.across, {slice}); });
+    slices_.Round(groups, buffers, step, [&](Buffer slice) { across_.Step(*groups.across, {slice}); });
   } catch (...) {
     across_.Restore(step, weight);  // PushSum leaves both alone on its own errors; the all-gather's too
     throw;

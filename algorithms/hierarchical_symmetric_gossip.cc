@@ -11,7 +11,7 @@ void HierarchicalSymmetricGossip::Step(HostGroups& groups, const std::vector<Buf
   const int64_t step = across_.step();
   try {
     // D-PSGD across hosts on this rank's slice of the host's mean.
-    slices_.Round(groups, buffers, [&](Buffer slice) { across_.Step(*groups.across, {slice}); });
+    slices_.Round(groups, buffers, step, [&](Buffer slice) { across_.Step(*groups.across, {slice}); });
   } catch (...) {
     across_.Restore(step);  // SymmetricGossip leaves it alone on its own errors; the all-gather's too
     throw;

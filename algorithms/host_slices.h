@@ -4,15 +4,22 @@
 // new slices. Each host's NIC carries one copy of the buffer, split over its G ranks, instead of
 // G copies.
 //
-// Round(groups, buffers, across):
+// Round(groups, buffers, step, across):
+//  0. the host's ranks check that they agree on the element count, dtype and step (an
+//     all-gather inside the host; MismatchError on every rank of the host, naming each);
 //  1. reduce-scatter, averaging, inside the host: this rank gets slice `local_rank` of the
 //     host's mean (the buffers concatenated, slices of ceil(count / G) elements, the last one
 //     padded with zeros);
-//  2. across(slice): the caller's gossip step on that slice, over groups.across;
-//  3. all-gather inside the host; every rank of the host copies the host's new value into
+//  2. across(slice): the caller's gossip step on the slice's elements of the buffer (the last
+//     slices shorter or empty: not the padding), over groups.across;
+//  3. the host's ranks agree that every step 2 succeeded (an all-gather of one flag): if one
+//     failed, it raises its own error and the others a CommError naming it;
+//  4. all-gather inside the host; every rank of the host copies the host's new value into
 //     `buffers`, the same bits on every one of them.
-// The buffers are changed only when all three steps succeed; an error in step 3 comes after
-// across() ran, so a caller whose step keeps state (a step counter, a weight) undoes it then.
+// The buffers are changed only when every step succeeds. Step 2 may have succeeded on this
+// rank when the round fails (in step 3 or 4): a caller whose step keeps state (a step counter,
+// a weight) undoes it then. Hosts whose counts differ fail in step 2, where the slices' sizes
+// differ (the last local rank's at least), and every rank of those hosts then in step 3.
 #pragma once
 
 #include <cstdint>
@@ -30,8 +37,9 @@ class HostSlices {
   explicit HostSlices(const char* algorithm) : algorithm_(algorithm) {}
 
   // `buffers`: CPU buffers of one floating dtype (InvalidArgumentError otherwise, naming the
-  // buffer). Every rank passes the same total count and dtype (else the comm layer's MismatchError).
-  void Round(HostGroups& groups, const std::vector<Buffer>& buffers, const std::function<void(Buffer slice)>& across);
+  // buffer). Every rank passes the same total count, dtype and `step` (the caller's round).
+  void Round(HostGroups& groups, const std::vector<Buffer>& buffers, int64_t step,
+             const std::function<void(Buffer slice)>& across);
 
  private:
   const char* algorithm_;

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <exception>
 #include <memory>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -14,20 +13,27 @@
 
 namespace gossipcc {
 namespace compression {
+namespace {
 
-std::vector<int> DealTensorsToLocalRanks(absl::Span<const GradientTensor> tensors, int ranks) {
-  std::vector<size_t> order(tensors.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return tensors[a].data.count > tensors[b].data.count; });
-  std::vector<uint64_t> load(static_cast<size_t>(ranks), 0);
-  std::vector<int> owner(tensors.size(), 0);
-  for (size_t t : order) {
-    const size_t least = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    owner[t] = static_cast<int>(least);
-    load[least] += tensors[t].data.count;
+// Every work waited for (the staged buffers they use outlive them all); then the first error.
+void WaitAll(const std::vector<std::shared_ptr<Work>>& works) {
+  std::exception_ptr first;
+  for (const auto& w : works) {
+    try {
+      w->wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
   }
-  return owner;
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace
+
+int LocalRankOfKey(const std::string& key, int ranks) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a: the same on every rank and platform
+  for (char c : key) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+  return static_cast<int>(h % static_cast<uint64_t>(ranks));
 }
 
 PowerSGDStats HierarchicalPowerSGDAllReduce(PowerSGD& across, HostGroups& groups,
@@ -54,12 +60,13 @@ PowerSGDStats HierarchicalPowerSGDAllReduce(PowerSGD& across, HostGroups& groups
     views[i].data.data = staged[i].data();
     works.push_back(host.allreduce(views[i].data, ReduceOp::kAvg));
   }
-  for (auto& w : works) w->wait();
+  WaitAll(works);
 
   // 2. This rank's tensors, through PowerSGD among one rank per host.
-  const std::vector<int> owner = DealTensorsToLocalRanks(views, host.size());
+  std::vector<int> owner(views.size());
   std::vector<GradientTensor> mine;
   for (size_t i = 0; i < views.size(); ++i) {
+    owner[i] = LocalRankOfKey(views[i].key, host.size());
     if (owner[i] == groups.local_rank) mine.push_back(views[i]);
   }
   PowerSGDStats stats;
@@ -87,7 +94,7 @@ PowerSGDStats HierarchicalPowerSGDAllReduce(PowerSGD& across, HostGroups& groups
   // 4. Each tensor from the rank that ran it, then back into the caller's memory.
   works.clear();
   for (size_t i = 0; i < views.size(); ++i) works.push_back(host.broadcast(views[i].data, owner[i]));
-  for (auto& w : works) w->wait();
+  WaitAll(works);
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].data.count) std::memcpy(tensors[i].data.data, staged[i].data(), tensors[i].data.bytes());
   }

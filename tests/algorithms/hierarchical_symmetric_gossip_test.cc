@@ -112,7 +112,10 @@ TEST_P(HierarchicalSymmetricGossipTest, HostsFollowSymmetricGossipOverHosts) {
         << "rank " << r << " differs from rank " << first << " of its host";
     // Across hosts: this rank's slice (and a 16-byte round header) to each ring neighbour per round.
     const uint64_t neighbours = graph->OutPeers(h, 0).size();
-    EXPECT_EQ(sent_across[r], kRounds * neighbours * (slice * sizeof(float) + 16)) << "rank " << r;
+    // The slice's elements of x, not its padding: the last local rank's slice is shorter.
+    const size_t slice_first = std::min(kCount, slice * static_cast<size_t>(r % layout.per_host));
+    const size_t length = std::min(kCount, slice_first + slice) - slice_first;
+    EXPECT_EQ(sent_across[r], kRounds * neighbours * (length * sizeof(float) + 16)) << "rank " << r;
   }
   // W doubly stochastic: the sum over all ranks is kept (to float32 rounding).
   EXPECT_NEAR(got_total, total, 1e-6 * n * kCount * 4);
@@ -140,6 +143,48 @@ TEST(HierarchicalSymmetricGossipErrorsTest, MismatchedCountsFailAndLeaveTheState
     EXPECT_EQ(x, before) << "rank " << rank;
     EXPECT_EQ(gossip.step(), 0);
   });
+}
+
+// Counts that differ by less than G, so that padding gives every host the same slice size:
+// across hosts (host 1 has one element more) the last local rank's slices differ and its round
+// fails, and every other rank fails the host's agreement; inside a host (one rank has one
+// element more) the host's check names both counts, and the other host's ranks, whose partners
+// never come, fail within the timeout. x and the step are unchanged everywhere.
+TEST(HierarchicalSymmetricGossipErrorsTest, CountsThatDifferByLessThanTheHostSizeFail) {
+  const Layout layout{2, 2};
+  auto graph = std::shared_ptr<const PeerGraph>(MakeRingGraph(layout.hosts));
+  for (bool inside : {false, true}) {
+    SCOPED_TRACE(inside ? "inside a host" : "across hosts");
+    std::mutex mu;
+    std::vector<std::string> errors(layout.size());
+    RunRanksWithStore(layout.size(), LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store> store) {
+      auto comm = CreateOnHosts(layout.hosts, layout.per_host, rank, store, std::chrono::seconds(5));
+      HostGroups groups = HostGroups::Split(*comm, store, "groups");
+      testing::MeetThroughStore(*store, rank, layout.size(), "split");
+      HierarchicalSymmetricGossip gossip(graph);
+      const bool more = inside ? rank == 1 : rank >= 2;
+      std::vector<float> x(more ? 102 : 101, static_cast<float>(rank));
+      const std::vector<float> before = x;
+      const std::string message =
+          testing::ExpectThrow<CommError>([&] { gossip.Step(groups, {CpuBuffer(x.data(), x.size())}); });
+      EXPECT_EQ(x, before) << "rank " << rank;
+      EXPECT_EQ(gossip.step(), 0) << "rank " << rank;
+      std::lock_guard<std::mutex> lock(mu);
+      errors[rank] = message;
+    });
+    if (inside) {
+      for (int r : {0, 1}) {
+        EXPECT_NE(errors[r].find("local rank 0: 101 x float32 at step 0; local rank 1: 102 x float32 at step 0"),
+                  std::string::npos)
+            << errors[r];
+      }
+    } else {
+      // Local rank 1 of each host ran the round whose sizes differ (50 vs 51 elements).
+      for (int r : {1, 3}) EXPECT_NE(errors[r].find("symmetric"), std::string::npos) << errors[r];
+      for (int r : {0, 2}) EXPECT_NE(errors[r].find("local rank 1 of this host failed"), std::string::npos) << errors[r];
+    }
+    for (int r = 0; r < layout.size(); ++r) EXPECT_FALSE(errors[r].empty()) << "rank " << r;
+  }
 }
 
 }  // namespace

@@ -268,7 +268,9 @@ TEST_P(HierarchicalQuantizedAllreduceTest, EachHostSendsOneCopyAcross) {
   RunRanks(layout.hosts, LaunchMode::kThreads, [&](Communicator& comm) {
     std::vector<float> x(kCount);
     for (size_t i = 0; i < kCount; ++i) x[i] = Input(comm.rank(), i);
-    flat_bytes[comm.rank()] = QuantizedAllreduce(comm, CpuBuffer(x.data(), kCount), {}).bytes_sent;
+    const uint64_t before = comm.traffic().p2p_bytes_sent;
+    QuantizedAllreduce(comm, CpuBuffer(x.data(), kCount), {});
+    flat_bytes[comm.rank()] = comm.traffic().p2p_bytes_sent - before;
   });
   std::mutex mu;
   std::vector<size_t> host_bytes(layout.hosts, 0);
@@ -277,7 +279,10 @@ TEST_P(HierarchicalQuantizedAllreduceTest, EachHostSendsOneCopyAcross) {
     HostGroups groups = HostGroups::Split(*comm, store, "groups");
     std::vector<float> x(kCount);
     for (size_t i = 0; i < kCount; ++i) x[i] = Input(rank, i);
-    const size_t sent = HierarchicalQuantizedAllreduce(groups, CpuBuffer(x.data(), kCount), {}).bytes_sent;
+    // What went over the groups across hosts, counted by the communicators, not by the call.
+    const uint64_t before = groups.across->traffic().p2p_bytes_sent;
+    HierarchicalQuantizedAllreduce(groups, CpuBuffer(x.data(), kCount), {});
+    const size_t sent = groups.across->traffic().p2p_bytes_sent - before;
     std::lock_guard<std::mutex> lock(mu);
     host_bytes[rank / layout.per_host] += sent;
   });
@@ -340,6 +345,53 @@ TEST_P(HierarchicalQuantizedAllreduceTest, BadInputFailsTheSameOnEveryRank) {
       for (size_t i = 0; i < kCount; ++i) {
         if (got[r][i] != Input(r, i)) FAIL() << "rank " << r << ": element " << i << " was modified";
       }
+    }
+  }
+}
+
+// Hosts whose ranks interleave (rank r on host r % 2: hosts {0, 2} and {1, 3}): the result is
+// the quantized all-reduce over those hosts' sums, and the check names ranks by their place in
+// the parent communicator (its two-level gather puts the headers back in rank order).
+TEST(HierarchicalQuantizedAllreduceInterleavedTest, HostsOfInterleavedRanks) {
+  constexpr int kN = 4;
+  constexpr size_t kCount = 3000;
+  std::vector<std::vector<float>> hosts(2, std::vector<float>(kCount, 0.0f));
+  for (int r = 0; r < kN; ++r) {
+    for (size_t i = 0; i < kCount; ++i) hosts[r % 2][i] += Input(r, i);
+  }
+  const std::vector<float> want = Reference(hosts, 8, 256, ReduceOp::kSum);
+  for (bool bad : {false, true}) {
+    std::mutex mu;
+    std::vector<std::vector<float>> got(kN);
+    std::vector<std::string> errors(kN);
+    RunRanksWithStore(kN, LaunchMode::kThreads, [&](int rank, std::shared_ptr<Store> store) {
+      CommunicatorOptions o;
+      o.host_key = absl::StrCat("host", rank % 2);
+      o.timeout = std::chrono::seconds(60);
+      auto comm = Communicator::Create(std::make_shared<PrefixStore>("comm", store), rank, kN, o);
+      EXPECT_TRUE(comm->hierarchical());
+      HostGroups groups = HostGroups::Split(*comm, store, "groups");
+      std::vector<float> x(kCount);
+      for (size_t i = 0; i < kCount; ++i) x[i] = Input(rank, i);
+      QuantizedAllreduceOptions options;
+      options.op = ReduceOp::kSum;
+      if (bad && rank == 2) options.bits = 3;
+      try {
+        HierarchicalQuantizedAllreduce(groups, CpuBuffer(x.data(), kCount), options);
+      } catch (const InvalidArgumentError& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        errors[rank] = e.what();
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      got[rank] = std::move(x);
+    });
+    for (int r = 0; r < kN; ++r) {
+      if (!bad) {
+        ExpectSameBits(want, got[r], absl::StrCat("rank ", r));
+        continue;
+      }
+      EXPECT_THAT(errors[r], HasSubstr("rank 2: bits must be 4 or 8, got 3")) << "rank " << r;
+      EXPECT_THAT(errors[r], HasSubstr(absl::StrCat("on rank ", r, " of 4"))) << "rank " << r;
     }
   }
 }

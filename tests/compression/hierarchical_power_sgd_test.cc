@@ -2,8 +2,8 @@
 // PowerSGD over the H hosts computed here in double precision from the paper's steps
 // (reference.h's ReferenceStep on the host means, with error feedback per host and warm start),
 // over three calls, the first exact; every rank of every host with the same bits; the deal of
-// tensors to local ranks balanced; an error in one local rank's step across hosts fails every
-// rank with the tensors unchanged.
+// keys to local ranks; an error in one local rank's step across hosts fails every rank with the
+// tensors unchanged.
 #include "compression/hierarchical_power_sgd.h"
 
 #include <algorithm>
@@ -148,16 +148,18 @@ TEST_P(HierarchicalPowerSGDTest, EqualsPowerSGDOverTheHostMeans) {
   }
 }
 
-TEST(HierarchicalPowerSGDDealTest, LargestFirstToTheLeastLoaded) {
-  std::vector<float> dummy(2000);
-  std::vector<GradientTensor> t = {{"a", CpuBuffer(dummy.data(), 100), {100}},
-                                   {"b", CpuBuffer(dummy.data(), 1000), {1000}},
-                                   {"c", CpuBuffer(dummy.data(), 600), {600}},
-                                   {"d", CpuBuffer(dummy.data(), 500), {500}}};
-  // b -> 0 (1000), c -> 1 (600), d -> 1 (1100), a -> 0 (1100).
-  EXPECT_EQ(compression::DealTensorsToLocalRanks(t, 2), (std::vector<int>{0, 0, 1, 1}));
-  EXPECT_EQ(compression::DealTensorsToLocalRanks(t, 1), (std::vector<int>{0, 0, 0, 0}));
-  EXPECT_EQ(compression::DealTensorsToLocalRanks(t, 5), (std::vector<int>{3, 0, 1, 2}));
+TEST(HierarchicalPowerSGDDealTest, EachKeyToOneLocalRankWhateverElseTheCallHolds) {
+  // FNV-1a of the key mod G: fixed values (the same on every platform), every local rank used.
+  std::vector<int> seen(4, 0);
+  for (int k = 0; k < 64; ++k) {
+    const int r = compression::LocalRankOfKey(absl::StrCat("layer", k, ".weight"), 4);
+    ASSERT_GE(r, 0);
+    ASSERT_LT(r, 4);
+    ++seen[r];
+  }
+  for (int r = 0; r < 4; ++r) EXPECT_GT(seen[r], 4) << "local rank " << r;
+  EXPECT_EQ(compression::LocalRankOfKey("w", 1), 0);
+  EXPECT_EQ(compression::LocalRankOfKey("a", 2), static_cast<int>(((1469598103934665603ull ^ 'a') * 1099511628211ull) % 2));
 }
 
 // One host's ranks disagree with the others on a tensor's shape: the local rank that runs it
@@ -191,10 +193,15 @@ TEST(HierarchicalPowerSGDErrorsTest, AMismatchAcrossHostsFailsEveryRankWithTenso
     std::lock_guard<std::mutex> lock(mu);
     errors[rank] = error;
   });
-  // "w" goes to local rank 0 (the larger), "b" to local rank 1.
+  // "w" and "b" go to the local ranks their keys hash to; a rank that ran neither, or only
+  // "b", learns from the agreement that the one running "w" failed.
+  const int w_rank = compression::LocalRankOfKey("w", 2);
   for (int r = 0; r < layout.size(); ++r) {
     EXPECT_FALSE(errors[r].empty()) << "rank " << r;
-    if (r % 2 == 1) EXPECT_NE(errors[r].find("local rank 0 of this host failed"), std::string::npos) << errors[r];
+    if (r % 2 != w_rank) {
+      EXPECT_NE(errors[r].find(absl::StrCat("local rank ", w_rank, " of this host failed")), std::string::npos)
+          << errors[r];
+    }
   }
 }
 
