@@ -33,25 +33,49 @@ report() {
     $((SECONDS / 60)) $((SECONDS % 60))
   echo "  load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 }
-trixie_pid=""
-trixie_log=$(mktemp /tmp/gossipcc-trixie-root.XXXXXX.log)
+# The Debian roots the torch 2.x stages use are made in the background (start_background) and
+# waited for by their stage (wait_background). Each job writes its exit status to a file when it
+# ends: `wait PID` long after a job ended is unreliable, since bash forgets a finished job once a
+# new child of the shell reuses its PID (pid_max is 32768 on small machines, and a run starts
+# tens of thousands of processes).
+bg_dir=$(mktemp -d /tmp/gossipcc-test-background.XXXXXX)
 finish() {
   report
   # A root left half-made is removed and redone by the next tools/trixie_root.sh.
-  if [ -n "$trixie_pid" ]; then kill "$trixie_pid" 2>/dev/null || true; fi
-  if [ -n "${forky_pid:-}" ]; then kill "$forky_pid" 2>/dev/null || true; fi
-  rm -f "$trixie_log" "${forky_log:-}"
+  local f
+  for f in "$bg_dir"/*.pid; do
+    [ -e "$f" ] || continue
+    [ -s "${f%.pid}.status" ] && continue  # ended: its PID may belong to another process now
+    pkill -TERM -P "$(cat "$f")" 2>/dev/null || true
+    kill "$(cat "$f")" 2>/dev/null || true
+  done
+  rm -rf "$bg_dir"
 }
 trap finish EXIT
-wait_trixie_root() {
-  local pid=$trixie_pid
-  trixie_pid=""
-  if ! wait "$pid"; then
-    cat "$trixie_log" >&2
-    echo "tools/trixie_root.sh failed (its output above)" >&2
+start_background() {  # start_background NAME COMMAND...
+  local name=$1; shift
+  ( set +e; "$@" >"$bg_dir/$name.log" 2>&1; echo $? >"$bg_dir/$name.status" ) &
+  echo $! >"$bg_dir/$name.pid"
+}
+wait_background() {  # wait_background NAME: prints the job's output; fails if it failed
+  local name=$1 waited=0
+  # A safety net, far above the minutes a root takes on a fresh machine: the job was started
+  # at the beginning of the run.
+  while [ ! -s "$bg_dir/$name.status" ]; do
+    if [ "$waited" -ge 3600 ]; then
+      cat "$bg_dir/$name.log" >&2
+      echo "tools/$name.sh has not ended after 3600 s more (its output above)" >&2
+      return 1
+    fi
+    sleep 1
+    waited=$((waited + 1))
+  done
+  if [ "$(cat "$bg_dir/$name.status")" != 0 ]; then
+    cat "$bg_dir/$name.log" >&2
+    echo "tools/$name.sh failed with status $(cat "$bg_dir/$name.status") (its output above)" >&2
     return 1
   fi
-  cat "$trixie_log"
+  cat "$bg_dir/$name.log"
 }
 
 # Tests at the same time: GOSSIPCC_TEST_JOBS (default: two per core; compiles stay at one per
@@ -72,12 +96,9 @@ stage "setup (apt packages)" tools/setup.sh
 # The torch 2.x root (debootstrap, then trixie's packages: mostly download and unpack, minutes on
 # a fresh machine, nothing once made) is made in the background while the stages below compile
 # and test; the torch 2.x stage waits for it.
-tools/trixie_root.sh >"$trixie_log" 2>&1 &
-trixie_pid=$!
+start_background trixie_root tools/trixie_root.sh
 # The torch 2.14 root (Debian forky, tools/forky_root.sh) likewise, for the last stage.
-forky_log=$(mktemp /tmp/gossipcc-forky-root.XXXXXX.log)
-tools/forky_root.sh >"$forky_log" 2>&1 &
-forky_pid=$!
+start_background forky_root tools/forky_root.sh
 stage "build //..." bazel build //...
 stage "test Python (torch 1.13)" bazel test "${PARALLEL_TESTS[@]}" --test_tag_filters="$PLAIN_TESTS" //... "$@"
 # The pip path (pyproject.toml): the wheel built by pip, installed into a fresh venv and tested
@@ -107,20 +128,14 @@ stage "test C++ (tsan)" bazel test --config=tsan "${PARALLEL_TESTS[@]}" "${SANIT
 # two targets at a time, one core each).
 stage "fuzz parsers (20 s each)" tools/fuzz.sh 20
 # The c10d backend against torch 2.x: the same build and tests in a Debian trixie root.
-stage "trixie root (torch 2.x), waited" wait_trixie_root
+stage "trixie root (torch 2.x), waited" wait_background trixie_root
 stage "test backend (torch 2.x)" tools/in_trixie.sh bazel test "${PARALLEL_TESTS[@]}" --test_tag_filters="${TORCH2_ONLY#,}" \
   //torch_backend/... //tests/torch_backend/... "$@"
 stage "pip wheel + venv (torch 2.x)" tools/in_trixie.sh tools/wheel_test.sh
 # The newest torch of the matrix (2.14, Debian forky; Bazel 7 there): sharded models (FSDP,
 # fully_shard) against gloo, what gloo accepts, the info tool; the full suite adds the
 # collectives and DDP.
-wait_forky_root() {
-  local pid=$forky_pid
-  forky_pid=""
-  if ! wait "$pid"; then cat "$forky_log" >&2; echo "tools/forky_root.sh failed (its output above)" >&2; return 1; fi
-  cat "$forky_log"
-}
-stage "forky root (torch 2.14), waited" wait_forky_root
+stage "forky root (torch 2.14), waited" wait_background forky_root
 FORKY_TESTS=(//tests/torch_backend:fsdp_test //tests/torch_backend:gloo_parity_test //tests/torch_backend:info_test)
 if [ "$FULL" = 1 ]; then FORKY_TESTS+=(//tests/torch_backend:collectives_test //tests/torch_backend:ddp_test); fi
 stage "test backend (torch 2.14)" tools/in_forky.sh bazel test "${PARALLEL_TESTS[@]}" "${FORKY_TESTS[@]}" "$@"
