@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "algorithms/elementwise.h"
 #include "comm/errors.h"
 
 namespace gossipcc {
@@ -17,17 +18,11 @@ size_t Words(size_t bytes) { return (bytes + sizeof(uint64_t) - 1) / sizeof(uint
 void HostSlices::Round(HostGroups& groups, const std::vector<Buffer>& buffers, int64_t step,
                        const std::function<void(Buffer slice)>& across) {
   if (buffers.empty()) throw InvalidArgumentError(absl::StrCat(algorithm_, ": no buffers"));
-  const DType dtype = buffers[0].dtype;
-  size_t count = 0;
-  for (size_t b = 0; b < buffers.size(); ++b) {
-    const Buffer& x = buffers[b];
-    if (x.device.is_cuda() || !IsFloatingPoint(x.dtype) || x.dtype != dtype) {
-      throw InvalidArgumentError(absl::StrCat(algorithm_, ": buffers must be on the CPU, of one floating dtype; buffer ",
-                                              b, " is ", x.ToString(), ", buffer 0 ", buffers[0].ToString()));
-    }
-    if (x.count > 0 && x.data == nullptr) throw InvalidArgumentError(absl::StrCat(algorithm_, ": buffer ", b, " has no data"));
-    count += x.count;
+  const DType dtype = gossip_internal::CheckBuffers(algorithm_, buffers);
+  if (buffers[0].device.is_cuda()) {
+    throw InvalidArgumentError(absl::StrCat(algorithm_, ": CPU buffers only, got ", buffers[0].ToString()));
   }
+  const size_t count = gossip_internal::TotalCount(buffers);
   Communicator& host = *groups.host;
   const size_t g = static_cast<size_t>(host.size());
   const std::string where = absl::StrCat(algorithm_, " on host ", groups.host_index, ", local rank ", groups.local_rank);
@@ -78,16 +73,7 @@ void HostSlices::Round(HostGroups& groups, const std::vector<Buffer>& buffers, i
   }
 
   // 3. Every local rank's step succeeded, or every rank of the host raises.
-  int32_t ok = failure ? 0 : 1;
-  std::vector<int32_t> oks(g);
-  host.allgather(CpuBuffer(&ok, 1), CpuBuffer(oks.data(), oks.size()))->wait();
-  if (failure) std::rethrow_exception(failure);
-  for (size_t r = 0; r < g; ++r) {
-    if (!oks[r]) {
-      throw CommError(absl::StrCat(where, ": local rank ", r, " of this host failed its step across hosts ",
-                                   "(its own error names why); nothing was modified"));
-    }
-  }
+  RaiseUnlessEveryLocalRankSucceeded(host, failure, where);
 
   // 4. The host's new value on every rank of the host.
   host.allgather(mine_slice, padded)->wait();

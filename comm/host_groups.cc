@@ -1,6 +1,8 @@
 #include "comm/host_groups.h"
 
+#include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "comm/errors.h"
@@ -31,6 +33,19 @@ HostGroups HostGroups::Split(const Communicator& parent, std::shared_ptr<Store> 
       std::make_shared<PrefixStore>(absl::StrCat(prefix, "/across", groups.local_rank), std::move(store)),
       groups.host_index, topology.hosts(), options);
   return groups;
+}
+
+void RaiseUnlessEveryLocalRankSucceeded(Communicator& host, std::exception_ptr failure, const std::string& where) {
+  int32_t ok = failure ? 0 : 1;
+  std::vector<int32_t> oks(static_cast<size_t>(host.size()));
+  host.allgather(CpuBuffer(&ok, 1), CpuBuffer(oks.data(), oks.size()))->wait();
+  if (failure) std::rethrow_exception(failure);
+  for (size_t r = 0; r < oks.size(); ++r) {
+    if (!oks[r]) {
+      throw CommError(absl::StrCat(where, ": local rank ", r, " of this host failed its step across hosts ",
+                                   "(its own error names why); nothing was modified"));
+    }
+  }
 }
 
 }  // namespace gossipcc

@@ -6,6 +6,7 @@
 // in parallel (docs/comm.md, "Hosts with several ranks").
 #pragma once
 
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -29,5 +30,12 @@ struct HostGroups {
   // errors (a rank that never arrives: TimeoutError) otherwise.
   static HostGroups Split(const Communicator& parent, std::shared_ptr<Store> store, const std::string& prefix);
 };
+
+// After a step each rank of a host ran on its own (a slice or tensors across hosts): every rank
+// of `host` calls it with its step's failure (null: success). One all-gather of a flag inside
+// the host; then this rank's own failure is rethrown, or, where another local rank failed, a
+// CommError "<where>: local rank r of this host failed its step across hosts". So every rank of
+// the host raises, none waits out its timeout in a later collective of the host.
+void RaiseUnlessEveryLocalRankSucceeded(Communicator& host, std::exception_ptr failure, const std::string& where);
 
 }  // namespace gossipcc

@@ -80,16 +80,7 @@ PowerSGDStats HierarchicalPowerSGDAllReduce(PowerSGD& across, HostGroups& groups
   }
 
   // 3. Every local rank's step succeeded, or every rank of the host raises.
-  int32_t ok = failure ? 0 : 1;
-  std::vector<int32_t> oks(static_cast<size_t>(host.size()));
-  host.allgather(CpuBuffer(&ok, 1), CpuBuffer(oks.data(), oks.size()))->wait();
-  if (failure) std::rethrow_exception(failure);
-  for (size_t r = 0; r < oks.size(); ++r) {
-    if (!oks[r]) {
-      throw CommError(absl::StrCat(where, ": local rank ", r, " of this host failed its PowerSGD step across hosts ",
-                                   "(its own error names why); the tensors are unchanged"));
-    }
-  }
+  RaiseUnlessEveryLocalRankSucceeded(host, failure, where);
 
   // 4. Each tensor from the rank that ran it, then back into the caller's memory.
   works.clear();

@@ -31,15 +31,8 @@ using ::gossipcc::testing::InSanitizerRankCounts;
 using ::gossipcc::testing::LaunchMode;
 using ::gossipcc::testing::RunRanksWithStore;
 
-struct Layout {
-  int hosts;
-  int per_host;
-  int size() const { return hosts * per_host; }
-};
-
-std::string LayoutName(const ::testing::TestParamInfo<Layout>& info) {
-  return absl::StrCat(info.param.hosts, "x", info.param.per_host);
-}
+using Layout = ::gossipcc::testing::HostLayout;
+using ::gossipcc::testing::HostLayoutName;
 
 // Rank r's input: distinct on every rank and element.
 float Input(int rank, size_t i) { return static_cast<float>(std::sin(0.37 * i + 1.3 * rank) * (rank + 1) + 0.01 * i); }
@@ -133,7 +126,7 @@ TEST_P(HierarchicalPushSumTest, HostsFollowPushSumOverHosts) {
 INSTANTIATE_TEST_SUITE_P(Layouts, HierarchicalPushSumTest,
                          ::testing::Values(Layout{2, 2}, Layout{4, 2}, Layout{3, 2}, Layout{2, 3}, Layout{1, 3},
                                            Layout{3, 1}, Layout{1, 1}),
-                         LayoutName);
+                         HostLayoutName);
 
 // The one-peer exponential graph on 2^m nodes averages exactly in m rounds from step 0
 // (uniform halves: after round k each node holds the mean of 2^(k+1) consecutive nodes): on 4

@@ -31,15 +31,8 @@ using ::gossipcc::testing::InSanitizerRankCounts;
 using ::gossipcc::testing::LaunchMode;
 using ::gossipcc::testing::RunRanksWithStore;
 
-struct Layout {
-  int hosts;
-  int per_host;
-  int size() const { return hosts * per_host; }
-};
-
-std::string LayoutName(const ::testing::TestParamInfo<Layout>& info) {
-  return absl::StrCat(info.param.hosts, "x", info.param.per_host);
-}
+using Layout = ::gossipcc::testing::HostLayout;
+using ::gossipcc::testing::HostLayoutName;
 
 float Input(int rank, size_t i) { return static_cast<float>(std::cos(0.29 * i + 0.7 * rank) * (rank + 2) - 0.003 * i); }
 
@@ -124,7 +117,7 @@ TEST_P(HierarchicalSymmetricGossipTest, HostsFollowSymmetricGossipOverHosts) {
 INSTANTIATE_TEST_SUITE_P(Layouts, HierarchicalSymmetricGossipTest,
                          ::testing::Values(Layout{2, 2}, Layout{4, 2}, Layout{3, 3}, Layout{1, 4}, Layout{2, 3},
                                            Layout{3, 1}, Layout{1, 1}),
-                         LayoutName);
+                         HostLayoutName);
 
 // Hosts that disagree on the count: the gossip across hosts fails with MismatchError on every
 // rank (within the timeout), and x and the step are as before the call.

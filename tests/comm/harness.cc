@@ -60,6 +60,10 @@ void MeetThroughStore(Store& store, int rank, int n, const std::string& key) {
   store.wait(keys, std::chrono::seconds(120));
 }
 
+std::string HostLayoutName(const ::testing::TestParamInfo<HostLayout>& info) {
+  return absl::StrCat(info.param.hosts, "x", info.param.per_host);
+}
+
 std::unique_ptr<Communicator> CreateOnHosts(int hosts, int per_host, int rank, std::shared_ptr<Store> store,
                                             std::chrono::milliseconds timeout) {
   CommunicatorOptions o;

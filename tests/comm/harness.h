@@ -174,6 +174,15 @@ std::string FreshTempDir();
 // that the timeout bounds the operations and not how far apart the ranks finished starting.
 void MeetThroughStore(Store& store, int rank, int n, const std::string& key);
 
+// H hosts of G ranks, for suites parameterised by layout (CreateOnHosts places them).
+struct HostLayout {
+  int hosts;
+  int per_host;
+  int size() const { return hosts * per_host; }
+};
+// "4x2".
+std::string HostLayoutName(const ::testing::TestParamInfo<HostLayout>& info);
+
 // Rank `rank` of `hosts` x `per_host` ranks, ranks r*G .. r*G+G-1 on host r (a host key per
 // host: as if each host were a machine), created on `store` (rendezvous timeout 60 s).
 std::unique_ptr<Communicator> CreateOnHosts(int hosts, int per_host, int rank, std::shared_ptr<Store> store,

@@ -35,15 +35,7 @@ namespace testing {
 namespace {
 using ::testing::HasSubstr;
 
-struct Layout {
-  int hosts;
-  int per_host;
-  int size() const { return hosts * per_host; }
-};
-
-std::string LayoutName(const ::testing::TestParamInfo<Layout>& info) {
-  return absl::StrCat(info.param.hosts, "x", info.param.per_host);
-}
+using Layout = HostLayout;
 
 // Rank r's input at call `call`: integers in [-40, 40] (exact sums in float32), some zeros,
 // whole zero blocks, block maxima that differ between blocks and ranks.
@@ -399,7 +391,7 @@ TEST(HierarchicalQuantizedAllreduceInterleavedTest, HostsOfInterleavedRanks) {
 INSTANTIATE_TEST_SUITE_P(Layouts, HierarchicalQuantizedAllreduceTest,
                          ::testing::Values(Layout{1, 4}, Layout{2, 2}, Layout{4, 2}, Layout{3, 3}, Layout{3, 2},
                                            Layout{2, 3}, Layout{3, 1}, Layout{1, 1}),
-                         LayoutName);
+                         HostLayoutName);
 
 }  // namespace
 }  // namespace testing

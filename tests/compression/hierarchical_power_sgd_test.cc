@@ -35,15 +35,7 @@ using compression::PowerSGDOptions;
 constexpr uint64_t kSeed = 17;
 constexpr int kCalls = 3;
 
-struct Layout {
-  int hosts;
-  int per_host;
-  int size() const { return hosts * per_host; }
-};
-
-std::string LayoutName(const ::testing::TestParamInfo<Layout>& info) {
-  return absl::StrCat(info.param.hosts, "x", info.param.per_host);
-}
+using Layout = HostLayout;
 
 const std::vector<TensorSpec>& Specs() {
   static const std::vector<TensorSpec> specs = {
@@ -208,7 +200,7 @@ TEST(HierarchicalPowerSGDErrorsTest, AMismatchAcrossHostsFailsEveryRankWithTenso
 INSTANTIATE_TEST_SUITE_P(Layouts, HierarchicalPowerSGDTest,
                          ::testing::Values(Layout{2, 2}, Layout{4, 2}, Layout{2, 3}, Layout{1, 4}, Layout{3, 1},
                                            Layout{1, 1}),
-                         LayoutName);
+                         HostLayoutName);
 
 }  // namespace
 }  // namespace testing
