@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/types.h"
+#include "comm/core/types.h"
 
 namespace gossipcc {
 

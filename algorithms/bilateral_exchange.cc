@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "algorithms/elementwise.h"
 #include "algorithms/gossip_round.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 
 namespace gossipcc {
 

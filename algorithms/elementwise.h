@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "comm/errors.h"
-#include "comm/reduce.h"
-#include "comm/types.h"
+#include "comm/core/errors.h"
+#include "comm/core/reduce.h"
+#include "comm/core/types.h"
 
 namespace gossipcc {
 namespace gossip_internal {

@@ -11,7 +11,7 @@
 #include "algorithms/push_sum.h"
 #include "algorithms/push_sum_ledger.h"
 #include "algorithms/push_sum_membership.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 
 namespace gossipcc {
 namespace {

@@ -20,8 +20,8 @@
 #include "algorithms/peer_graph.h"
 #include "algorithms/push_sum_ledger.h"
 #include "comm/communicator.h"
-#include "comm/store.h"
-#include "comm/types.h"
+#include "comm/core/store.h"
+#include "comm/core/types.h"
 
 namespace gossipcc {
 

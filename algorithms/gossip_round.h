@@ -22,8 +22,8 @@
 
 #include "algorithms/elementwise.h"
 #include "comm/communicator.h"
-#include "comm/transfer_progress.h"
-#include "comm/types.h"
+#include "comm/core/transfer_progress.h"
+#include "comm/core/types.h"
 
 namespace gossipcc {
 namespace gossip_internal {

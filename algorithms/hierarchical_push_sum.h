@@ -20,8 +20,8 @@
 #include "algorithms/host_slices.h"
 #include "algorithms/peer_graph.h"
 #include "algorithms/push_sum.h"
+#include "comm/core/types.h"
 #include "comm/host_groups.h"
-#include "comm/types.h"
 
 namespace gossipcc {
 

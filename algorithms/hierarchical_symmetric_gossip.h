@@ -19,8 +19,8 @@
 #include "algorithms/host_slices.h"
 #include "algorithms/peer_graph.h"
 #include "algorithms/symmetric_gossip.h"
+#include "comm/core/types.h"
 #include "comm/host_groups.h"
-#include "comm/types.h"
 
 namespace gossipcc {
 

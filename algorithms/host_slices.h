@@ -26,8 +26,8 @@
 #include <functional>
 #include <vector>
 
+#include "comm/core/types.h"
 #include "comm/host_groups.h"
-#include "comm/types.h"
 
 namespace gossipcc {
 

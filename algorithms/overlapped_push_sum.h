@@ -23,7 +23,7 @@
 #include "algorithms/peer_graph.h"
 #include "algorithms/push_sum.h"
 #include "comm/communicator.h"
-#include "comm/types.h"
+#include "comm/core/types.h"
 
 namespace gossipcc {
 

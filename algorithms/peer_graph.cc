@@ -11,7 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 
 namespace gossipcc {
 

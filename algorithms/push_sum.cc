@@ -6,7 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "algorithms/elementwise.h"
 #include "algorithms/gossip_round.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 
 namespace gossipcc {
 

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "algorithms/peer_graph.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 
 namespace gossipcc {
 namespace {

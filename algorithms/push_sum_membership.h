@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/store.h"
+#include "comm/core/store.h"
 
 namespace gossipcc {
 

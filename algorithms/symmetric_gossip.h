@@ -11,7 +11,7 @@
 
 #include "algorithms/peer_graph.h"
 #include "comm/communicator.h"
-#include "comm/types.h"
+#include "comm/core/types.h"
 
 namespace gossipcc {
 

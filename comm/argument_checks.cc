@@ -1,9 +1,9 @@
 #include "comm/argument_checks.h"
 
 #include "absl/strings/str_cat.h"
-#include "comm/errors.h"
-#include "comm/nccl_transport.h"
-#include "comm/reduce.h"
+#include "comm/core/errors.h"
+#include "comm/core/reduce.h"
+#include "comm/nccl/nccl_transport.h"
 
 namespace gossipcc {
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "comm/p2p_op.h"
-#include "comm/types.h"
+#include "comm/core/p2p_op.h"
+#include "comm/core/types.h"
 
 namespace gossipcc {
 

@@ -7,11 +7,11 @@
 #include <numeric>
 #include <utility>
 
-#include "comm/consistency_check.h"
-#include "comm/eager_collectives.h"
-#include "comm/gloo_collectives.h"
-#include "comm/nccl_transport.h"
-#include "comm/options.h"
+#include "comm/core/options.h"
+#include "comm/gloo/collectives.h"
+#include "comm/gloo/consistency_check.h"
+#include "comm/gloo/eager_collectives.h"
+#include "comm/nccl/nccl_transport.h"
 
 namespace gossipcc {
 namespace {

@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "comm/gloo_call.h"
+#include "comm/core/op_spec.h"
+#include "comm/core/types.h"
+#include "comm/core/work.h"
+#include "comm/gloo/call.h"
 #include "comm/lanes.h"
-#include "comm/op_spec.h"
-#include "comm/types.h"
-#include "comm/work.h"
 
 namespace gossipcc {
 

@@ -4,7 +4,7 @@
 //    Work. Every rank issues them in one order; they take effect as if run in that order.
 //  - Before any payload moves, the ranks compare what each was asked to do; a disagreement fails
 //    the Work with the same MismatchError on every rank and leaves the communicator usable.
-//  - An operation fails by CommunicatorOptions::timeout after its issue (comm/issue_time.h); a
+//  - An operation fails by CommunicatorOptions::timeout after its issue (comm/core/issue_time.h); a
 //    timeout or a failed peer poisons the communicator (later calls: AbortedError), and the error
 //    ends with a peer check naming the dead or stalled ranks.
 //  - Point-to-point operations are posted at once and progress independently of each other and
@@ -19,12 +19,12 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "comm/options.h"
-#include "comm/p2p_op.h"
-#include "comm/store.h"
-#include "comm/topology.h"
-#include "comm/types.h"
-#include "comm/work.h"
+#include "comm/core/options.h"
+#include "comm/core/p2p_op.h"
+#include "comm/core/store.h"
+#include "comm/core/topology.h"
+#include "comm/core/types.h"
+#include "comm/core/work.h"
 
 namespace gossipcc {
 
@@ -92,7 +92,7 @@ class Communicator {
   TrafficCounters traffic() const;
 
   // Which ranks share a host (CommunicatorOptions::host_key), and whether large all-reduces run
-  // in two levels over those hosts (CommunicatorOptions::topology; comm/hierarchical_allreduce.h).
+  // in two levels over those hosts (CommunicatorOptions::topology; comm/gloo/hierarchical_allreduce.h).
   const Topology& topology() const;
   bool hierarchical() const;
 

@@ -13,7 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 
 namespace gossipcc {
 

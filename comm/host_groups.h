@@ -11,8 +11,8 @@
 #include <string>
 
 #include "comm/communicator.h"
-#include "comm/store.h"
-#include "comm/topology.h"
+#include "comm/core/store.h"
+#include "comm/core/topology.h"
 
 namespace gossipcc {
 

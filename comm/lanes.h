@@ -27,7 +27,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "comm/types.h"
+#include "comm/core/types.h"
 
 namespace gossipcc {
 

@@ -9,8 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "comm/errors.h"
-#include "comm/gloo_collectives.h"
+#include "comm/core/errors.h"
+#include "comm/gloo/collectives.h"
+#include "comm/gloo/gloo_error.h"
+#include "comm/gloo/pair_teardown.h"
+#include "comm/gloo/rendezvous.h"
 
 namespace gossipcc {
 namespace {

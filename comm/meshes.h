@@ -8,7 +8,7 @@
 // meshes for point-to-point payloads, one per direction. With streams_per_peer = k > 1, every
 // mesh that carries large payloads (each lane's, and each point-to-point payload direction's)
 // gets k - 1 more meshes beside it, so that each peer pair has k TCP connections to deal those
-// payloads over (comm/striping.h). Right after the first mesh, one all-gather settles the
+// payloads over (comm/gloo/striping.h). Right after the first mesh, one all-gather settles the
 // options every rank must share (AgreeOnSharedOptions).
 //
 // Close tears them down in the one order that is safe (see Close). Everything that posts Gloo
@@ -21,13 +21,13 @@
 #include <memory>
 #include <vector>
 
-#include "comm/consistency_check.h"
-#include "comm/gloo_call.h"
-#include "comm/gloo_util.h"
-#include "comm/options.h"
-#include "comm/p2p_exchange.h"
-#include "comm/store.h"
-#include "comm/topology.h"
+#include "comm/core/options.h"
+#include "comm/core/store.h"
+#include "comm/core/topology.h"
+#include "comm/gloo/call.h"
+#include "comm/gloo/consistency_check.h"
+#include "comm/gloo/posted_buffers.h"
+#include "comm/p2p/exchange.h"
 
 namespace gloo {
 class Context;

@@ -22,8 +22,8 @@
 #include <thread>
 #include <vector>
 
-#include "comm/options.h"
-#include "comm/store.h"
+#include "comm/core/options.h"
+#include "comm/core/store.h"
 
 namespace gossipcc {
 

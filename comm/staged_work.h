@@ -11,7 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "comm/work.h"
+#include "comm/core/work.h"
 
 namespace gossipcc {
 

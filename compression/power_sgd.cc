@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "comm/errors.h"
-#include "comm/reduce.h"
+#include "comm/core/errors.h"
+#include "comm/core/reduce.h"
 #include "compression/power_sgd_check.h"
 #include "compression/power_sgd_checkpoint.h"
 #include "compression/power_sgd_math.h"

@@ -19,7 +19,7 @@
 
 #include "absl/types/span.h"
 #include "comm/communicator.h"
-#include "comm/types.h"
+#include "comm/core/types.h"
 #include "compression/power_sgd_options.h"
 
 namespace gossipcc {

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/errors.h"
-#include "comm/reduce.h"
+#include "comm/core/errors.h"
+#include "comm/core/reduce.h"
 #include "compression/power_sgd_math.h"
 
 namespace gossipcc {

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "compression/power_sgd_math.h"
 
 #if GOSSIPCC_WITH_CUDA

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "comm/types.h"
+#include "comm/core/types.h"
 
 namespace gossipcc {
 namespace compression {

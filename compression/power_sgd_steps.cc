@@ -4,8 +4,8 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "comm/errors.h"
-#include "comm/reduce.h"
+#include "comm/core/errors.h"
+#include "comm/core/reduce.h"
 
 namespace gossipcc {
 namespace compression {

@@ -29,7 +29,7 @@ sources() {  # the parser under test and what it compiles with (headers come fro
     power_sgd_options) echo compression/power_sgd_options.cc ;;
     allreduce_policy) echo torch_backend/allreduce_policy.cc compression/power_sgd_options.cc ;;
     peer_graph) echo algorithms/peer_graph.cc ;;
-    float32_packing) echo comm/float32_packing.cc ;;
+    float32_packing) echo comm/gloo/float32_packing.cc ;;
     *) echo "fuzz: unknown target $1" >&2; return 1 ;;
   esac
 }

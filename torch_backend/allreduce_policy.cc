@@ -5,7 +5,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 
 namespace gossipcc {
 namespace torch_backend {

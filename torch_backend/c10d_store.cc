@@ -4,7 +4,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 
 namespace gossipcc {
 namespace torch_backend {

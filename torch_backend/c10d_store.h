@@ -5,7 +5,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "comm/store.h"
+#include "comm/core/store.h"
 
 namespace gossipcc {
 namespace torch_backend {

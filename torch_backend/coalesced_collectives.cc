@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "torch_backend/gossipcc_work.h"
 #include "torch_backend/process_group_gossipcc.h"
 #include "torch_backend/tensor_buffer.h"

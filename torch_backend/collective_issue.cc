@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <utility>
 
-#include "comm/cuda_stream.h"
-#include "comm/issue_time.h"
+#include "comm/core/cuda_stream.h"
+#include "comm/core/issue_time.h"
 
 namespace gossipcc {
 namespace torch_backend {
@@ -30,7 +30,7 @@ std::shared_ptr<Work> IssueCollective(const CollectiveIssue& call, OpLane& lane,
                    "with nested collectives ordered, a collective starts only after them";
     }
   }
-  // A CUDA collective follows the caller's current stream as it is now (comm/cuda_stream.h).
+  // A CUDA collective follows the caller's current stream as it is now (comm/core/cuda_stream.h).
   // Issued later (queued behind the group's algorithm tasks) it follows that stream as it is
   // then: it may wait for more of the caller's work, never for less.
   return lane.Issue(call.description, deadline,

@@ -8,14 +8,14 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "comm/cuda_stream.h"
-#include "comm/errors.h"
-#include "comm/listen_address.h"
+#include "comm/core/cuda_stream.h"
+#include "comm/core/errors.h"
+#include "comm/core/listen_address.h"
 #include "compression/power_sgd_math.h"
 
 namespace gossipcc {
@@ -134,7 +134,7 @@ const std::vector<Variable>& Variables() {
          o.collective_lanes = lanes;
        },
        [](const CommunicatorOptions& o) { return absl::StrCat(o.collective_lanes); }},
-      // Each rank connects this many meshes per lane and payload direction (comm/striping.h).
+      // Each rank connects this many meshes per lane and payload direction (comm/gloo/striping.h).
       {{"GOSSIPCC_STREAMS_PER_PEER", "1", true},
        [](CommunicatorOptions& o, const std::string& t) {
          const int streams = ParseNumber<int>("GOSSIPCC_STREAMS_PER_PEER", t, "a stream count");
@@ -142,8 +142,8 @@ const std::vector<Variable>& Variables() {
          o.streams_per_peer = streams;
        },
        [](const CommunicatorOptions& o) { return absl::StrCat(o.streams_per_peer); }},
-      // Which ranks share a host is learned at creation (comm/topology.h); this says whether
-      // large all-reduces use it (comm/hierarchical_allreduce.h).
+      // Which ranks share a host is learned at creation (comm/core/topology.h); this says whether
+      // large all-reduces use it (comm/gloo/hierarchical_allreduce.h).
       {{"GOSSIPCC_TOPOLOGY", "auto", true},
        [](CommunicatorOptions& o, const std::string& t) {
          const std::string word = absl::AsciiStrToLower(t);

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/options.h"
-#include "comm/store.h"
+#include "comm/core/options.h"
+#include "comm/core/store.h"
 #include "torch_backend/allreduce_policy.h"
 
 namespace gossipcc {

@@ -12,7 +12,7 @@
 #include "algorithms/peer_graph.h"
 #include "algorithms/push_sum.h"
 #include "algorithms/symmetric_gossip.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "comm/host_groups.h"
 #include "compression/hierarchical_power_sgd.h"
 #include "compression/power_sgd.h"

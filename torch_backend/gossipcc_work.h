@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "comm/work.h"
+#include "comm/core/work.h"
 #include "torch_backend/callback_executor.h"
 #include "torch_backend/torch_version.h"
 

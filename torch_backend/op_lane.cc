@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 
 namespace gossipcc {
 namespace torch_backend {

@@ -14,7 +14,7 @@
 #include <string>
 #include <thread>
 
-#include "comm/work.h"
+#include "comm/core/work.h"
 
 namespace gossipcc {
 namespace torch_backend {

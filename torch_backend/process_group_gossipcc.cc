@@ -10,8 +10,8 @@
 #include <string>
 #include <utility>
 
-#include "comm/cuda_stream.h"
-#include "comm/errors.h"
+#include "comm/core/cuda_stream.h"
+#include "comm/core/errors.h"
 #include "comm/host_groups.h"
 #include "torch_backend/c10d_store.h"
 #include "torch_backend/collective_issue.h"
@@ -451,7 +451,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall(std::vector<at::Tens
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   const at::Tensor& t = SingleTensor(tensors, "send", "");
   CheckPeer(dst_rank, size_, "send");
-  ScopedCudaStream current(CallerStream(t));  // comm/cuda_stream.h
+  ScopedCudaStream current(CallerStream(t));  // comm/core/cuda_stream.h
   auto work = communicator_->send(ToBuffer(t, "send", "tensor"), dst_rank, ToTag(tag, "send"));
   return Wrap(rank_, Unordered(), OpType::SEND, "gossipcc:send", std::move(work), tensors);
 }

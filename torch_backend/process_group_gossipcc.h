@@ -161,7 +161,7 @@ class ProcessGroupGossipcc : public C10dBackendBase {
                                                       std::shared_ptr<compression::PowerSGD> state,
                                                       std::vector<std::string> keys);
 
-  // Quantized all-reduce (comm/quantized_allreduce.h) of float32 CPU tensors; error feedback in
+  // Quantized all-reduce (compression/quantized_allreduce.h) of float32 CPU tensors; error feedback in
   // `residual` and `owned_residual` (both or neither), updated when the Work succeeds.
   c10::intrusive_ptr<::c10d::Work> quantized_allreduce(std::vector<at::Tensor> tensors, int64_t bits, bool average,
                                                        std::optional<at::Tensor> residual,

@@ -15,11 +15,11 @@
 #include "algorithms/peer_graph.h"
 #include "algorithms/symmetric_gossip.h"
 #include "algorithms/uneven_allreduce_sgd.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "compression/power_sgd.h"
 #include "torch_backend/communicator_environment.h"
-#include "torch_backend/tensor_buffer.h"
 #include "torch_backend/process_group_gossipcc.h"
+#include "torch_backend/tensor_buffer.h"
 
 namespace py = pybind11;
 
@@ -324,7 +324,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("block_size") = 256, py::call_guard<py::gil_scoped_release>(),
            "Lossy all-reduce (average, or sum with average=False) of `tensors` (together one float32 CPU vector) in "
            "place, sent as `bits` (8 or 4) per element plus a float32 scale per block_size elements; the same bits "
-           "on every rank (comm/quantized_allreduce.h states the error bound). Error feedback: residual and "
+           "on every rank (compression/quantized_allreduce.h states the error bound). Error feedback: residual and "
            "owned_residual, float32 CPU tensors of the total element count (zeros at first), updated in place. "
            "Bad arguments or ranks that disagree fail the Work on every rank. Returns a Work.")
       .def("fault_tolerant_push_sum", &ProcessGroupGossipcc::fault_tolerant_push_sum, py::arg("graph") = "exponential",

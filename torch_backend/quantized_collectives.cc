@@ -1,7 +1,7 @@
 // ProcessGroupGossipcc::quantized_allreduce: the lossy 8/4-bit all-reduce of
-// comm/quantized_allreduce.h on the group's algorithm lane; on hosts of several ranks (the
+// compression/quantized_allreduce.h on the group's algorithm lane; on hosts of several ranks (the
 // communicator's hierarchical()), compressed only across hosts
-// (comm/hierarchical_quantized_allreduce.h).
+// (compression/hierarchical_quantized_allreduce.h).
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -9,10 +9,10 @@
 #include <optional>
 #include <utility>
 
-#include "comm/errors.h"
-#include "comm/hierarchical_quantized_allreduce.h"
+#include "comm/core/errors.h"
 #include "comm/host_groups.h"
-#include "comm/quantized_allreduce.h"
+#include "compression/hierarchical_quantized_allreduce.h"
+#include "compression/quantized_allreduce.h"
 #include "torch_backend/gossipcc_work.h"
 #include "torch_backend/process_group_gossipcc.h"
 #include "torch_backend/tensor_buffer.h"

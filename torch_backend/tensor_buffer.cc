@@ -8,7 +8,7 @@
 
 #include <algorithm>
 
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 
 namespace gossipcc {
 namespace torch_backend {

@@ -17,7 +17,7 @@
 #include "algorithms/symmetric_gossip.h"
 #include "comm/bench/local_ranks.h"
 #include "comm/communicator.h"
-#include "comm/store.h"
+#include "comm/core/store.h"
 
 namespace {
 

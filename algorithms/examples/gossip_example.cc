@@ -15,7 +15,7 @@
 #include "algorithms/push_sum.h"
 #include "algorithms/symmetric_gossip.h"
 #include "comm/communicator.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 
 int main() {
   constexpr int kRanks = 8;

@@ -22,7 +22,7 @@
 
 #include "comm/bench/local_ranks.h"
 #include "comm/communicator.h"
-#include "comm/reduce.h"
+#include "comm/core/reduce.h"
 
 namespace gossipcc {
 namespace {

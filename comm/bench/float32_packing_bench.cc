@@ -1,4 +1,4 @@
-// Throughput and size of the lossless float32 packing (comm/float32_packing.h) on 1 MiB
+// Throughput and size of the lossless float32 packing (comm/gloo/float32_packing.h) on 1 MiB
 // segments (the packed ring's largest), one thread, against memcpy of the same bytes.
 //
 //   bazel run //comm/bench:float32_packing_bench
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/float32_packing.h"
+#include "comm/gloo/float32_packing.h"
 
 namespace {
 

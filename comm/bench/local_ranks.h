@@ -9,7 +9,7 @@
 #include <string>
 #include <type_traits>
 
-#include "comm/store.h"
+#include "comm/core/store.h"
 
 namespace gossipcc {
 namespace bench {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 
 int main() {
   constexpr int kRanks = 4;

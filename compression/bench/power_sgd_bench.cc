@@ -22,8 +22,8 @@
 
 #include "comm/bench/local_ranks.h"
 #include "comm/communicator.h"
-#include "comm/errors.h"
-#include "comm/store.h"
+#include "comm/core/errors.h"
+#include "comm/core/store.h"
 #include "compression/power_sgd.h"
 
 namespace gossipcc {

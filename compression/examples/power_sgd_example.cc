@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "compression/power_sgd.h"
 
 using gossipcc::compression::GradientTensor;

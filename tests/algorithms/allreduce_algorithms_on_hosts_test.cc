@@ -1,7 +1,7 @@
 // Elastic averaging (EASGD) and all-reduce SGD with uneven steps on hosts of several ranks:
 // both are built on Communicator::allreduce, which on a two-level topology (2 hosts x 2 ranks
 // here, CommunicatorOptions::topology's default) runs large buffers in two levels
-// (comm/hierarchical_allreduce.h): one copy per host NIC. Checked against each algorithm's
+// (comm/gloo/hierarchical_allreduce.h): one copy per host NIC. Checked against each algorithm's
 // definition computed here: EASGD's x_i <- x_i - alpha (x_i - c), c <- c + sum_i alpha (x_i - c)
 // over three averagings, and the uneven average over the ranks that contributed.
 #include <cmath>

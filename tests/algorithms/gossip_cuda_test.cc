@@ -9,7 +9,7 @@
 #include "algorithms/peer_graph.h"
 #include "algorithms/push_sum.h"
 #include "algorithms/symmetric_gossip.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/comm/cuda_devices.h"

@@ -13,7 +13,7 @@
 #include "algorithms/push_sum.h"
 #include "algorithms/symmetric_gossip.h"
 #include "algorithms/uneven_allreduce_sgd.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"

@@ -17,9 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "algorithms/peer_graph.h"
 #include "comm/communicator.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
+#include "comm/core/store.h"
 #include "comm/host_groups.h"
-#include "comm/store.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"
 

@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "algorithms/bilateral_exchange.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

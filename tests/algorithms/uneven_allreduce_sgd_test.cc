@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "algorithms/uneven_allreduce_sgd.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"

@@ -2,7 +2,7 @@
 // as threads and as processes, every dtype, sizes 0, 1, odd and larger; 64 MB separately.
 // Under ASan/TSan, the two share the (mode, n) pairs out, each n under one (RankSweep, harness.h).
 #include "comm/communicator.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 
 #include <algorithm>
 #include <atomic>
@@ -324,7 +324,7 @@ TEST(PointToPointProgressTest, ReceiveFromAnySourceReportsTheSender) {
 }
 
 // Above kDirectAllreduceMaxBytes all-reduce runs gossipcc's pipelined ring
-// (comm/ring_allreduce.h). Its layout depends on n (n chunks of S >= 2 segments of at most
+// (comm/gloo/ring_allreduce.h). Its layout depends on n (n chunks of S >= 2 segments of at most
 // 1 MiB each), so it runs at every n, every element checked: a count just past the line
 // (chunks and segments of unequal length) with every dtype and op (avg: floating point
 // only), and on up to 4 ranks a float32 buffer whose chunks take three segments.

@@ -1,15 +1,16 @@
-// CollectiveHandshake's staged form (comm/consistency_check.h) on its own: the header sent to
+// CollectiveHandshake's staged form (comm/gloo/consistency_check.h) on its own: the header sent to
 // one peer first and to the rest later, and Begin's check of that peer.
-#include "comm/consistency_check.h"
+#include "comm/gloo/consistency_check.h"
 
 #include <gloo/context.h>
 
 #include <chrono>
 #include <memory>
 
-#include "comm/errors.h"
-#include "comm/gloo_util.h"
-#include "comm/op_spec.h"
+#include "comm/core/errors.h"
+#include "comm/core/op_spec.h"
+#include "comm/gloo/pair_teardown.h"
+#include "comm/gloo/rendezvous.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"

@@ -3,7 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "comm/nccl_transport.h"
+#include "comm/nccl/nccl_transport.h"
 
 namespace gossipcc {
 namespace testing {

@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/communicator.h"
-#include "comm/errors.h"
-#include "comm/store.h"
+#include "comm/core/errors.h"
+#include "comm/core/store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"
@@ -145,7 +145,7 @@ TEST_P(ErrorsTest, DisagreementsAcrossTheEagerLimitAreDetected) {
 }
 
 // Above kDirectAllreduceMaxBytes the ring sends its first segments while the signature check
-// is still in flight, to any neighbour whose signature matches (comm/ring_allreduce.h). A
+// is still in flight, to any neighbour whose signature matches (comm/gloo/ring_allreduce.h). A
 // disagreement must still fail every rank the same way, leave every caller's buffer as it
 // was, and leave no message behind that could land in a later collective: each case is
 // followed by a ring all-reduce whose result is checked. 2, 3 and 4 ranks: on 2 the left and

@@ -1,4 +1,4 @@
-#include "comm/float32_packing.h"
+#include "comm/gloo/float32_packing.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

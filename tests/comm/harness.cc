@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "gtest/gtest.h"
 
 namespace gossipcc {

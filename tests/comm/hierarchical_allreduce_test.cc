@@ -1,4 +1,4 @@
-// The two-level all-reduce (comm/hierarchical_allreduce.h) over hosts given by
+// The two-level all-reduce (comm/gloo/hierarchical_allreduce.h) over hosts given by
 // CommunicatorOptions::host_key: H x G layouts with ranks placed on hosts in rank order and
 // interleaved, every reduce op and dtype it runs, sizes from 0 past the ring's threshold,
 // against a reference computed here and bit-identical across ranks; the topology learned; bad
@@ -14,9 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/communicator.h"
-#include "comm/errors.h"
-#include "comm/reduce.h"
-#include "comm/topology.h"
+#include "comm/core/errors.h"
+#include "comm/core/reduce.h"
+#include "comm/core/topology.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"

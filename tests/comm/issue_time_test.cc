@@ -1,4 +1,4 @@
-// A caller's issue time (comm/issue_time.h): a collective issued with part of its timeout
+// A caller's issue time (comm/core/issue_time.h): a collective issued with part of its timeout
 // already spent by its caller fails at what is left, whatever it then waits for (the signature
 // check's wait for a peer's header, or the data exchange), not a whole timeout after the
 // Communicator call; one with nothing left fails at once, naming what the caller waited for.
@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/consistency_check.h"
-#include "comm/errors.h"
-#include "comm/issue_time.h"
-#include "comm/store.h"
+#include "comm/core/errors.h"
+#include "comm/core/issue_time.h"
+#include "comm/core/store.h"
+#include "comm/gloo/consistency_check.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"

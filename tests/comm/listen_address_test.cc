@@ -1,11 +1,11 @@
-// ChooseListenAddress (comm/listen_address.h): the address a rank listens on, chosen as
+// ChooseListenAddress (comm/core/listen_address.h): the address a rank listens on, chosen as
 // ProcessGroupGloo chooses it, and a clear error for an interface or host that is not this
 // host's.
-#include "comm/listen_address.h"
+#include "comm/core/listen_address.h"
 
 #include <string>
 
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

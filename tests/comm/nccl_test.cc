@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/cuda_stream.h"
-#include "comm/errors.h"
-#include "comm/nccl_transport.h"
+#include "comm/core/cuda_stream.h"
+#include "comm/core/errors.h"
+#include "comm/nccl/nccl_transport.h"
 #include "gtest/gtest.h"
 #include "tests/comm/cuda_devices.h"
 #include "tests/comm/harness.h"
@@ -199,7 +199,7 @@ void EveryCollectiveOnGpus(Communicator& comm) {
   ASSERT_NO_FATAL_FAILURE(DataMovementCollectives(comm, dev));
 }
 
-// A collective follows the issuing thread's current stream (comm/cuda_stream.h): its input,
+// A collective follows the issuing thread's current stream (comm/core/cuda_stream.h): its input,
 // written by a copy still running on a non-blocking stream when the collective is issued, is
 // read only after that copy. The copy (256 MB from pinned memory, milliseconds) outlasts the
 // launch by far, so a collective that did not wait for it would gather zeros.

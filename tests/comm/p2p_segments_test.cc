@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/communicator.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"

@@ -1,12 +1,12 @@
-// The packed ring (comm/packed_ring_allreduce.h, CommunicatorOptions::lossless_float32_allreduce)
+// The packed ring (comm/gloo/packed_ring_allreduce.h, CommunicatorOptions::lossless_float32_allreduce)
 // must return exactly the bits of the plain ring: each rank runs both, on two communicators
 // over the same store, and compares. n = 1..8, every op, counts that make unequal chunks and
 // segments, values with zeros, -0, subnormals and infinities; 64 MB on 4 ranks (16 MB under
 // sanitizers) with several all-reduces in flight; the option agreed at creation; disagreements
 // still fail cleanly.
 #include "comm/communicator.h"
-#include "comm/errors.h"
-#include "comm/store.h"
+#include "comm/core/errors.h"
+#include "comm/core/store.h"
 
 #include <chrono>
 #include <cmath>

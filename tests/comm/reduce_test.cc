@@ -1,11 +1,11 @@
-#include "comm/reduce.h"
+#include "comm/core/reduce.h"
 
 #include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
 
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "gtest/gtest.h"
 
 namespace gossipcc {

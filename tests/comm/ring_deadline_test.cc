@@ -12,13 +12,15 @@
 #include <string>
 #include <vector>
 
-#include "comm/consistency_check.h"
-#include "comm/errors.h"
-#include "comm/gloo_call.h"
-#include "comm/gloo_util.h"
-#include "comm/op_spec.h"
-#include "comm/ring_allreduce.h"
-#include "comm/store.h"
+#include "comm/core/errors.h"
+#include "comm/core/op_spec.h"
+#include "comm/core/store.h"
+#include "comm/gloo/call.h"
+#include "comm/gloo/consistency_check.h"
+#include "comm/gloo/pair_teardown.h"
+#include "comm/gloo/posted_buffers.h"
+#include "comm/gloo/rendezvous.h"
+#include "comm/gloo/ring_allreduce.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"
 

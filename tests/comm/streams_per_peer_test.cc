@@ -1,4 +1,4 @@
-// CommunicatorOptions::streams_per_peer (comm/striping.h): with k = 2 and 4 streams per peer
+// CommunicatorOptions::streams_per_peer (comm/gloo/striping.h): with k = 2 and 4 streams per peer
 // pair, every payload path that deals its pieces over the streams (the ring all-reduce, point-
 // to-point segments, so the push-sum round and the quantized all-reduce) gives the very bits
 // that k = 1 gives, on n = 1..8 ranks; failures (a peer that leaves, one that never joins, a
@@ -21,10 +21,10 @@
 #include "algorithms/peer_graph.h"
 #include "algorithms/push_sum.h"
 #include "comm/communicator.h"
-#include "comm/errors.h"
-#include "comm/p2p_op.h"
-#include "comm/quantized_allreduce.h"
-#include "comm/transfer_progress.h"
+#include "comm/core/errors.h"
+#include "comm/core/p2p_op.h"
+#include "comm/core/transfer_progress.h"
+#include "compression/quantized_allreduce.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"

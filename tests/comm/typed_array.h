@@ -4,8 +4,8 @@
 #include <cstring>
 #include <vector>
 
-#include "comm/reduce.h"
-#include "comm/types.h"
+#include "comm/core/reduce.h"
+#include "comm/core/types.h"
 
 namespace gossipcc {
 namespace testing {

@@ -18,7 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/communicator.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "comm/host_groups.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"

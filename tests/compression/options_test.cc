@@ -2,7 +2,7 @@
 // c10d backend uses for GOSSIPCC_ALLREDUCE=powersgd:<options>.
 #include "compression/power_sgd_options.h"
 
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "compression/power_sgd.h"
 #include "gtest/gtest.h"
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "compression/power_sgd_math.h"
 #include "gtest/gtest.h"
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/reduce.h"
+#include "comm/core/reduce.h"
 #include "compression/power_sgd.h"
 #include "gtest/gtest.h"
 #include "tests/comm/cuda_devices.h"

@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "compression/power_sgd.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"
 #include "tests/comm/typed_array.h"

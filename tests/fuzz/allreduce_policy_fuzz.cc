@@ -8,7 +8,7 @@
 #include <exception>
 #include <string>
 
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "torch_backend/allreduce_policy.h"
 

@@ -1,4 +1,4 @@
-// libFuzzer target: the lossless float32 packing (comm/float32_packing.h), the decoder of what
+// libFuzzer target: the lossless float32 packing (comm/gloo/float32_packing.h), the decoder of what
 // the packed ring receives from the wire. Byte 0 picks the direction:
 //   even: the rest, after byte 1 (the value count the receiver expects), is a message from the
 //         wire. UnpackFloat32 must return an InvalidArgument naming the packed message, or
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/float32_packing.h"
+#include "comm/gloo/float32_packing.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "algorithms/peer_graph.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace {

@@ -9,7 +9,7 @@
 #include <exception>
 #include <string>
 
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "compression/power_sgd_options.h"
 #include "tests/fuzz/fuzz_check.h"
 

@@ -1,45 +1,61 @@
 #!/bin/bash
-# Fails when an #include runs against the layering (docs/architecture.md):
+# Fails when an #include runs against the layering (docs/architecture.md, "The rooms of comm/"):
 #  1. a file under comm/, algorithms/ or compression/ includes a torch header (torch/, c10/,
 #     ATen/): only torch_backend/ sees torch;
-#  2. a file in comm/ includes communicator.h other than the facade's own users: the
-#     facade's implementation (comm/communicator.cc), what is composed on its public API
-#     (layer 10: comm/quantized_allreduce, comm/host_groups) and the programs in comm/bench/ and
-#     comm/examples/, which use the public API from above;
-#  3. a file in comm/ includes a comm/ header of its own layer or above (LAYER below): every
-#     include runs down, so there is no circle. foo.cc has foo.h's layer and may include it.
-# A new file in comm/ must be added to LAYER.
+#  2. a room of comm/ includes only what its rule allows (ROOM_MAY_INCLUDE): core/ nothing else
+#     of comm/; gloo/ core/; p2p/ core/ and gloo/ (its messages ride Gloo's pairs); nccl/ core/;
+#     the facade (comm/ itself) every room; comm/examples/ the public surface, comm/bench/ that
+#     and gloo/ (the packing codec's benchmark);
+#  3. outside comm/ (algorithms/, compression/), only comm's public surface is included: the
+#     facade (comm/communicator.h), comm/host_groups.h, comm/core/ and comm/bench/'s helpers;
+#  4. inside comm/ only the facade's own users include comm/communicator.h: its implementation,
+#     comm/host_groups (composed on its public API) and the programs in comm/bench/ and
+#     comm/examples/;
+#  5. within one folder of comm/ every include runs down (LAYER below), so there is no circle.
+#     foo.cc has foo.h's layer and may include it.
+# A new header in a folder of comm/ must be added to LAYER.
 # Usage (Bazel passes the files): include_layers_test.sh FILE...
 set -u
 
-declare -A LAYER=(
-  # 0: no comm/ include
-  [errors.h]=0 [types.h]=0 [cuda_stream.h]=0 [issue_time.h]=0 [quantized_blocks.h]=0 [float32_packing.h]=0 [transfer_progress.h]=0 [ring_plan.h]=0
-  # 1: values and interfaces
-  [listen_address.h]=1 [reduce.h]=1 [work.h]=1 [store.h]=1 [options.h]=1 [op_spec.h]=1 [striping.h]=1 [topology.h]=1
-  # 2: what the data paths are handed; a collective's fingerprint (encoding, comparison)
-  [p2p_op.h]=2 [gloo_util.h]=2 [gloo_call.h]=2 [fingerprint.h]=2
-  # 3: the signature check, the rings' shared plan
-  [consistency_check.h]=3 [ring_common.h]=3
-  # 4: the algorithms; point-to-point's wire format (header, segments) and receive turns
-  [eager_collectives.h]=4 [direct_allreduce.h]=4 [ring_allreduce.h]=4 [packed_ring_allreduce.h]=4
-  [ring_reduce_scatter.h]=4 [p2p_wire.h]=4 [p2p_turns.h]=4
-  # 5: algorithms composed of those (the two-level all-reduce: rings inside and across hosts)
-  [hierarchical_allreduce.h]=5
-  # 6: the data paths (Gloo collectives, point-to-point, NCCL)
-  [gloo_collectives.h]=6 [p2p_exchange.h]=6 [nccl_transport.h]=6
-  # 7: the Communicator's parts, one job each
-  [argument_checks.h]=7 [failure_state.h]=7 [lanes.h]=7 [peer_health.h]=7 [staged_work.h]=7 [meshes.h]=7
-  # 8: what a collective call is (its description and data paths), built on the parts above
-  [collective_plan.h]=8
-  # 9: the facade
-  [communicator.h]=9
-  # 10: collectives composed on the facade's public API; groups split from a communicator
-  [quantized_allreduce.h]=10 [host_groups.h]=10
-  # 11: two-level forms of those, on the groups of host_groups.h
-  [hierarchical_quantized_allreduce.h]=11
+# Rule 2: the folders a room's files may include from (comm/<room>/...).
+declare -A ROOM_MAY_INCLUDE=(
+  [core]="core"
+  [gloo]="core gloo"
+  [p2p]="core gloo p2p"
+  [nccl]="core nccl"
+  [facade]="core gloo p2p nccl facade"
+  [bench]="core gloo facade bench"
+  [examples]="core facade"
 )
-FACADE_USERS_RE='^comm/(communicator\.cc|quantized_allreduce\.(h|cc)|host_groups\.(h|cc)|bench/.*|examples/.*)$'
+PUBLIC_RE='^comm/(communicator\.h|host_groups\.h|core/[^/]+\.h|bench/[^/]+\.h)$'
+
+# Rule 5: layers within each folder (paths relative to comm/).
+declare -A LAYER=(
+  # core/: values and interfaces first, then what is built of them
+  [core/errors.h]=0 [core/types.h]=0 [core/cuda_stream.h]=0 [core/issue_time.h]=0 [core/transfer_progress.h]=0
+  [core/listen_address.h]=1 [core/store.h]=1 [core/options.h]=1 [core/topology.h]=1 [core/work.h]=1
+  [core/reduce.h]=1 [core/op_spec.h]=1 [core/p2p_op.h]=1
+  # gloo/: plans and Gloo glue, the signature check, the algorithms, the dispatch over them
+  [gloo/ring_plan.h]=0 [gloo/float32_packing.h]=0 [gloo/slots.h]=0 [gloo/gloo_error.h]=0
+  [gloo/deadline_wait.h]=1 [gloo/posted_buffers.h]=1 [gloo/pair_teardown.h]=1 [gloo/rendezvous.h]=1
+  [gloo/striping.h]=1 [gloo/call.h]=1 [gloo/fingerprint.h]=1
+  [gloo/consistency_check.h]=2 [gloo/ring_common.h]=2
+  [gloo/eager_collectives.h]=3 [gloo/direct_allreduce.h]=3 [gloo/ring_allreduce.h]=3
+  [gloo/packed_ring_allreduce.h]=3 [gloo/ring_reduce_scatter.h]=3
+  [gloo/hierarchical_allreduce.h]=4
+  [gloo/collectives.h]=5
+  # p2p/: the wire format and receive turns, then the exchange over them
+  [p2p/wire.h]=0 [p2p/turns.h]=0
+  [p2p/exchange.h]=1
+  # nccl/
+  [nccl/nccl_transport.h]=0
+  # the facade: the Communicator's parts, the plan of a call, the facade, groups split from it
+  [argument_checks.h]=0 [failure_state.h]=0 [lanes.h]=0 [peer_health.h]=0 [staged_work.h]=0 [meshes.h]=0
+  [collective_plan.h]=1
+  [communicator.h]=2
+  [host_groups.h]=3
+)
+FACADE_USERS_RE='^comm/(communicator\.cc|host_groups\.(h|cc)|bench/.*|examples/.*)$'
 
 failures=0
 fail() {
@@ -47,35 +63,50 @@ fail() {
   failures=$((failures + 1))
 }
 
+# The room of a path under comm/ (comm/gloo/x.h -> gloo, comm/x.h -> facade).
+room_of() {
+  local rest="${1#comm/}"
+  if [[ "$rest" == */* ]]; then echo "${rest%%/*}"; else echo facade; fi
+}
+
 checked=0
 for f in "$@"; do
   rel="$f"  # workspace-relative (the test runs at the runfiles' workspace root)
   case "$rel" in comm/* | algorithms/* | compression/*) ;; *) continue ;; esac
   checked=$((checked + 1))
+  own_room=""
+  [[ "$rel" == comm/* ]] && own_room="$(room_of "$rel")"
   # The included paths, one sed per file (a process per line made the test take over a minute
   # on a loaded 2-core machine).
   while IFS= read -r inc; do
     case "$inc" in
       torch/* | c10/* | ATen/*) fail "$rel includes torch header <$inc> (only torch_backend/ may)" ;;
     esac
-    [[ "$rel" == comm/* ]] || continue
-    if [[ "$inc" == comm/communicator.h && ! "$rel" =~ $FACADE_USERS_RE ]]; then
-      fail "$rel includes comm/communicator.h (only the facade's users may: comm/communicator.cc, comm/quantized_allreduce, comm/host_groups, comm/bench/, comm/examples/)"
-    fi
-    # Layers apply to the files of comm/ itself, not to its bench/ and examples/ programs.
-    [[ "$rel" =~ ^comm/[^/]+$ && "$inc" =~ ^comm/[^/]+\.h$ ]] || continue
-    base="$(basename "$rel")"
-    own="${base%.*}.h"
-    [[ "comm/$own" == "$inc" ]] && continue
-    if [[ -z "${LAYER[$own]+x}" ]]; then
-      fail "$rel: comm/$own has no layer in tests/layering/include_layers_test.sh"
+    [[ "$inc" == comm/* ]] || continue
+    if [[ -z "$own_room" ]]; then  # rule 3
+      [[ "$inc" =~ $PUBLIC_RE ]] || fail "$rel includes $inc, inside comm/ (outside comm/ only comm/communicator.h, comm/host_groups.h and comm/core/ may be included)"
       continue
     fi
+    target_room="$(room_of "$inc")"
+    if [[ " ${ROOM_MAY_INCLUDE[$own_room]:-} " != *" $target_room "* ]]; then  # rule 2
+      fail "$rel (room $own_room) includes $inc (room $target_room): $own_room/ may include only ${ROOM_MAY_INCLUDE[$own_room]:-nothing}"
+      continue
+    fi
+    if [[ "$inc" == comm/communicator.h && ! "$rel" =~ $FACADE_USERS_RE ]]; then  # rule 4
+      fail "$rel includes comm/communicator.h (only the facade's users may: comm/communicator.cc, comm/host_groups, comm/bench/, comm/examples/)"
+    fi
+    # Rule 5: within one folder, not for the programs of bench/ and examples/.
+    [[ "$own_room" == "$target_room" && "$own_room" != bench && "$own_room" != examples ]] || continue
+    key="${rel#comm/}"
+    own="${key%.*}.h"
     target="${inc#comm/}"
-    if [[ -z "${LAYER[$target]+x}" ]]; then
+    [[ "$own" == "$target" ]] && continue
+    if [[ -z "${LAYER[$own]+x}" ]]; then
+      fail "$rel: comm/$own has no layer in tests/layering/include_layers_test.sh"
+    elif [[ -z "${LAYER[$target]+x}" ]]; then
       fail "$rel includes $inc, which has no layer in tests/layering/include_layers_test.sh"
     elif ((LAYER[$target] >= LAYER[$own])); then
-      fail "$rel (layer ${LAYER[$own]}) includes $inc (layer ${LAYER[$target]}): includes must run down"
+      fail "$rel (layer ${LAYER[$own]} of $own_room/) includes $inc (layer ${LAYER[$target]}): includes must run down"
     fi
   done < <(sed -nE 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]([^">]+)[">].*/\1/p' "$f")
 done

@@ -20,7 +20,7 @@
 #include "algorithms/peer_graph.h"
 #include "algorithms/push_sum.h"
 #include "comm/communicator.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "compression/power_sgd.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -86,7 +86,7 @@ std::vector<OpCase> Cases() {
            if (first) std::rethrow_exception(first);
          };
        }},
-      // The packed ring (comm/packed_ring_allreduce.h): its sends come from slots of its own.
+      // The packed ring (comm/gloo/packed_ring_allreduce.h): its sends come from slots of its own.
       {"allreduce_packed",
        [](int) {
          auto data = std::make_shared<std::vector<float>>(1 << 20, 1.0f);

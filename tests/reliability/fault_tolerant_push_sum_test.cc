@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "algorithms/fault_tolerant_push_sum.h"
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/comm/harness.h"

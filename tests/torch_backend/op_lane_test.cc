@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/errors.h"
+#include "comm/core/errors.h"
 #include "gtest/gtest.h"
 
 namespace gossipcc {

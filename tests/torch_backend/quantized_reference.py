@@ -1,4 +1,4 @@
-"""The quantized all-reduce (comm/quantized_allreduce.h) computed with torch from its format's
+"""The quantized all-reduce (compression/quantized_allreduce.h) computed with torch from its format's
 definition: block scale max|x| / Q, round half to even, float32 sums in node order."""
 import torch
 

@@ -1,4 +1,4 @@
-"""ProcessGroupGossipcc.quantized_allreduce (comm/quantized_allreduce.h) from Python, against a
+"""ProcessGroupGossipcc.quantized_allreduce (compression/quantized_allreduce.h) from Python, against a
 reference computed here with torch (block scale max|x| / Q, round half to even, float32 sums in
 rank order): the same bits on every rank and equal to the reference, within the header's bound of
 the exact average; several tensors as one vector; error feedback through residual tensors; ordered

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Filling a long fat pipe: gossipcc with GOSSIPCC_STREAMS_PER_PEER = k (TCP connections per
-pair of ranks, comm/striping.h) against gloo (ProcessGroupGloo: one connection per pair) on
+pair of ranks, comm/gloo/striping.h) against gloo (ProcessGroupGloo: one connection per pair) on
 emulated hosts with a long link (default 4 hosts, 1 Gbit/s, 50 ms one-way delay, the hosts'
 stock TCP settings), in the same processes.
 

@@ -53,7 +53,7 @@ host), averaged over the ranks (none on --network local).
 Checks (the run fails, naming the method, when one does not hold):
 - exact (gloo, gossipcc): |result - average| <= (n + 2) 2^-24 sum_r |x_r| / n per element, the
   average computed in float64 from every rank's draws;
-- quantized: within comm/quantized_allreduce.h's bound (docs/comm.md): (1/Q + (n + 32) 2^-24)
+- quantized: within compression/quantized_allreduce.h's bound (docs/comm.md): (1/Q + (n + 32) 2^-24)
   sum_r M_r / n + 2^-96 per element, M_r rank r's maximum |x| over the element's block of 256 of
   the buffer the collective was given, Q = 2^(bits-1) - 1;
 - PowerSGD (both): a tensor PowerSGD leaves exact (fewer than two dimensions, or one where

@@ -27,10 +27,10 @@ import math
 Cost = collections.namedtuple("Cost", "latency wire cpu")
 Cost.total = property(lambda c: c.latency + c.wire + c.cpu)
 
-DIRECT_MAX_BYTES = 512 << 10        # comm/gloo_collectives.cc: the direct all-reduce up to 512 KiB
-QUANTIZED_BLOCK = 256                # comm/quantized_allreduce.h kDefaultQuantizedBlockSize
-QUANTIZED_EAGER_BYTES = 64 << 10     # comm/quantized_allreduce.h kQuantizedEagerBytes
-COLLECTIVE_LANES = 2                 # comm/options.h collective_lanes: DDP's buckets on 2 lanes
+DIRECT_MAX_BYTES = 512 << 10        # comm/gloo/collectives.cc: the direct all-reduce up to 512 KiB
+QUANTIZED_BLOCK = 256                # compression/quantized_allreduce.h kDefaultQuantizedBlockSize
+QUANTIZED_EAGER_BYTES = 64 << 10     # compression/quantized_allreduce.h kQuantizedEagerBytes
+COLLECTIVE_LANES = 2                 # comm/core/options.h collective_lanes: DDP's buckets on 2 lanes
 PAYLOAD_SHARE = 1448 / (1448 + 66)   # full TCP frames: MSS 1448 of 1514 bytes (tools/wan_calibration.py)
 INITIAL_WINDOW = 10 * 1448           # Linux's initial congestion window: 10 segments
 
@@ -43,7 +43,7 @@ class Link:
     """One network (see the module's doc). Per-message costs by primitive, each calibrated:
     alpha, one point-to-point message (gossipcc's send: a header, then the payload); exchange,
     one exchange of a collective's signature check, which carries eager payloads
-    (comm/consistency_check.cc); ring, one step of gossipcc's ring (comm/ring_common.cc); gloo,
+    (comm/gloo/consistency_check.cc); ring, one step of gossipcc's ring (comm/gloo/ring_common.cc); gloo,
     one step of gloo's ring. Each defaults to alpha. rtt: the round trip; restart: the window a
     connection idle for longer than TCP's retransmission timeout restarts from (idle_message)."""
 
@@ -162,7 +162,7 @@ class World:
 # ---- the exact all-reduce ---------------------------------------------------------------------
 
 def ring_allreduce(size, world, link, cpu_per_byte=0.0, gloo=False, idle=False):
-    """comm/ring_allreduce.cc (gloo=True: gloo's ring, ProcessGroupGloo's all-reduce): 2(n-1)
+    """comm/gloo/ring_allreduce.cc (gloo=True: gloo's ring, ProcessGroupGloo's all-reduce): 2(n-1)
     steps of size/n bytes to the next rank. The NIC carries one stream each way (only host h's
     last rank sends to another host), so the wire term is 2(n-1) size/n at beta; each step costs
     the hop's per-step cost (link.ring or link.gloo between hosts, local_alpha inside one), and
@@ -193,12 +193,12 @@ def exchange(per_peer, world, link):
 
 
 def eager_max_bytes(n):
-    """comm/options.h EagerCollectiveMaxBytes: 128 KiB / (n - 1); 0 for one rank."""
+    """comm/core/options.h EagerCollectiveMaxBytes: 128 KiB / (n - 1); 0 for one rank."""
     return 0 if n < 2 else (128 << 10) // (n - 1)
 
 
 def eager_allreduce(size, world, link, cpu_per_byte=0.0):
-    """comm/eager_collectives.cc: the payload rides in the signature check, one exchange in
+    """comm/gloo/eager_collectives.cc: the payload rides in the signature check, one exchange in
     which every rank sends its whole buffer to every peer."""
     if world.n == 1 or size == 0:
         return Cost(0.0, 0.0, 0.0)
@@ -207,7 +207,7 @@ def eager_allreduce(size, world, link, cpu_per_byte=0.0):
 
 
 def direct_allreduce(size, world, link, cpu_per_byte=0.0):
-    """comm/direct_allreduce.cc: two exchanges (chunk p to rank p, then the reduced chunk back to
+    """comm/gloo/direct_allreduce.cc: two exchanges (chunk p to rank p, then the reduced chunk back to
     every rank) after the signature check (one more exchange). cpu as ring_allreduce's."""
     if world.n == 1 or size == 0:
         return Cost(0.0, 0.0, 0.0)
@@ -216,7 +216,7 @@ def direct_allreduce(size, world, link, cpu_per_byte=0.0):
 
 
 def gossipcc_allreduce(size, world, link, cpu_per_byte=0.0, idle=False):
-    """comm/gloo_collectives.cc (collective_plan.cc): eager up to EagerCollectiveMaxBytes, the
+    """comm/gloo/collectives.cc (collective_plan.cc): eager up to EagerCollectiveMaxBytes, the
     direct all-reduce up to 512 KiB, the ring above (idle: as ring_allreduce's)."""
     if size <= eager_max_bytes(world.n):
         return eager_allreduce(size, world, link, cpu_per_byte)
@@ -241,7 +241,7 @@ def bucketed(costs, lanes=COLLECTIVE_LANES):
 # ---- the quantized all-reduce -----------------------------------------------------------------
 
 def quantized_bytes(count, bits, block=QUANTIZED_BLOCK):
-    """comm/quantized_allreduce.cc QuantizedBytes: codes plus a float32 scale per block."""
+    """compression/quantized_allreduce.cc QuantizedBytes: codes plus a float32 scale per block."""
     if bits not in (4, 8):
         raise ModelError(f"quantized all-reduce: bits must be 4 or 8, got {bits}")
     blocks = -(-count // block)
@@ -254,7 +254,7 @@ def off_host_senders(world, distance):
 
 
 def quantized_allreduce(count, bits, world, link, cpu_per_element=0.0):
-    """comm/quantized_allreduce.cc: the check (an all-gather of a header: one exchange), the
+    """compression/quantized_allreduce.cc: the check (an all-gather of a header: one exchange), the
     scatter in n - 1 point-to-point rounds one at a time (round d: every rank sends its quantized
     copy of rank r+d's region, Q/n bytes, on a connection idle since the previous call:
     idle_message; the host's ranks that send off the host share its NIC), then the ring

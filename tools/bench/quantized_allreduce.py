@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark (f): the quantized all-reduce (8 and 4 bits, comm/quantized_allreduce.h) vs the exact
+"""Benchmark (f): the quantized all-reduce (8 and 4 bits, compression/quantized_allreduce.h) vs the exact
 float32 all-reduce, through backend="gossipcc" and, side by side, through a gloo group on the same
 ranks (dist.new_group(backend="gloo")), 4 emulated hosts of one rank each by default (--hosts,
 --ranks-per-host), 16 MB of float32 at 100 Mbit/s per host.
@@ -26,7 +26,7 @@ The goal: at least 3.5x (8 bits) and 6x (4 bits) less time than the exact all-re
 The flat variants run on a group with GOSSIPCC_TOPOLOGY=flat (every rank its own node). On
 hosts of several ranks (--ranks-per-host > 1, an emulated network) two more variants run on a
 group with the default topology (auto: two-level there): the quantized all-reduce compressed only
-across hosts (comm/hierarchical_quantized_allreduce.h), "vs flat" giving its speed-up over the
+across hosts (compression/hierarchical_quantized_allreduce.h), "vs flat" giving its speed-up over the
 flat variant of the same bits.
 """
 import argparse

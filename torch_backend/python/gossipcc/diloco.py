@@ -36,7 +36,7 @@ transport object each, outer_sync.py, as .transport):
   "gossip"            decentralised DiLoCo: one push-sum round with one peer of the time-varying
                       exponential graph per outer step, instead of an average over all ranks;
                       each rank then keeps its own theta_global; gossipcc backend only
-  "quantized:bits=b"  gossipcc's quantized all-reduce (comm/quantized_allreduce.h), b = 8 or 4:
+  "quantized:bits=b"  gossipcc's quantized all-reduce (compression/quantized_allreduce.h), b = 8 or 4:
                       delta travels as b-bit integers with a float32 scale per block of 256
                       (1.02 or 0.52 bytes per element instead of 4; speed: docs/benchmarks.md,
                       "(f) Quantized all-reduce"), with error feedback kept per fragment: what
