@@ -20,9 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "comm/argument_checks.h"
 #include "comm/collective_plan.h"
-#include "comm/core/cuda_stream.h"
 #include "comm/core/errors.h"
-#include "comm/core/issue_time.h"
 #include "comm/core/op_spec.h"
 #include "comm/core/reduce.h"
 #include "comm/failure_state.h"
@@ -38,15 +36,14 @@ namespace gossipcc {
 namespace {
 using Clock = std::chrono::steady_clock;
 
-// When a collective was issued: its deadline counts from `at`, the caller's issue time
-// (issue_time.h) where it set one, else the Communicator call (`called`).
+// When an operation was issued: its deadline counts from `at`, the caller's issue time
+// (CallOptions::issued) where it set one, else the Communicator call (`called`).
 struct Issue {
   Clock::time_point at, called;
   const char* waited_for;  // what the caller held it back for (null: nothing; static storage)
-  static Issue Now() {
+  static Issue Of(const CallOptions& call) {
     const Clock::time_point now = Clock::now();
-    const IssueTime* caller = CurrentIssueTime();
-    return caller ? Issue{std::min(caller->issued, now), now, caller->waited_for} : Issue{now, now, nullptr};
+    return call.issued ? Issue{std::min(*call.issued, now), now, call.waited_for} : Issue{now, now, nullptr};
   }
 };
 
@@ -82,7 +79,7 @@ class Communicator::Impl {
   // Schedule: the collective (its seq assigned here) goes to its lane with the memory it
   // touches; the lane runs the plan's CPU path (on Gloo) or CUDA path (launched on NCCL) after
   // the signature check, or an eager CPU collective within the check (collective_plan.h).
-  std::shared_ptr<Work> Submit(CollectivePlan plan) {
+  std::shared_ptr<Work> Submit(CollectivePlan plan, const CallOptions& call) {
     OpSpec& spec = plan.spec;
     failure_.ThrowIfUnusable(Where(OpKindName(spec.kind)));
     if (spec.device.is_cuda()) plan.footprint.fence = true;  // NCCL needs its launches in one order on every rank
@@ -95,21 +92,21 @@ class Communicator::Impl {
       if (spec.device.is_cuda()) {
         auto staged = std::make_shared<StagedWork>(description);
         work = staged;
-        return CudaTask(spec, *lane, staged, description, std::move(plan.cuda));
+        return CudaTask(spec, *lane, staged, description, std::move(plan.cuda), call);
       }
       auto completion = std::make_shared<CompletionWork>(description);
       completion->SetInlineRunner(lanes_->InlineRunner(seq));
       work = completion;
       const bool deferred_check = plan.checks_itself && options_.verify_collectives && !plan.eager.finish;
-      return CpuTask(spec, *lane, completion, std::move(plan.cpu), std::move(plan.eager), deferred_check);
+      return CpuTask(spec, *lane, completion, std::move(plan.cpu), std::move(plan.eager), deferred_check, call);
     });
     if (!queued) throw AbortedError(absl::StrCat(Where(OpKindName(spec.kind)), ": ", failure_.stop_reason()));
     return work;
   }
 
   Lanes::Task CpuTask(const OpSpec& spec, LaneLink& lane, std::shared_ptr<CompletionWork> work, CpuPath cpu,
-                      EagerPlan eager, bool deferred_check) {
-    return [this, &lane, spec, work, deferred_check, issued = Issue::Now(), cpu = std::move(cpu),
+                      EagerPlan eager, bool deferred_check, const CallOptions& call) {
+    return [this, &lane, spec, work, deferred_check, issued = Issue::Of(call), cpu = std::move(cpu),
             eager = std::move(eager)] {
       work->Complete(Run(
           spec, lane, issued,
@@ -125,10 +122,10 @@ class Communicator::Impl {
   }
 
   Lanes::Task CudaTask(const OpSpec& spec, LaneLink& lane, std::shared_ptr<StagedWork> work, std::string description,
-                       CudaPath cuda) {
-    // Issued now: the point in the caller's current stream that the launch must follow.
-    std::shared_ptr<StreamPoint> point = StreamPoint::Record(spec.device.index, CurrentCudaStream(), description);
-    return [this, &lane, spec, work, description, point, issued = Issue::Now(), cuda = std::move(cuda)] {
+                       CudaPath cuda, const CallOptions& call) {
+    // Issued now: the point in the caller's stream that the launch must follow.
+    std::shared_ptr<StreamPoint> point = StreamPoint::Record(spec.device.index, call.cuda_stream, description);
+    return [this, &lane, spec, work, description, point, issued = Issue::Of(call), cuda = std::move(cuda)] {
       std::shared_ptr<Work> launched;
       std::exception_ptr error = Run(spec, lane, issued, [&](Clock::time_point) {
         NcclTransport& nccl = NcclFor(spec.device.index);
@@ -219,7 +216,8 @@ class Communicator::Impl {
 
   // Point-to-point: validated by the caller; posted at once on the caller's thread (Gloo) or
   // launched on NCCL.
-  std::shared_ptr<Work> PostP2P(absl::Span<const P2POp> ops, const std::string& description, bool cuda) {
+  std::shared_ptr<Work> PostP2P(absl::Span<const P2POp> ops, const std::string& description, bool cuda,
+                                const CallOptions& call) {
     failure_.ThrowIfUnusable(description);
     if (cuda) {
       if (!nccl_) {
@@ -229,14 +227,18 @@ class Communicator::Impl {
                                                 "first: the NCCL communicator must be created collectively"));
       }
       absl::MutexLock launch_lock(&nccl_mu_);
-      nccl_->FollowNext(StreamPoint::Record(nccl_->device(), CurrentCudaStream(), description));
+      nccl_->FollowNext(StreamPoint::Record(nccl_->device(), call.cuda_stream, description));
       return nccl_->P2P(ops, description);
     }
     try {
       // Held while posting, so that Shutdown cannot free the exchange under a Post in flight.
       absl::ReaderMutexLock post_lock(&p2p_post_mu_);
       if (p2p_closed_) throw AbortedError(absl::StrCat(description, ": ", failure_.stop_reason()));
-      return meshes_.p2p()->Post(ops, description);
+      const Issue issued = Issue::Of(call);
+      return meshes_.p2p()->Post(ops, issued.waited_for ? absl::StrCat(description, " (held back for ", issued.waited_for,
+                                                                        " before the call)")
+                                                        : description,
+                                 issued.at);
     } catch (const AbortedError&) {
       throw;
     } catch (const CommError&) {
@@ -337,19 +339,19 @@ std::vector<int> Communicator::UnresponsivePeers() { return impl_->UnresponsiveP
 
 // ---- collectives: check, describe (collective_plan.h), then Submit schedules and runs ----
 
-std::shared_ptr<Work> Communicator::allreduce(Buffer data, ReduceOp op) {
+std::shared_ptr<Work> Communicator::allreduce(Buffer data, ReduceOp op, const CallOptions& call) {
   impl_->check().Buffer("allreduce", "data", data);
   impl_->check().Reduce("allreduce", data, op);
-  return impl_->Submit(PlanAllreduce(size(), data, op));
+  return impl_->Submit(PlanAllreduce(size(), data, op), call);
 }
 
-std::shared_ptr<Work> Communicator::broadcast(Buffer data, int root) {
+std::shared_ptr<Work> Communicator::broadcast(Buffer data, int root, const CallOptions& call) {
   impl_->check().Buffer("broadcast", "data", data);
   impl_->check().Peer("broadcast", root, "root");
-  return impl_->Submit(PlanBroadcast(rank(), size(), data, root));
+  return impl_->Submit(PlanBroadcast(rank(), size(), data, root), call);
 }
 
-std::shared_ptr<Work> Communicator::allgather(Buffer input, Buffer output) {
+std::shared_ptr<Work> Communicator::allgather(Buffer input, Buffer output, const CallOptions& call) {
   impl_->check().Buffer("allgather", "input", input);
   impl_->check().Buffer("allgather", "output", output);
   impl_->check().Same("allgather", input, output);
@@ -358,10 +360,11 @@ std::shared_ptr<Work> Communicator::allgather(Buffer input, Buffer output) {
                                             " elements but size() * input.count = ", size(), " * ", input.count,
                                             " = ", input.count * size(), " are required"));
   }
-  return impl_->Submit(PlanAllgather(size(), input, output));
+  return impl_->Submit(PlanAllgather(size(), input, output), call);
 }
 
-std::shared_ptr<Work> Communicator::allgatherv(Buffer input, Buffer output, std::vector<size_t> counts) {
+std::shared_ptr<Work> Communicator::allgatherv(Buffer input, Buffer output, std::vector<size_t> counts,
+                                               const CallOptions& call) {
   impl_->check().Buffer("allgatherv", "input", input);
   impl_->check().Buffer("allgatherv", "output", output);
   impl_->check().Same("allgatherv", input, output);
@@ -375,10 +378,11 @@ std::shared_ptr<Work> Communicator::allgatherv(Buffer input, Buffer output, std:
     throw InvalidArgumentError(absl::StrCat(impl_->Where("allgatherv"), ": output has ", output.count,
                                             " elements but the counts add up to ", total));
   }
-  return impl_->Submit(PlanAllgatherv(size(), input, output, std::move(counts)));
+  return impl_->Submit(PlanAllgatherv(size(), input, output, std::move(counts)), call);
 }
 
-std::shared_ptr<Work> Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op) {
+std::shared_ptr<Work> Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op,
+                                                   const CallOptions& call) {
   impl_->check().Buffer("reduce_scatter", "input", input);
   impl_->check().Buffer("reduce_scatter", "output", output);
   impl_->check().Same("reduce_scatter", input, output);
@@ -388,10 +392,10 @@ std::shared_ptr<Work> Communicator::reduce_scatter(Buffer input, Buffer output, 
                                             " elements but size() * output.count = ", size(), " * ", output.count,
                                             " = ", output.count * size(), " are required"));
   }
-  return impl_->Submit(PlanReduceScatter(rank(), size(), input, output, op));
+  return impl_->Submit(PlanReduceScatter(rank(), size(), input, output, op), call);
 }
 
-std::shared_ptr<Work> Communicator::alltoall(Buffer input, Buffer output) {
+std::shared_ptr<Work> Communicator::alltoall(Buffer input, Buffer output, const CallOptions& call) {
   impl_->check().Buffer("alltoall", "input", input);
   impl_->check().Buffer("alltoall", "output", output);
   impl_->check().Same("alltoall", input, output);
@@ -400,11 +404,11 @@ std::shared_ptr<Work> Communicator::alltoall(Buffer input, Buffer output) {
                                             output.count, ") must have the same element count, a multiple of size() = ",
                                             size()));
   }
-  return impl_->Submit(PlanAlltoall(size(), input, output));
+  return impl_->Submit(PlanAlltoall(size(), input, output), call);
 }
 
 std::shared_ptr<Work> Communicator::alltoallv(Buffer input, std::vector<size_t> send_counts, Buffer output,
-                                              std::vector<size_t> recv_counts) {
+                                              std::vector<size_t> recv_counts, const CallOptions& call) {
   impl_->check().Buffer("alltoallv", "input", input);
   impl_->check().Buffer("alltoallv", "output", output);
   impl_->check().Same("alltoallv", input, output);
@@ -415,41 +419,44 @@ std::shared_ptr<Work> Communicator::alltoallv(Buffer input, std::vector<size_t> 
                                             " (input has ", input.count, "), recv_counts add up to ", Sum(recv_counts),
                                             " (output has ", output.count, ")"));
   }
-  return impl_->Submit(PlanAlltoallv(input, std::move(send_counts), output, std::move(recv_counts)));
+  return impl_->Submit(PlanAlltoallv(input, std::move(send_counts), output, std::move(recv_counts)), call);
 }
 
-std::shared_ptr<Work> Communicator::barrier() { return impl_->Submit(PlanBarrier(size())); }
+std::shared_ptr<Work> Communicator::barrier(const CallOptions& call) { return impl_->Submit(PlanBarrier(size()), call); }
 
 // ---- point-to-point: check, then post at once ----
 
 namespace {
 // `any_source`: receives may name kAnySource (recv_any_source and p2p batches).
-std::shared_ptr<Work> CheckAndPost(Communicator::Impl& c, absl::Span<const P2POp> ops, bool any_source = true) {
+std::shared_ptr<Work> CheckAndPost(Communicator::Impl& c, absl::Span<const P2POp> ops, const CallOptions& call,
+                                   bool any_source = true) {
   if (ops.empty()) {
     auto work = std::make_shared<CompletionWork>(c.Where("p2p (empty batch)"));
     work->Complete(nullptr);
     return work;
   }
   const std::string description = c.check().P2P(ops, any_source);
-  return c.PostP2P(ops, description, ops[0].buffer.device.is_cuda());
+  return c.PostP2P(ops, description, ops[0].buffer.device.is_cuda(), call);
 }
 }  // namespace
 
-std::shared_ptr<Work> Communicator::send(Buffer data, int peer, uint32_t tag) {
+std::shared_ptr<Work> Communicator::send(Buffer data, int peer, uint32_t tag, const CallOptions& call) {
   P2POp op = P2POp::Send(data, peer, tag);
-  return CheckAndPost(*impl_, absl::MakeConstSpan(&op, 1));
+  return CheckAndPost(*impl_, absl::MakeConstSpan(&op, 1), call);
 }
 
-std::shared_ptr<Work> Communicator::recv(Buffer data, int peer, uint32_t tag) {
+std::shared_ptr<Work> Communicator::recv(Buffer data, int peer, uint32_t tag, const CallOptions& call) {
   P2POp op = P2POp::Recv(data, peer, tag);
-  return CheckAndPost(*impl_, absl::MakeConstSpan(&op, 1), /*any_source=*/false);
+  return CheckAndPost(*impl_, absl::MakeConstSpan(&op, 1), call, /*any_source=*/false);
 }
 
-std::shared_ptr<Work> Communicator::recv_any_source(Buffer data, uint32_t tag, int* source) {
+std::shared_ptr<Work> Communicator::recv_any_source(Buffer data, uint32_t tag, int* source, const CallOptions& call) {
   P2POp op = P2POp::Recv(data, kAnySource, tag, source);
-  return CheckAndPost(*impl_, absl::MakeConstSpan(&op, 1));
+  return CheckAndPost(*impl_, absl::MakeConstSpan(&op, 1), call);
 }
 
-std::shared_ptr<Work> Communicator::p2p(absl::Span<const P2POp> ops) { return CheckAndPost(*impl_, ops); }
+std::shared_ptr<Work> Communicator::p2p(absl::Span<const P2POp> ops, const CallOptions& call) {
+  return CheckAndPost(*impl_, ops, call);
+}
 
 }  // namespace gossipcc

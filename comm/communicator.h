@@ -4,7 +4,7 @@
 //    Work. Every rank issues them in one order; they take effect as if run in that order.
 //  - Before any payload moves, the ranks compare what each was asked to do; a disagreement fails
 //    the Work with the same MismatchError on every rank and leaves the communicator usable.
-//  - An operation fails by CommunicatorOptions::timeout after its issue (comm/core/issue_time.h); a
+//  - An operation fails by CommunicatorOptions::timeout after its issue (CallOptions::issued); a
 //    timeout or a failed peer poisons the communicator (later calls: AbortedError), and the error
 //    ends with a peer check naming the dead or stalled ranks.
 //  - Point-to-point operations are posted at once and progress independently of each other and
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "comm/core/call_options.h"
 #include "comm/core/options.h"
 #include "comm/core/p2p_op.h"
 #include "comm/core/store.h"
@@ -52,34 +53,40 @@ class Communicator {
   int size() const;
   const CommunicatorOptions& options() const;
 
+  // Every operation takes a CallOptions last (comm/core/call_options.h): when the caller issued
+  // it, and the caller's CUDA stream; the default is issued now, on the legacy default stream.
+
   // In place: data <- reduce(data of every rank). Half precision on CPU accumulates in float32
   // (on CUDA, NCCL's own arithmetic). kAvg needs a floating dtype.
-  std::shared_ptr<Work> allreduce(Buffer data, ReduceOp op = ReduceOp::kSum);
+  std::shared_ptr<Work> allreduce(Buffer data, ReduceOp op = ReduceOp::kSum, const CallOptions& call = {});
   // In place: data <- data of `root`.
-  std::shared_ptr<Work> broadcast(Buffer data, int root);
+  std::shared_ptr<Work> broadcast(Buffer data, int root, const CallOptions& call = {});
   // output (size() * input.count elements) <- concatenation of every rank's input.
-  std::shared_ptr<Work> allgather(Buffer input, Buffer output);
+  std::shared_ptr<Work> allgather(Buffer input, Buffer output, const CallOptions& call = {});
   // output <- concatenation of every rank's input; rank r contributes counts[r] elements
   // (input.count == counts[rank()]; output.count == sum(counts)). Every rank passes the same counts.
-  std::shared_ptr<Work> allgatherv(Buffer input, Buffer output, std::vector<size_t> counts);
+  std::shared_ptr<Work> allgatherv(Buffer input, Buffer output, std::vector<size_t> counts,
+                                   const CallOptions& call = {});
   // input has size() * output.count elements; rank r gets reduce over ranks of chunk r.
-  std::shared_ptr<Work> reduce_scatter(Buffer input, Buffer output, ReduceOp op = ReduceOp::kSum);
+  std::shared_ptr<Work> reduce_scatter(Buffer input, Buffer output, ReduceOp op = ReduceOp::kSum,
+                                       const CallOptions& call = {});
   // size() equal chunks: input chunk j goes to rank j, output chunk i comes from rank i.
-  std::shared_ptr<Work> alltoall(Buffer input, Buffer output);
+  std::shared_ptr<Work> alltoall(Buffer input, Buffer output, const CallOptions& call = {});
   // As alltoall with per-peer element counts: send_counts[j] to rank j, recv_counts[i] from
   // rank i (which must equal rank i's send_counts[rank()]).
   std::shared_ptr<Work> alltoallv(Buffer input, std::vector<size_t> send_counts, Buffer output,
-                                  std::vector<size_t> recv_counts);
-  std::shared_ptr<Work> barrier();
+                                  std::vector<size_t> recv_counts, const CallOptions& call = {});
+  std::shared_ptr<Work> barrier(const CallOptions& call = {});
 
-  // Point to point. Messages between one pair with one tag are matched in posting order.
-  std::shared_ptr<Work> send(Buffer data, int peer, uint32_t tag = 0);
-  std::shared_ptr<Work> recv(Buffer data, int peer, uint32_t tag = 0);
+  // Point to point. Messages between one pair with one tag are matched in posting order. On
+  // CPU the deadline counts from CallOptions::issued too; on CUDA each wait has the timeout.
+  std::shared_ptr<Work> send(Buffer data, int peer, uint32_t tag = 0, const CallOptions& call = {});
+  std::shared_ptr<Work> recv(Buffer data, int peer, uint32_t tag = 0, const CallOptions& call = {});
   // Receives from whichever rank sends first with `tag` (CPU buffers); `*source` (kept alive
   // by the caller until the Work completes) gets that rank.
-  std::shared_ptr<Work> recv_any_source(Buffer data, uint32_t tag, int* source);
+  std::shared_ptr<Work> recv_any_source(Buffer data, uint32_t tag, int* source, const CallOptions& call = {});
   // Posts every operation at once; the Work completes when all have.
-  std::shared_ptr<Work> p2p(absl::Span<const P2POp> ops);
+  std::shared_ptr<Work> p2p(absl::Span<const P2POp> ops, const CallOptions& call = {});
 
   // Refuses new operations and fails pending ones with AbortedError. Idempotent; the
   // destructor calls it.

@@ -62,8 +62,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::allgather_into_tensor_coa
   at::Tensor flat_in = Flatten(inputs);
   const int64_t total = flat_in.numel();
   at::Tensor flat_out = at::empty({static_cast<int64_t>(size_) * total}, flat_in.options());
-  auto work = IssueCollective("allgather", flat_in, [=] {
-    return communicator_->allgather(ToBuffer(flat_in, op, "flattened inputs"), ToBuffer(flat_out, op, "output"));
+  auto work = IssueCollective("allgather", flat_in, [=](const CallOptions& call) {
+    return communicator_->allgather(ToBuffer(flat_in, op, "flattened inputs"), ToBuffer(flat_out, op, "output"), call);
   });
   std::vector<at::Tensor> result = outputs;
   const int size = size_;
@@ -92,9 +92,9 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::reduce_scatter_tensor_coa
   for (const at::Tensor& in : inputs) blocks.push_back(in.reshape({size_, in.numel() / size_}));
   at::Tensor flat_in = at::cat(blocks, 1).reshape({-1});
   at::Tensor flat_out = at::empty({flat_in.numel() / size_}, flat_in.options());
-  auto work = IssueCollective("reduce_scatter", flat_in, [=] {
+  auto work = IssueCollective("reduce_scatter", flat_in, [=](const CallOptions& call) {
     return communicator_->reduce_scatter(ToBuffer(flat_in, op, "rearranged inputs"), ToBuffer(flat_out, op, "output"),
-                                         reduce);
+                                         reduce, call);
   });
   std::vector<at::Tensor> result = outputs;
   return Wrap(rank_, Ordered(), ::c10d::OpType::COALESCED, "gossipcc:reduce_scatter_tensor_coalesced", std::move(work),

@@ -3,14 +3,11 @@
 #include <algorithm>
 #include <utility>
 
-#include "comm/core/cuda_stream.h"
-#include "comm/core/issue_time.h"
 
 namespace gossipcc {
 namespace torch_backend {
 
-std::shared_ptr<Work> IssueCollective(const CollectiveIssue& call, OpLane& lane,
-                                      std::function<std::shared_ptr<Work>()> issue) {
+std::shared_ptr<Work> IssueCollective(const CollectiveIssue& call, OpLane& lane, IssueFn issue) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point deadline = call.called + call.timeout;
   Clock::time_point issued = call.called;
@@ -30,15 +27,14 @@ std::shared_ptr<Work> IssueCollective(const CollectiveIssue& call, OpLane& lane,
                    "with nested collectives ordered, a collective starts only after them";
     }
   }
-  // A CUDA collective follows the caller's current stream as it is now (comm/core/cuda_stream.h).
-  // Issued later (queued behind the group's algorithm tasks) it follows that stream as it is
-  // then: it may wait for more of the caller's work, never for less.
-  return lane.Issue(call.description, deadline,
-                    [stream = call.stream, issued, waited_for, issue = std::move(issue)] {
-                      ScopedCudaStream current(stream);
-                      ScopedIssueTime issue_time(issued, waited_for);
-                      return issue();
-                    });
+  // A CUDA collective follows the caller's current stream (CallOptions::cuda_stream) as it is
+  // when the communicator issues it: issued later (queued behind the group's algorithm tasks),
+  // it may wait for more of the caller's work, never for less.
+  CallOptions options;
+  options.issued = issued;
+  options.waited_for = waited_for;
+  options.cuda_stream = call.stream;
+  return lane.Issue(call.description, deadline, [options, issue = std::move(issue)] { return issue(options); });
 }
 
 }  // namespace torch_backend

@@ -1,7 +1,7 @@
 // How the c10d backend issues a plain collective on its communicator: in the group's program
 // order and within one group timeout of the c10d call (docs/reliability.md, "Timeouts"). On the
 // way it may wait for earlier collectives' callbacks (order_nested_collectives) and for the
-// group's algorithm tasks; each wait, and the communicator's own deadline (comm/core/issue_time.h),
+// group's algorithm tasks; each wait, and the communicator's own deadline (CallOptions::issued),
 // ends at the call's deadline with a TimeoutError naming what it waited for. A collective is
 // always issued, even one that timed out waiting: the communicator then fails it and poisons
 // itself, so this rank never pairs its next collective with the peers' copy of a skipped one.
@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/core/call_options.h"
 #include "comm/core/work.h"
 #include "torch_backend/callback_executor.h"
 #include "torch_backend/op_lane.h"
@@ -28,9 +29,11 @@ struct CollectiveIssue {
   CallbackExecutor* ordering = nullptr;
 };
 
-// Issues `issue` as above; its Work fails at the call's deadline at the latest.
-std::shared_ptr<Work> IssueCollective(const CollectiveIssue& call, OpLane& lane,
-                                      std::function<std::shared_ptr<Work>()> issue);
+// Issues `issue` as above, handing it the CallOptions to pass to the communicator (the c10d
+// call's time, what it waited for, the caller's stream); its Work fails at the call's deadline
+// at the latest.
+using IssueFn = std::function<std::shared_ptr<Work>(const CallOptions&)>;
+std::shared_ptr<Work> IssueCollective(const CollectiveIssue& call, OpLane& lane, IssueFn issue);
 
 }  // namespace torch_backend
 }  // namespace gossipcc

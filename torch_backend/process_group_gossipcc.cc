@@ -10,7 +10,6 @@
 #include <string>
 #include <utility>
 
-#include "comm/core/cuda_stream.h"
 #include "comm/core/errors.h"
 #include "comm/host_groups.h"
 #include "torch_backend/c10d_store.h"
@@ -129,7 +128,7 @@ Completion ProcessGroupGossipcc::Unordered() const { return Completion{executor_
 
 // In program order, within one timeout of the call: collective_issue.h.
 std::shared_ptr<Work> ProcessGroupGossipcc::IssueCollective(const char* what, const at::Tensor& tensor,
-                                                            std::function<std::shared_ptr<Work>()> issue) {
+                                                            torch_backend::IssueFn issue) {
   CollectiveIssue call;
   call.called = std::chrono::steady_clock::now();
   call.description = std::string("gossipcc ") + what + " on rank " + std::to_string(rank_);
@@ -146,7 +145,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::broadcast(std::vector<at::Ten
   const at::Tensor& t = s.data;
   CheckRoot(opts.rootRank, size_, "broadcast");
   if (opts.rootTensor != 0) Unsupported("broadcast with rootTensor != 0 (one tensor per rank)");
-  auto work = IssueCollective("broadcast", t, [=] { return communicator_->broadcast(ToBuffer(t, "broadcast", "tensor"), static_cast<int>(opts.rootRank)); });
+  auto work = IssueCollective("broadcast", t, [=](const CallOptions& call) { return communicator_->broadcast(ToBuffer(t, "broadcast", "tensor"), static_cast<int>(opts.rootRank), call); });
   return Wrap(rank_, Ordered(), OpType::BROADCAST, "gossipcc:broadcast", std::move(work), tensors, [s] { s.CopyBack(); });
 }
 
@@ -156,7 +155,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce(std::vector<at::Ten
   const StagedTensor s = Stage(SingleTensor(tensors, "allreduce", ""));
   const at::Tensor& t = s.data;
   const ReduceOp op = ToReduceOp(opts.reduceOp, t, "allreduce");
-  auto work = IssueCollective("allreduce", t, [=] { return communicator_->allreduce(ToBuffer(t, "allreduce", "tensor"), op); });
+  auto work = IssueCollective("allreduce", t, [=](const CallOptions& call) { return communicator_->allreduce(ToBuffer(t, "allreduce", "tensor"), op, call); });
   return Wrap(rank_, Ordered(), OpType::ALLREDUCE, "gossipcc:allreduce", std::move(work), tensors, [s] { s.CopyBack(); });
 }
 
@@ -176,7 +175,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allreduce_coalesced(
   }
   const ReduceOp op = ToReduceOp(opts.reduceOp, tensors[0], "allreduce_coalesced");
   at::Tensor flat = Flatten(tensors);
-  auto work = IssueCollective("allreduce", flat, [=] { return communicator_->allreduce(ToBuffer(flat, "allreduce_coalesced", "flattened tensors"), op); });
+  auto work = IssueCollective("allreduce", flat, [=](const CallOptions& call) { return communicator_->allreduce(ToBuffer(flat, "allreduce_coalesced", "flattened tensors"), op, call); });
   std::vector<at::Tensor> outputs = tensors;
   return Wrap(rank_, Ordered(), OpType::ALLREDUCE_COALESCED, "gossipcc:allreduce_coalesced", std::move(work), outputs,
               [flat, outputs]() mutable { Unflatten(flat, outputs); });
@@ -193,11 +192,11 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce(std::vector<at::Tensor
   // An all-reduce; ranks other than the root reduce into a scratch copy so their input is
   // left as it was (c10d leaves non-root tensors unspecified; we keep them intact).
   if (rank_ == opts.rootRank) {
-    auto work = IssueCollective("allreduce", t, [=] { return communicator_->allreduce(ToBuffer(t, "reduce", "tensor"), op); });
+    auto work = IssueCollective("allreduce", t, [=](const CallOptions& call) { return communicator_->allreduce(ToBuffer(t, "reduce", "tensor"), op, call); });
     return Wrap(rank_, Ordered(), OpType::REDUCE, "gossipcc:reduce", std::move(work), tensors, [s] { s.CopyBack(); });
   }
   at::Tensor scratch = t.clone();
-  auto work = IssueCollective("allreduce", scratch, [=] { return communicator_->allreduce(ToBuffer(scratch, "reduce", "tensor"), op); });
+  auto work = IssueCollective("allreduce", scratch, [=](const CallOptions& call) { return communicator_->allreduce(ToBuffer(scratch, "reduce", "tensor"), op, call); });
   return Wrap(rank_, Ordered(), OpType::REDUCE, "gossipcc:reduce", std::move(work), tensors, [scratch]() {});
 }
 
@@ -217,7 +216,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather(std::vector<std::ve
   }
   CheckSameLayout(out, input, "allgather", "output");
   at::Tensor flat = at::empty({static_cast<int64_t>(size_) * input.numel()}, input.options());
-  auto work = IssueCollective("allgather", input, [=] { return communicator_->allgather(ToBuffer(input, "allgather", "input"), ToBuffer(flat, "allgather", "output")); });
+  auto work = IssueCollective("allgather", input, [=](const CallOptions& call) { return communicator_->allgather(ToBuffer(input, "allgather", "input"), ToBuffer(flat, "allgather", "output"), call); });
   std::vector<at::Tensor> result = out;
   return Wrap(rank_, Ordered(), OpType::ALLGATHER, "gossipcc:allgather", std::move(work), result,
               [flat, result]() mutable { Unflatten(flat, result); });
@@ -236,8 +235,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_allgather_base(at::Tensor& u
                                ", expected world size x input = " +
                                c10::str(size_ * input.numel(), " x ", input.scalar_type(), " on ", input.device()));
   }
-  auto work = IssueCollective("allgather", input, [=] { return communicator_->allgather(ToBuffer(input, "_allgather_base", "input"),
-                                       ToBuffer(output, "_allgather_base", "output")); });
+  auto work = IssueCollective("allgather", input, [=](const CallOptions& call) { return communicator_->allgather(ToBuffer(input, "_allgather_base", "input"),
+                                       ToBuffer(output, "_allgather_base", "output"), call); });
   return Wrap(rank_, Ordered(), OpType::_ALLGATHER_BASE, "gossipcc:_allgather_base", std::move(work), {user_output},
               [out, input] { out.CopyBack(); });
 }
@@ -262,8 +261,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::allgather_coalesced(
   }
   at::Tensor flat_in = Flatten(inputs);
   at::Tensor flat_out = at::empty({static_cast<int64_t>(size_) * flat_in.numel()}, flat_in.options());
-  auto work = IssueCollective("allgather", flat_in, [=] { return communicator_->allgather(ToBuffer(flat_in, "allgather_coalesced", "input"),
-                                       ToBuffer(flat_out, "allgather_coalesced", "output")); });
+  auto work = IssueCollective("allgather", flat_in, [=](const CallOptions& call) { return communicator_->allgather(ToBuffer(flat_in, "allgather_coalesced", "input"),
+                                       ToBuffer(flat_out, "allgather_coalesced", "output"), call); });
   std::vector<at::Tensor> all;
   for (auto& list : outputs) all.insert(all.end(), list.begin(), list.end());
   return Wrap(rank_, Ordered(), OpType::ALLGATHER_COALESCED, "gossipcc:allgather_coalesced", std::move(work), all,
@@ -300,8 +299,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::gather(std::vector<std::vecto
     }
     flat = at::empty({0}, input.options());
   }
-  auto work = IssueCollective("alltoallv", input, [=] { return communicator_->alltoallv(ToBuffer(input, "gather", "input"), send_counts,
-                                       ToBuffer(flat, "gather", "output"), recv_counts); });
+  auto work = IssueCollective("alltoallv", input, [=](const CallOptions& call) { return communicator_->alltoallv(ToBuffer(input, "gather", "input"), send_counts,
+                                       ToBuffer(flat, "gather", "output"), recv_counts, call); });
   return Wrap(rank_, Ordered(), OpType::GATHER, "gossipcc:gather", std::move(work), result,
               [flat, result, input]() mutable { Unflatten(flat, result); });
 }
@@ -333,8 +332,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::scatter(std::vector<at::Tenso
     }
     flat = at::empty({0}, output.options());
   }
-  auto work = IssueCollective("alltoallv", flat, [=] { return communicator_->alltoallv(ToBuffer(flat, "scatter", "input"), send_counts,
-                                       ToBuffer(output, "scatter", "output"), recv_counts); });
+  auto work = IssueCollective("alltoallv", flat, [=](const CallOptions& call) { return communicator_->alltoallv(ToBuffer(flat, "scatter", "input"), send_counts,
+                                       ToBuffer(output, "scatter", "output"), recv_counts, call); });
   return Wrap(rank_, Ordered(), OpType::SCATTER, "gossipcc:scatter", std::move(work), outputs, [flat, out] { out.CopyBack(); });
 }
 
@@ -351,8 +350,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::reduce_scatter(std::vector<at
   CheckSameLayout(inputs[0], output, "reduce_scatter", "input");
   const ReduceOp op = ToReduceOp(opts.reduceOp, output, "reduce_scatter");
   at::Tensor flat = Flatten(inputs[0]);
-  auto work = IssueCollective("reduce_scatter", flat, [=] { return communicator_->reduce_scatter(ToBuffer(flat, "reduce_scatter", "input"),
-                                            ToBuffer(output, "reduce_scatter", "output"), op); });
+  auto work = IssueCollective("reduce_scatter", flat, [=](const CallOptions& call) { return communicator_->reduce_scatter(ToBuffer(flat, "reduce_scatter", "input"),
+                                            ToBuffer(output, "reduce_scatter", "output"), op, call); });
   return Wrap(rank_, Ordered(), OpType::REDUCE_SCATTER, "gossipcc:reduce_scatter", std::move(work), outputs,
               [flat, out] { out.CopyBack(); });
 }
@@ -364,8 +363,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::_reduce_scatter_base(at::Tens
   const StagedTensor out = Stage(user_output);
   const at::Tensor& output = out.data;
   const ReduceOp op = ToReduceOp(opts.reduceOp, output, "_reduce_scatter_base");
-  auto work = IssueCollective("reduce_scatter", input, [=] { return communicator_->reduce_scatter(ToBuffer(input, "_reduce_scatter_base", "input"),
-                                            ToBuffer(output, "_reduce_scatter_base", "output"), op); });
+  auto work = IssueCollective("reduce_scatter", input, [=](const CallOptions& call) { return communicator_->reduce_scatter(ToBuffer(input, "_reduce_scatter_base", "input"),
+                                            ToBuffer(output, "_reduce_scatter_base", "output"), op, call); });
   return Wrap(rank_, Ordered(), OpType::_REDUCE_SCATTER_BASE, "gossipcc:_reduce_scatter_base", std::move(work),
               {user_output}, [out, input] { out.CopyBack(); });
 }
@@ -415,8 +414,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall_base(at::Tensor& use
   const at::Tensor& output = out.data;
   std::vector<size_t> send = SplitCounts(input, input_split_sizes, size_, "input");
   std::vector<size_t> recv = SplitCounts(output, output_split_sizes, size_, "output");
-  auto work = IssueCollective("alltoallv", input, [=] { return communicator_->alltoallv(ToBuffer(input, "alltoall_base", "input"), send,
-                                       ToBuffer(output, "alltoall_base", "output"), recv); });
+  auto work = IssueCollective("alltoallv", input, [=](const CallOptions& call) { return communicator_->alltoallv(ToBuffer(input, "alltoall_base", "input"), send,
+                                       ToBuffer(output, "alltoall_base", "output"), recv, call); });
   return Wrap(rank_, Ordered(), OpType::ALLTOALL_BASE, "gossipcc:alltoall_base", std::move(work), {user_output},
               [out, input] { out.CopyBack(); });
 }
@@ -441,8 +440,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall(std::vector<at::Tens
   }
   at::Tensor flat_in = Flatten(inputs);
   at::Tensor flat_out = at::empty({std::accumulate(recv.begin(), recv.end(), int64_t{0})}, inputs[0].options());
-  auto work = IssueCollective("alltoallv", flat_in, [=] { return communicator_->alltoallv(ToBuffer(flat_in, "alltoall", "input"), send,
-                                       ToBuffer(flat_out, "alltoall", "output"), recv); });
+  auto work = IssueCollective("alltoallv", flat_in, [=](const CallOptions& call) { return communicator_->alltoallv(ToBuffer(flat_in, "alltoall", "input"), send,
+                                       ToBuffer(flat_out, "alltoall", "output"), recv, call); });
   std::vector<at::Tensor> result = outputs;
   return Wrap(rank_, Ordered(), OpType::ALLTOALL, "gossipcc:alltoall", std::move(work), result,
               [flat_in, flat_out, result]() mutable { Unflatten(flat_out, result); });
@@ -451,16 +450,18 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::alltoall(std::vector<at::Tens
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   const at::Tensor& t = SingleTensor(tensors, "send", "");
   CheckPeer(dst_rank, size_, "send");
-  ScopedCudaStream current(CallerStream(t));  // comm/core/cuda_stream.h
-  auto work = communicator_->send(ToBuffer(t, "send", "tensor"), dst_rank, ToTag(tag, "send"));
+  CallOptions call;
+  call.cuda_stream = CallerStream(t);
+  auto work = communicator_->send(ToBuffer(t, "send", "tensor"), dst_rank, ToTag(tag, "send"), call);
   return Wrap(rank_, Unordered(), OpType::SEND, "gossipcc:send", std::move(work), tensors);
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   const at::Tensor& t = SingleTensor(tensors, "recv", "");
   CheckPeer(src_rank, size_, "recv");
-  ScopedCudaStream current(CallerStream(t));
-  auto work = communicator_->recv(ToBuffer(t, "recv", "tensor"), src_rank, ToTag(tag, "recv"));
+  CallOptions call;
+  call.cuda_stream = CallerStream(t);
+  auto work = communicator_->recv(ToBuffer(t, "recv", "tensor"), src_rank, ToTag(tag, "recv"), call);
   return Wrap(rank_, Unordered(), OpType::RECV, "gossipcc:recv", std::move(work), tensors);
 }
 
@@ -478,7 +479,7 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::recvAnysource(std::vector<at:
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::barrier(const ::c10d::BarrierOptions& opts) {
   CheckCallTimeout(opts.timeout, "barrier", "BarrierOptions");
-  return Wrap(rank_, Ordered(), OpType::BARRIER, "gossipcc:barrier", IssueCollective("barrier", at::Tensor(), [this] { return communicator_->barrier(); }), {});
+  return Wrap(rank_, Ordered(), OpType::BARRIER, "gossipcc:barrier", IssueCollective("barrier", at::Tensor(), [this](const CallOptions& call) { return communicator_->barrier(call); }), {});
 }
 
 void ProcessGroupGossipcc::CheckCallTimeout(std::chrono::milliseconds timeout, const char* op,

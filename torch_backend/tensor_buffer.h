@@ -50,7 +50,7 @@ void CheckSameLayout(const std::vector<at::Tensor>& tensors, const at::Tensor& r
 // The algorithms' tensors: non-empty, contiguous, one float dtype, one device (CPU if `cpu_only`).
 std::vector<Buffer> FloatingBuffers(const std::vector<at::Tensor>& tensors, const char* op, bool cpu_only = false);
 
-// The caller's current CUDA stream on `tensor`'s device (comm/core/cuda_stream.h); null for CPU.
+// The caller's current CUDA stream on `tensor`'s device (for CallOptions::cuda_stream); null for CPU.
 void* CallerStream(const at::Tensor& tensor);
 
 // Blocks until the caller's current stream on each CUDA device of `tensors` is idle: for

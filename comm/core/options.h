@@ -19,7 +19,7 @@ enum class TopologyMode : uint8_t {
 };
 
 struct CommunicatorOptions {
-  // Deadline of every operation, counted from its issue (comm/core/issue_time.h), rendezvous included.
+  // Deadline of every operation, counted from its issue (CallOptions::issued), rendezvous included.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
   // Bound on Create as a whole (every mesh's rendezvous and connection); zero: `timeout`.
   std::chrono::milliseconds rendezvous_timeout{0};

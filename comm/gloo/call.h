@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "comm/core/issue_time.h"  // TimeLeft
+#include "comm/core/deadline.h"
 #include "comm/core/reduce.h"
 
 namespace gloo {

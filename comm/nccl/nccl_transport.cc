@@ -1,7 +1,7 @@
 #include "comm/nccl/nccl_transport.h"
 
 #include "absl/strings/str_cat.h"
-#include "comm/core/cuda_stream.h"
+#include "comm/core/cuda_support.h"
 #include "comm/core/errors.h"
 
 #if GOSSIPCC_WITH_CUDA

@@ -3,7 +3,7 @@
 // One NCCL communicator per gossipcc Communicator and CUDA device; its unique id is
 // published by rank 0 through the store. Every operation runs on a dedicated
 // communication stream that first waits for the caller's stream (a StreamPoint recorded when
-// the operation was issued, comm/core/cuda_stream.h), and its completion is an event on the
+// the operation was issued, CallOptions::cuda_stream), and its completion is an event on the
 // communication stream: the Work is done when that event is. Waiting polls the event and NCCL's asynchronous error state, and
 // aborts the NCCL communicator when the deadline passes, so a wait never hangs.
 //
@@ -25,7 +25,7 @@ namespace gossipcc {
 
 // A point in a caller's CUDA stream: an event recorded there when a collective was issued.
 // The collective runs after it, so it sees the work queued on that stream before the call and
-// none queued after (comm/core/cuda_stream.h).
+// none queued after (CallOptions::cuda_stream, comm/core/call_options.h).
 class StreamPoint {
  public:
   // Records on `stream` (a cudaStream_t of `device`; nullptr: the legacy default stream).

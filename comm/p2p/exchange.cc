@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/core/errors.h"
-#include "comm/core/issue_time.h"  // TimeLeft
+#include "comm/core/deadline.h"
 #include "comm/gloo/gloo_error.h"
 #include "comm/gloo/pair_teardown.h"
 #include "comm/gloo/posted_buffers.h"
@@ -61,10 +61,10 @@ absl::Span<gloo::Context* const> P2PExchange::PayloadStreams(int from, int to) c
   return payload_meshes_[from < to ? 0 : 1];
 }
 
-std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string description) {
+std::shared_ptr<Work> P2PExchange::Post(absl::Span<const P2POp> ops, std::string description, Clock::time_point issued) {
   auto batch = std::make_unique<Batch>();
   batch->work = std::make_shared<CompletionWork>(description);
-  batch->deadline = Clock::now() + timeout_;
+  batch->deadline = std::min(issued, Clock::now()) + timeout_;
   batch->description = std::move(description);
   batch->messages.resize(ops.size());
   std::shared_ptr<Work> work = batch->work;

@@ -46,7 +46,9 @@ class P2PExchange {
   ~P2PExchange();
 
   // Ops were validated by the caller (CPU buffers, peers in range and not self).
-  std::shared_ptr<Work> Post(absl::Span<const P2POp> ops, std::string description);
+  // Every wait of the batch ends by `issued` + the timeout.
+  std::shared_ptr<Work> Post(absl::Span<const P2POp> ops, std::string description,
+                             std::chrono::steady_clock::time_point issued);
   void Shutdown(const std::string& reason);
 
   uint64_t bytes_sent() const;

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/core/errors.h"
-#include "comm/core/issue_time.h"  // TimeLeft
+#include "comm/core/deadline.h"
 #include "comm/gloo/striping.h"
 
 namespace gossipcc {

@@ -1,4 +1,4 @@
-// A caller's issue time (comm/core/issue_time.h): a collective issued with part of its timeout
+// A caller's issue time (CallOptions::issued): a collective issued with part of its timeout
 // already spent by its caller fails at what is left, whatever it then waits for (the signature
 // check's wait for a peer's header, or the data exchange), not a whole timeout after the
 // Communicator call; one with nothing left fails at once, naming what the caller waited for.
@@ -16,7 +16,6 @@
 
 #include "comm/communicator.h"
 #include "comm/core/errors.h"
-#include "comm/core/issue_time.h"
 #include "comm/core/store.h"
 #include "comm/gloo/consistency_check.h"
 #include "gmock/gmock.h"
@@ -63,11 +62,10 @@ void MissingPeerAfterSpentTime(LaunchMode mode, bool verify, size_t count, milli
       return;
     }
     const Clock::time_point issued = Clock::now() - spent;
-    std::shared_ptr<Work> work;
-    {
-      ScopedIssueTime scope(issued, "the test's own hold");
-      work = comm->allreduce(CpuBuffer(f.data(), f.size()));
-    }
+    CallOptions call;
+    call.issued = issued;
+    call.waited_for = "the test's own hold";
+    std::shared_ptr<Work> work = comm->allreduce(CpuBuffer(f.data(), f.size()), ReduceOp::kSum, call);
     const std::string message = ExpectThrow<TimeoutError>([&] { work->wait(); });  // rank 1 never joins
     const long long took = Since(issued);
     store->set("failed", {'1'});
@@ -116,6 +114,29 @@ TEST_P(IssueTimeTest, DataExchangeWaitsOnlyWhatIsLeft) {
     EXPECT_THAT(msg, AllOf(HasSubstr("allreduce #0"), HasSubstr("rank 0 of 2"), HasSubstr("timed out")))
         << CurrentTestName();
     ExpectAtTheDeadline("the data exchange", took);
+  });
+}
+
+// Point to point on CPU: a receive issued with part of its timeout spent fails at what is left
+// (CallOptions::issued), naming what the caller held it back for.
+TEST_P(IssueTimeTest, ReceiveWaitsOnlyWhatIsLeft) {
+  RunRanksWithStore(2, GetParam(), [&](int rank, std::shared_ptr<Store> store) {
+    auto comm = Communicator::Create(std::make_shared<PrefixStore>("comm", store), rank, 2, Options(true));
+    if (rank == 1) {
+      store->wait({"failed"}, std::chrono::seconds(60));  // never sends
+      return;
+    }
+    std::vector<float> f(4);
+    CallOptions call;
+    call.issued = Clock::now() - kSpent;
+    call.waited_for = "the test's own hold";
+    std::shared_ptr<Work> work = comm->recv(CpuBuffer(f.data(), f.size()), /*peer=*/1, /*tag=*/7, call);
+    const std::string message = ExpectThrow<TimeoutError>([&] { work->wait(); });
+    const long long took = Since(*call.issued);
+    store->set("failed", {'1'});
+    EXPECT_THAT(message, AllOf(HasSubstr("recv"), HasSubstr("held back for the test's own hold before the call")))
+        << CurrentTestName();
+    ExpectAtTheDeadline("the receive", took);
   });
 }
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/core/cuda_stream.h"
+#include "comm/core/cuda_support.h"
 #include "comm/core/errors.h"
 #include "comm/nccl/nccl_transport.h"
 #include "gtest/gtest.h"
@@ -199,7 +199,7 @@ void EveryCollectiveOnGpus(Communicator& comm) {
   ASSERT_NO_FATAL_FAILURE(DataMovementCollectives(comm, dev));
 }
 
-// A collective follows the issuing thread's current stream (comm/core/cuda_stream.h): its input,
+// A collective follows the caller's stream (CallOptions::cuda_stream): its input,
 // written by a copy still running on a non-blocking stream when the collective is issued, is
 // read only after that copy. The copy (256 MB from pinned memory, milliseconds) outlasts the
 // launch by far, so a collective that did not wait for it would gather zeros.
@@ -224,12 +224,10 @@ void FollowsTheCallersStream(Communicator& comm) {
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   ASSERT_EQ(cudaMemcpyAsync(in, pinned, count * sizeof(float), cudaMemcpyHostToDevice, stream), cudaSuccess);
-  std::shared_ptr<Work> work;
-  {
-    ScopedCudaStream current(stream);
-    work = comm.allgather(Buffer{in, count, DType::kFloat32, Device::CUDA(dev)},
-                          Buffer{out, n * count, DType::kFloat32, Device::CUDA(dev)});
-  }
+  CallOptions call;
+  call.cuda_stream = stream;
+  std::shared_ptr<Work> work = comm.allgather(Buffer{in, count, DType::kFloat32, Device::CUDA(dev)},
+                                              Buffer{out, n * count, DType::kFloat32, Device::CUDA(dev)}, call);
   work->wait();
   std::vector<float> got(n * count);
   ASSERT_EQ(cudaMemcpy(got.data(), out, got.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);

@@ -32,7 +32,8 @@ PUBLIC_RE='^comm/(communicator\.h|host_groups\.h|core/[^/]+\.h|bench/[^/]+\.h)$'
 # Rule 5: layers within each folder (paths relative to comm/).
 declare -A LAYER=(
   # core/: values and interfaces first, then what is built of them
-  [core/errors.h]=0 [core/types.h]=0 [core/cuda_stream.h]=0 [core/issue_time.h]=0 [core/transfer_progress.h]=0
+  [core/errors.h]=0 [core/types.h]=0 [core/cuda_support.h]=0 [core/call_options.h]=0 [core/deadline.h]=0
+  [core/transfer_progress.h]=0
   [core/listen_address.h]=1 [core/store.h]=1 [core/options.h]=1 [core/topology.h]=1 [core/work.h]=1
   [core/reduce.h]=1 [core/op_spec.h]=1 [core/p2p_op.h]=1
   # gloo/: plans and Gloo glue, the signature check, the algorithms, the dispatch over them

@@ -346,7 +346,7 @@ def test_heartbeat_interval_from_environment():
 # collective first waits for the completion callbacks of earlier collectives. Its deadline is
 # still the group's timeout from the c10d call, whatever it waits for: the ordering wait, or,
 # once that took part of the timeout, its own signature check and data (the communicator counts
-# from the call: comm/core/issue_time.h). Rank 0's earlier all-reduce has a future callback that
+# from the call: CallOptions::issued). Rank 0's earlier all-reduce has a future callback that
 # sleeps; rank 1 never issues the later all-reduce, and stays up (a store key, not a sleep)
 # until rank 0 has failed. The peer check every 100 ms adds 0.3-0.4 s to a failure on the wire.
 ORDERING_TIMEOUT_S = 3.0

@@ -1,0 +1,12 @@
+// What CUDA this gossipcc and this process have (CUDA buffers go through NCCL:
+// comm/nccl/nccl_transport.h; a call's stream: CallOptions::cuda_stream).
+#pragma once
+
+namespace gossipcc {
+
+// Whether this gossipcc was built with CUDA and NCCL (GOSSIPCC_WITH_CUDA).
+bool BuiltWithCuda();
+// CUDA devices visible to this process: 0 without a GPU, a driver, or CUDA at build time.
+int VisibleCudaDevices();
+
+}  // namespace gossipcc
