@@ -259,6 +259,74 @@ void PendingRound::MixInFlight(const std::vector<Buffer>& buffers, double self_c
   }
 }
 
+void PendingRound::PostReceives(Communicator& comm, bool track_progress) {
+  const RoundSpec& s = spec_;
+  const size_t e = ElementSize(dtype_);
+  const size_t bytes = MessageBytes(payload_, dtype_, s.with_weight);
+  const size_t words = (bytes + 7) / 8;
+  for (size_t j = 0; j < s.recv_from.size(); ++j) {
+    recv_storage_.push_back(s.pool ? s.pool->Take(words) : std::vector<uint64_t>(words));
+    const Buffer view{recv_storage_.back().data(), bytes / e, dtype_, Device::CPU()};
+    // (A p2p batch would take kAnySource as any sender; recv() names it a bad peer.)
+    if (track_progress && s.recv_from[j] != kAnySource) {
+      P2POp op = P2POp::Recv(view, s.recv_from[j], s.tag);
+      op.progress = std::make_shared<TransferProgress>();
+      recv_works_.push_back(comm.p2p(absl::MakeConstSpan(&op, 1)));
+      recv_progress_.push_back(std::move(op.progress));
+    } else {
+      recv_works_.push_back(comm.recv(view, s.recv_from[j], s.tag));
+    }
+  }
+}
+
+std::vector<Buffer> PendingRound::SendPayload() {
+  const RoundSpec& s = spec_;
+  if (s.send_in_place || device_.is_cuda()) return staging_->host();
+  const size_t e = ElementSize(dtype_);
+  payload_copy_ = s.pool ? s.pool->Take((payload_ * e + 7) / 8) : std::vector<uint64_t>((payload_ * e + 7) / 8);
+  char* out = reinterpret_cast<char*>(payload_copy_.data());
+  for (const Buffer& b : staging_->host()) {
+    if (b.count > 0) std::memcpy(out, b.data, b.bytes());
+    out += b.bytes();
+  }
+  return {Buffer{payload_copy_.data(), payload_, dtype_, Device::CPU()}};
+}
+
+void PendingRound::PostSends(Communicator& comm, bool track_progress) {
+  const RoundSpec& s = spec_;
+  const size_t e = ElementSize(dtype_);
+  const std::vector<Buffer> payload = SendPayload();
+  const double weight = s.weight;
+  std::memcpy(&weight_word_, &weight, kWeightBytes);
+  // One header per distinct scale (uniform mixing: one for every peer); the headers' memory
+  // must not move once a send points at it.
+  std::map<double, size_t> by_scale;
+  headers_.reserve(s.send_to.size());
+  std::vector<P2POp> sends;
+  for (size_t j = 0; j < s.send_to.size(); ++j) {
+    const double scale = s.send_scale[j];
+    auto it = by_scale.find(scale);
+    if (it == by_scale.end()) {
+      std::array<uint64_t, 2> header;
+      std::memcpy(&header[0], &s.step, 8);
+      std::memcpy(&header[1], &scale, 8);
+      headers_.push_back(header);
+      it = by_scale.emplace(scale, headers_.size() - 1).first;
+    }
+    std::vector<Buffer> pieces;
+    pieces.reserve(payload.size() + 2);
+    pieces.push_back(Buffer{headers_[it->second].data(), kHeaderBytes / e, dtype_, Device::CPU()});
+    pieces.insert(pieces.end(), payload.begin(), payload.end());
+    if (s.with_weight) pieces.push_back(Buffer{&weight_word_, kWeightBytes / e, dtype_, Device::CPU()});
+    sends.push_back(P2POp::SendGather(std::move(pieces), s.send_to[j], s.tag));
+    if (track_progress && s.send_in_place) {
+      sends.back().progress = std::make_shared<TransferProgress>();
+      send_progress_.push_back(sends.back().progress);
+    }
+  }
+  send_work_ = comm.p2p(sends);
+}
+
 std::unique_ptr<PendingRound> StartRound(Communicator& comm, const std::vector<Buffer>& buffers, RoundSpec spec) {
   const DType dtype = CheckBuffers(spec.algorithm, buffers);
   std::unique_ptr<PendingRound> round(new PendingRound());
@@ -267,76 +335,18 @@ std::unique_ptr<PendingRound> StartRound(Communicator& comm, const std::vector<B
   round->dtype_ = dtype;
   round->device_ = buffers.empty() ? Device::CPU() : buffers[0].device;
   round->payload_ = TotalCount(buffers);
-  const size_t e = ElementSize(dtype);
-  const size_t bytes = MessageBytes(round->payload_, dtype, spec.with_weight);
-  const size_t words = (bytes + 7) / 8;
   // Staged copies of device buffers first: that is the step that can fail before anything
   // is posted.
   if (!spec.send_to.empty()) round->staging_ = std::make_unique<HostStaging>(spec.algorithm, buffers);
   round->spec_ = std::move(spec);
   const RoundSpec& s = round->spec_;
-  const bool mix_in_flight =
-      !round->device_.is_cuda() && !s.recv_from.empty() && round->payload_ * e >= kMixInFlightMinBytes;
+  const bool mix_in_flight = !round->device_.is_cuda() && !s.recv_from.empty() &&
+                             round->payload_ * ElementSize(dtype) >= kMixInFlightMinBytes;
   try {
     // Receives are announced before this rank posts its own messages: Gloo sends a payload
     // only once its receive is announced, so every in-peer can start sending at once.
-    for (size_t j = 0; j < s.recv_from.size(); ++j) {
-      round->recv_storage_.push_back(s.pool ? s.pool->Take(words) : std::vector<uint64_t>(words));
-      const Buffer view{round->recv_storage_.back().data(), bytes / e, dtype, Device::CPU()};
-      // (A p2p batch would take kAnySource as any sender; recv() names it a bad peer.)
-      if (mix_in_flight && s.recv_from[j] != kAnySource) {
-        P2POp op = P2POp::Recv(view, s.recv_from[j], s.tag);
-        op.progress = std::make_shared<TransferProgress>();
-        round->recv_works_.push_back(comm.p2p(absl::MakeConstSpan(&op, 1)));
-        round->recv_progress_.push_back(std::move(op.progress));
-      } else {
-        round->recv_works_.push_back(comm.recv(view, s.recv_from[j], s.tag));
-      }
-    }
-    if (!s.send_to.empty()) {
-      // The payload: the buffers themselves (CUDA ones staged in host memory the round owns)
-      // or, when the caller may change them while the round is in flight, one copy.
-      std::vector<Buffer> payload = round->staging_->host();
-      if (!s.send_in_place && !round->device_.is_cuda()) {
-        round->payload_copy_ = s.pool ? s.pool->Take((round->payload_ * e + 7) / 8)
-                                      : std::vector<uint64_t>((round->payload_ * e + 7) / 8);
-        char* out = reinterpret_cast<char*>(round->payload_copy_.data());
-        for (const Buffer& b : payload) {
-          if (b.count > 0) std::memcpy(out, b.data, b.bytes());
-          out += b.bytes();
-        }
-        payload = {Buffer{round->payload_copy_.data(), round->payload_, dtype, Device::CPU()}};
-      }
-      const double weight = s.weight;
-      std::memcpy(&round->weight_word_, &weight, kWeightBytes);
-      // One header per distinct scale (uniform mixing: one for every peer); the headers'
-      // memory must not move once a send points at it.
-      std::map<double, size_t> by_scale;
-      round->headers_.reserve(s.send_to.size());
-      std::vector<P2POp> sends;
-      for (size_t j = 0; j < s.send_to.size(); ++j) {
-        const double scale = s.send_scale[j];
-        auto it = by_scale.find(scale);
-        if (it == by_scale.end()) {
-          std::array<uint64_t, 2> header;
-          std::memcpy(&header[0], &s.step, 8);
-          std::memcpy(&header[1], &scale, 8);
-          round->headers_.push_back(header);
-          it = by_scale.emplace(scale, round->headers_.size() - 1).first;
-        }
-        std::vector<Buffer> pieces;
-        pieces.reserve(payload.size() + 2);
-        pieces.push_back(Buffer{round->headers_[it->second].data(), kHeaderBytes / e, dtype, Device::CPU()});
-        pieces.insert(pieces.end(), payload.begin(), payload.end());
-        if (s.with_weight) pieces.push_back(Buffer{&round->weight_word_, kWeightBytes / e, dtype, Device::CPU()});
-        sends.push_back(P2POp::SendGather(std::move(pieces), s.send_to[j], s.tag));
-        if (mix_in_flight && s.send_in_place) {
-          sends.back().progress = std::make_shared<TransferProgress>();
-          round->send_progress_.push_back(sends.back().progress);
-        }
-      }
-      round->send_work_ = comm.p2p(sends);
-    }
+    round->PostReceives(comm, mix_in_flight);
+    if (!s.send_to.empty()) round->PostSends(comm, mix_in_flight);
   } catch (...) {
     std::exception_ptr error = std::current_exception();
     // The prefix first: `s` lives in the round, which reset() destroys.

@@ -88,6 +88,18 @@ class PendingRound {
   // the round has completed, a transfer ended short of its message, or a message's step is
   // not this one.
   void MixInFlight(const std::vector<Buffer>& buffers, double self_coef, const std::vector<double>& recv_coef);
+  // StartRound's steps, on a round whose spec_, dtype_, device_, payload_ and (with
+  // out-peers) staging_ are set. With `track_progress` (a large CPU round) the receives, but
+  // those from kAnySource, and the in-place sends report their progress for MixInFlight.
+  //
+  // One receive per in-peer, into recv_storage_.
+  void PostReceives(Communicator& comm, bool track_progress);
+  // The payload as sent: the buffers themselves (CUDA ones staged in host memory the round
+  // owns) or, when the caller may change them while the round is in flight, one copy in
+  // payload_copy_.
+  std::vector<Buffer> SendPayload();
+  // One message per out-peer, all sharing the payload.
+  void PostSends(Communicator& comm, bool track_progress);
 
   RoundSpec spec_;
   int rank_ = 0;

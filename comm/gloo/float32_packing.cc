@@ -291,6 +291,141 @@ absl::Status Malformed(size_t block, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("packed float32 message, block ", block, ": ", what));
 }
 
+// The fields of a message's 16-byte header.
+struct MessageHeader {
+  uint32_t format = 0;
+  size_t length = 0;  // of the whole message, header included
+  size_t count = 0;   // values
+};
+
+// Reads the header of `in`, a message expected to hold `expected` values, and checks what the
+// rest of the message is read by: the magic, the count, and a stated length that lies in `in`.
+absl::Status ReadMessageHeader(absl::Span<const uint8_t> in, size_t expected, MessageHeader& header) {
+  if (in.size() < kPackedFloat32HeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("packed float32 message: ", in.size(),
+                                                   " bytes, shorter than its 16-byte header"));
+  }
+  const uint32_t magic = Load<uint32_t>(in.data());
+  header.format = Load<uint32_t>(in.data() + 4);
+  header.length = Load<uint32_t>(in.data() + 8);
+  header.count = Load<uint32_t>(in.data() + 12);
+  if (magic != kMagic) {
+    return absl::InvalidArgumentError(absl::StrCat("packed float32 message: bad magic 0x", absl::Hex(magic),
+                                                   " (not a packed message)"));
+  }
+  if (header.count != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("packed float32 message holds ", header.count, " values, expected ", expected));
+  }
+  if (header.length < kPackedFloat32HeaderBytes || header.length > in.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("packed float32 message states a length of ", header.length,
+                                                   " bytes; ", in.size(), " are there"));
+  }
+  return absl::OkStatus();
+}
+
+// A raw message's values, [p, end): exactly 4 bytes for each.
+absl::Status UnpackRaw(const uint8_t* p, const uint8_t* end, const MessageHeader& header,
+                       absl::Span<uint32_t> values) {
+  if (static_cast<size_t>(end - p) != header.count * 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("raw float32 message of ", header.length, " bytes for ", header.count, " values"));
+  }
+  if (header.count > 0) std::memcpy(values.data(), p, header.count * 4);
+  return absl::OkStatus();
+}
+
+// What a block states before its exponents: their width and base, and its zero masks.
+struct BlockHeader {
+  unsigned width = 0;
+  uint32_t base = 0;
+  uint64_t zeros = 0;
+  uint64_t negative_zeros = 0;
+};
+
+// Reads the header of block `block`, of m values, from [p, end) and moves p past it. Checks
+// the flags, and that the masks name only zeros among the block's m values.
+absl::Status ReadBlockHeader(const uint8_t*& p, const uint8_t* end, size_t block, size_t m, BlockHeader& header) {
+  if (end - p < 2) return Malformed(block, "header runs past the message");
+  const uint8_t flags = p[0];
+  header.width = flags & kWidthMask;
+  header.base = p[1];
+  p += 2;
+  if (header.width > 8 || (flags & ~(kWidthMask | kHasZeros | kHasNegativeZeros)) != 0) {
+    return Malformed(block, absl::StrCat("bad flags 0x", absl::Hex(flags)));
+  }
+  header.zeros = 0;
+  header.negative_zeros = 0;
+  const size_t mask_bytes = ((flags & kHasZeros) ? 8 : 0) + ((flags & kHasNegativeZeros) ? 8 : 0);
+  if (static_cast<size_t>(end - p) < mask_bytes) return Malformed(block, "masks run past the message");
+  if (flags & kHasZeros) {
+    header.zeros = Load<uint64_t>(p);
+    p += 8;
+  }
+  if (flags & kHasNegativeZeros) {
+    header.negative_zeros = Load<uint64_t>(p);
+    p += 8;
+  }
+  if ((header.zeros & ~BlockMask(m)) != 0 || (header.negative_zeros & ~header.zeros) != 0) {
+    return Malformed(block, "zero masks name values outside the block or non-zeros");
+  }
+  return absl::OkStatus();
+}
+
+// The m values of a block with zeros: signed zeros from the masks, the others from the byte
+// planes of its `nonzero` non-zero values at p and their exponents.
+void GetPlanesSparse(const uint8_t* p, size_t m, const BlockHeader& header, size_t nonzero, const uint8_t* exponent,
+                     uint32_t* v) {
+  for (size_t j = 0, k = 0; j < m; ++j) {
+    if ((header.zeros >> j) & 1) {
+      v[j] = static_cast<uint32_t>((header.negative_zeros >> j) & 1) << 31;
+      continue;
+    }
+    v[j] = FromParts(uint32_t{p[k]} | uint32_t{p[nonzero + k]} << 8 | uint32_t{p[2 * nonzero + k]} << 16,
+                     exponent[j]);
+    ++k;
+  }
+}
+
+// Unpacks block `block`, of m values, from [p, end) into v and moves p past it. Every field
+// is checked to lie in [p, end) before it is read.
+absl::Status UnpackBlock(const uint8_t*& p, const uint8_t* end, size_t block, size_t m, uint32_t* v) {
+  BlockHeader header;
+  absl::Status status = ReadBlockHeader(p, end, block, m, header);
+  if (!status.ok()) return status;
+  const size_t nonzero = m - static_cast<size_t>(__builtin_popcountll(header.zeros));
+  const size_t needed = ExponentBytes(m, header.width) + 3 * nonzero;
+  if (static_cast<size_t>(end - p) < needed) return Malformed(block, "values run past the message");
+  uint8_t exponent[kBlock];
+  if (header.width == 0) {
+    std::fill(exponent, exponent + kBlock, static_cast<uint8_t>(header.base));
+  } else {
+    const uint32_t top = kGetExponents[header.width](p, end, m, header.base, exponent);
+    if (top > 255) return Malformed(block, absl::StrCat("exponent ", top, " above 255"));
+  }
+  if (header.zeros == 0) {
+    GetPlanesDense(p, m, exponent, v);
+  } else {
+    GetPlanesSparse(p, m, header, nonzero, exponent, v);
+  }
+  p += 3 * nonzero;
+  return absl::OkStatus();
+}
+
+// A packed message's blocks, [p, end), into `values`; the message must end with the last one.
+absl::Status UnpackBlocks(const uint8_t* p, const uint8_t* end, absl::Span<uint32_t> values) {
+  const size_t count = values.size();
+  for (size_t first = 0; first < count; first += kBlock) {
+    absl::Status status = UnpackBlock(p, end, first / kBlock, std::min(kBlock, count - first), values.data() + first);
+    if (!status.ok()) return status;
+  }
+  if (p != end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("packed float32 message: ", end - p, " bytes left over after its ", count, " values"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 size_t PackedFloat32Bound(size_t count) {
@@ -316,96 +451,16 @@ size_t PackFloat32(absl::Span<const uint32_t> values, uint8_t* out) {
 }
 
 absl::Status UnpackFloat32(absl::Span<const uint8_t> in, absl::Span<uint32_t> values) {
-  if (in.size() < kPackedFloat32HeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("packed float32 message: ", in.size(),
-                                                   " bytes, shorter than its 16-byte header"));
+  MessageHeader header;
+  absl::Status status = ReadMessageHeader(in, values.size(), header);
+  if (!status.ok()) return status;
+  const uint8_t* const p = in.data() + kPackedFloat32HeaderBytes;
+  const uint8_t* const end = in.data() + header.length;
+  if (header.format == kFormatRaw) return UnpackRaw(p, end, header, values);
+  if (header.format != kFormatPacked) {
+    return absl::InvalidArgumentError(absl::StrCat("packed float32 message: unknown format ", header.format));
   }
-  const uint32_t magic = Load<uint32_t>(in.data());
-  const uint32_t format = Load<uint32_t>(in.data() + 4);
-  const size_t length = Load<uint32_t>(in.data() + 8);
-  const size_t count = Load<uint32_t>(in.data() + 12);
-  if (magic != kMagic) {
-    return absl::InvalidArgumentError(absl::StrCat("packed float32 message: bad magic 0x", absl::Hex(magic),
-                                                   " (not a packed message)"));
-  }
-  if (count != values.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("packed float32 message holds ", count, " values, expected ", values.size()));
-  }
-  if (length < kPackedFloat32HeaderBytes || length > in.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("packed float32 message states a length of ", length, " bytes; ", in.size(), " are there"));
-  }
-  const uint8_t* p = in.data() + kPackedFloat32HeaderBytes;
-  const uint8_t* const end = in.data() + length;
-  if (format == kFormatRaw) {
-    if (static_cast<size_t>(end - p) != count * 4) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("raw float32 message of ", length, " bytes for ", count, " values"));
-    }
-    if (count > 0) std::memcpy(values.data(), p, count * 4);
-    return absl::OkStatus();
-  }
-  if (format != kFormatPacked) {
-    return absl::InvalidArgumentError(absl::StrCat("packed float32 message: unknown format ", format));
-  }
-  uint32_t* v = values.data();
-  for (size_t first = 0; first < count; first += kBlock) {
-    const size_t block = first / kBlock;
-    const size_t m = std::min(kBlock, count - first);
-    if (end - p < 2) return Malformed(block, "header runs past the message");
-    const uint8_t flags = p[0];
-    const unsigned width = flags & kWidthMask;
-    const uint32_t base = p[1];
-    p += 2;
-    if (width > 8 || (flags & ~(kWidthMask | kHasZeros | kHasNegativeZeros)) != 0) {
-      return Malformed(block, absl::StrCat("bad flags 0x", absl::Hex(flags)));
-    }
-    uint64_t zeros = 0, negative_zeros = 0;
-    const size_t mask_bytes = ((flags & kHasZeros) ? 8 : 0) + ((flags & kHasNegativeZeros) ? 8 : 0);
-    if (static_cast<size_t>(end - p) < mask_bytes) return Malformed(block, "masks run past the message");
-    if (flags & kHasZeros) {
-      zeros = Load<uint64_t>(p);
-      p += 8;
-    }
-    if (flags & kHasNegativeZeros) {
-      negative_zeros = Load<uint64_t>(p);
-      p += 8;
-    }
-    if ((zeros & ~BlockMask(m)) != 0 || (negative_zeros & ~zeros) != 0) {
-      return Malformed(block, "zero masks name values outside the block or non-zeros");
-    }
-    const size_t nonzero = m - static_cast<size_t>(__builtin_popcountll(zeros));
-    const size_t needed = ExponentBytes(m, width) + 3 * nonzero;
-    if (static_cast<size_t>(end - p) < needed) return Malformed(block, "values run past the message");
-    uint8_t exponent[kBlock];
-    if (width == 0) {
-      std::fill(exponent, exponent + kBlock, static_cast<uint8_t>(base));
-    } else {
-      const uint32_t top = kGetExponents[width](p, end, m, base, exponent);
-      if (top > 255) return Malformed(block, absl::StrCat("exponent ", top, " above 255"));
-    }
-    uint32_t* out = v + first;
-    if (zeros == 0) {
-      GetPlanesDense(p, m, exponent, out);
-    } else {
-      for (size_t j = 0, k = 0; j < m; ++j) {
-        if ((zeros >> j) & 1) {
-          out[j] = static_cast<uint32_t>((negative_zeros >> j) & 1) << 31;
-          continue;
-        }
-        out[j] = FromParts(uint32_t{p[k]} | uint32_t{p[nonzero + k]} << 8 | uint32_t{p[2 * nonzero + k]} << 16,
-                           exponent[j]);
-        ++k;
-      }
-    }
-    p += 3 * nonzero;
-  }
-  if (p != end) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("packed float32 message: ", end - p, " bytes left over after its ", count, " values"));
-  }
-  return absl::OkStatus();
+  return UnpackBlocks(p, end, values);
 }
 
 }  // namespace gossipcc

@@ -44,103 +44,157 @@ Layout LayoutFor(const RingPlan& plan) {
 
 const char* Phase(int u, int P) { return u < P ? "reduce-scatter" : "all-gather"; }
 
-void RunPackedRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& plan, uint8_t* scratch) {
-  gloo::Context& ctx = *call.context;
-  const int n = ctx.size;
-  const int right = (ctx.rank + 1) % n;
-  const int left = (ctx.rank + n - 1) % n;
-  const int S = plan.segments();
-  const int P = plan.phase_messages();
-  const int U = plan.messages();
-  const ReduceFn reduce = GetReduceFn(data.dtype, op);
-  const uint64_t slot = MakeSlot(kPackedRingAllreduceSlotPrefix, call.tag);
-  auto* values = static_cast<uint32_t*>(data.data);
-  const Layout layout = LayoutFor(plan);
-  auto* unpacked = reinterpret_cast<uint32_t*>(scratch);
-  auto recv_slot = [&](int i) { return scratch + layout.unpacked_bytes + static_cast<size_t>(i) * layout.slot_bytes; };
-  auto send_slot = [&](int i) { return recv_slot(kRingWindow + i); };
-
-  PostedBuffers buffers(ctx, *call.retired);
-  // One Gloo buffer per slot, so that a wait names exactly the message that slot holds.
-  std::array<gloo::transport::UnboundBuffer*, kRingWindow> recv_ub;
-  std::array<gloo::transport::UnboundBuffer*, kSendSlots> send_ub;
-  for (int i = 0; i < kRingWindow; ++i) recv_ub[i] = &buffers.Create(recv_slot(i), layout.slot_bytes);
-  for (int i = 0; i < kSendSlots; ++i) send_ub[i] = &buffers.Create(send_slot(i), layout.slot_bytes);
-  std::array<bool, kSendSlots> send_pending{};
-
-  auto post_receive = [&](int u) {
-    if (plan.Received(u).count == 0) return;
-    recv_ub[u % kRingWindow]->recv(left, slot, 0, layout.slot_bytes);
-  };
-  auto wait_send_slot = [&](int i) {
-    if (!send_pending[i]) return;
-    send_ub[i]->waitSend(call.left());
-    send_pending[i] = false;
-  };
-  // Packs what message u carries from the buffer as it is now: a segment of this rank's own
-  // chunk (reduce-scatter step 0), a partial sum one step on, or a finished segment.
-  auto send = [&](int u) {
-    const RingSpan s = plan.Sent(u);
-    if (s.count == 0) return;
-    const int i = u % kSendSlots;
-    wait_send_slot(i);
-    const size_t bytes = PackFloat32(absl::MakeConstSpan(values + s.first, s.count), send_slot(i));
-    send_ub[i]->send(right, slot, 0, bytes);
-    send_pending[i] = true;
-    call.scratch->packed_raw_bytes.fetch_add(s.count * 4, std::memory_order_relaxed);
-    call.scratch->packed_wire_bytes.fetch_add(bytes, std::memory_order_relaxed);
-  };
-  auto unpack = [&](int u, uint32_t* out, size_t count) {
-    const absl::Status status =
-        UnpackFloat32(absl::MakeConstSpan(recv_slot(u % kRingWindow), layout.slot_bytes), absl::MakeSpan(out, count));
-    if (!status.ok()) {
-      throw CommError(absl::StrCat("packed ring all-reduce on rank ", ctx.rank, ": ", Phase(u, P), " message ", u,
-                                   " from rank ", left, " is malformed: ", status.message()));
-    }
-  };
+// One call's packed ring over `scratch` (LayoutFor(plan).total() bytes): message u lands in
+// receive slot u % kRingWindow and leaves from send slot u % kSendSlots. Each slot is its own
+// Gloo buffer, so that a wait names exactly the message that slot holds.
+class PackedRing {
+ public:
+  PackedRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& plan, uint8_t* scratch)
+      : call_(call),
+        ctx_(*call.context),
+        right_((ctx_.rank + 1) % ctx_.size),
+        left_((ctx_.rank + ctx_.size - 1) % ctx_.size),
+        dtype_(data.dtype),
+        op_(op),
+        plan_(plan),
+        reduce_(GetReduceFn(data.dtype, op)),
+        slot_(MakeSlot(kPackedRingAllreduceSlotPrefix, call.tag)),
+        values_(static_cast<uint32_t*>(data.data)),
+        layout_(LayoutFor(plan)),
+        scratch_(scratch),
+        unpacked_(reinterpret_cast<uint32_t*>(scratch)),
+        ahead_(std::min(plan.segments(), kSendsAhead)),
+        buffers_(ctx_, *call.retired) {
+    for (int i = 0; i < kRingWindow; ++i) recv_ub_[i] = &buffers_.Create(RecvSlot(i), layout_.slot_bytes);
+    for (int i = 0; i < kSendSlots; ++i) send_ub_[i] = &buffers_.Create(SendSlot(i), layout_.slot_bytes);
+  }
 
   // Before the verdict: receives only into slots, and only sends of messages the right
   // neighbour posted receives for before its signature left (its first kRingWindow).
-  int posted = std::min(kRingWindow, P);
-  for (int u = 0; u < posted; ++u) post_receive(u);
-  const int ahead = std::min(S, kSendsAhead);
-  int sent = 0;
-  RunOverlappedCheck(
-      call, left, right, [&] {
-        for (; sent < ahead; ++sent) send(sent);
-      },
-      [&](bool left_sent) {
-        for (int i = 0; i < kSendSlots; ++i) wait_send_slot(i);
-        if (left_sent) {
-          for (int u = 0; u < ahead; ++u) {
-            if (plan.Received(u).count) recv_ub[u % kRingWindow]->waitRecv(call.left());
+  void StartWithCheck() {
+    const int first_receives = std::min(kRingWindow, plan_.phase_messages());
+    for (; posted_ < first_receives; ++posted_) PostReceive(posted_);
+    RunOverlappedCheck(
+        call_, left_, right_, [this] { SendAhead(); },
+        [this](bool left_sent) {
+          WaitSends();
+          if (left_sent) {
+            for (int u = 0; u < ahead_; ++u) {
+              if (plan_.Received(u).count) recv_ub_[u % kRingWindow]->waitRecv(call_.left());
+            }
           }
-        }
-      });
-  for (; sent < ahead; ++sent) send(sent);
-
-  const double avg_scale = 1.0 / static_cast<double>(n);
-  for (int u = 0; u < U; ++u) {
-    // Slot u % kRingWindow is reused by message u + kRingWindow only once message u is unpacked.
-    for (; posted < U && posted < u + kRingWindow; ++posted) post_receive(posted);
-    const RingSpan s = plan.Received(u);
-    if (s.count) {
-      recv_ub[u % kRingWindow]->waitRecv(call.left());
-      uint32_t* target = values + s.first;
-      if (u < P) {
-        unpack(u, unpacked, s.count);
-        reduce(target, target, unpacked, s.count);
-        // The last reduce-scatter step completes this rank's chunk: averaged once, here, so
-        // every rank receives the same bits.
-        if (u >= P - S && op == ReduceOp::kAvg) ScaleInPlace(target, s.count, data.dtype, avg_scale);
-      } else {
-        unpack(u, target, s.count);
-      }
-    }
-    // Message w forwards what message w - S brought (w - S <= u: consumed).
-    for (; sent < U && sent <= u + ahead; ++sent) send(sent);
+        });
+    SendAhead();
   }
-  for (int i = 0; i < kSendSlots; ++i) wait_send_slot(i);
+
+  // Step u of the ring: the receives the window allows, message u consumed, then the sends
+  // it frees (message w forwards what message w - S brought; w - S <= u: consumed).
+  void Step(int u) {
+    // Slot u % kRingWindow is reused by message u + kRingWindow only once message u is unpacked.
+    for (; posted_ < plan_.messages() && posted_ < u + kRingWindow; ++posted_) PostReceive(posted_);
+    Consume(u);
+    for (; sent_ < plan_.messages() && sent_ <= u + ahead_; ++sent_) Send(sent_);
+  }
+
+  // Waits for every send that still holds a slot.
+  void WaitSends() {
+    for (int i = 0; i < kSendSlots; ++i) WaitSendSlot(i);
+  }
+
+ private:
+  uint8_t* RecvSlot(int i) const {
+    return scratch_ + layout_.unpacked_bytes + static_cast<size_t>(i) * layout_.slot_bytes;
+  }
+  uint8_t* SendSlot(int i) const { return RecvSlot(kRingWindow + i); }
+
+  void PostReceive(int u) {
+    if (plan_.Received(u).count == 0) return;
+    recv_ub_[u % kRingWindow]->recv(left_, slot_, 0, layout_.slot_bytes);
+  }
+
+  void WaitSendSlot(int i) {
+    if (!send_pending_[i]) return;
+    send_ub_[i]->waitSend(call_.left());
+    send_pending_[i] = false;
+  }
+
+  // The first messages, up to ahead_: those the right neighbour posted receives for first.
+  void SendAhead() {
+    for (; sent_ < ahead_; ++sent_) Send(sent_);
+  }
+
+  // Packs what message u carries from the buffer as it is now: a segment of this rank's own
+  // chunk (reduce-scatter step 0), a partial sum one step on, or a finished segment.
+  void Send(int u) {
+    const RingSpan s = plan_.Sent(u);
+    if (s.count == 0) return;
+    const int i = u % kSendSlots;
+    WaitSendSlot(i);
+    const size_t bytes = PackFloat32(absl::MakeConstSpan(values_ + s.first, s.count), SendSlot(i));
+    send_ub_[i]->send(right_, slot_, 0, bytes);
+    send_pending_[i] = true;
+    call_.scratch->packed_raw_bytes.fetch_add(s.count * 4, std::memory_order_relaxed);
+    call_.scratch->packed_wire_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  }
+
+  // Waits for message u and adds it into the buffer (reduce-scatter) or unpacks it in place
+  // (all-gather).
+  void Consume(int u) {
+    const RingSpan s = plan_.Received(u);
+    if (s.count == 0) return;
+    recv_ub_[u % kRingWindow]->waitRecv(call_.left());
+    uint32_t* target = values_ + s.first;
+    const int P = plan_.phase_messages();
+    if (u < P) {
+      Unpack(u, unpacked_, s.count);
+      reduce_(target, target, unpacked_, s.count);
+      // The last reduce-scatter step completes this rank's chunk: averaged once, here, so
+      // every rank receives the same bits.
+      if (u >= P - plan_.segments() && op_ == ReduceOp::kAvg) {
+        ScaleInPlace(target, s.count, dtype_, 1.0 / static_cast<double>(ctx_.size));
+      }
+    } else {
+      Unpack(u, target, s.count);
+    }
+  }
+
+  void Unpack(int u, uint32_t* out, size_t count) {
+    const absl::Status status =
+        UnpackFloat32(absl::MakeConstSpan(RecvSlot(u % kRingWindow), layout_.slot_bytes), absl::MakeSpan(out, count));
+    if (!status.ok()) {
+      throw CommError(absl::StrCat("packed ring all-reduce on rank ", ctx_.rank, ": ",
+                                   Phase(u, plan_.phase_messages()), " message ", u, " from rank ", left_,
+                                   " is malformed: ", status.message()));
+    }
+  }
+
+  const GlooCall& call_;
+  gloo::Context& ctx_;
+  const int right_;
+  const int left_;
+  const DType dtype_;
+  const ReduceOp op_;
+  const RingPlan& plan_;
+  const ReduceFn reduce_;
+  const uint64_t slot_;
+  uint32_t* const values_;
+  const Layout layout_;
+  uint8_t* const scratch_;
+  uint32_t* const unpacked_;  // the reduce-scatter's staging, at the start of scratch
+  const int ahead_;           // message u + ahead_ is sent once message u is consumed
+  PostedBuffers buffers_;
+  std::array<gloo::transport::UnboundBuffer*, kRingWindow> recv_ub_;
+  std::array<gloo::transport::UnboundBuffer*, kSendSlots> send_ub_;
+  std::array<bool, kSendSlots> send_pending_{};
+  int posted_ = 0;  // receives posted: messages [0, posted_)
+  int sent_ = 0;    // sends issued: messages [0, sent_)
+};
+
+void RunPackedRing(const GlooCall& call, Buffer data, ReduceOp op, const RingPlan& plan, uint8_t* scratch) {
+  PackedRing ring(call, data, op, plan, scratch);
+  ring.StartWithCheck();
+  for (int u = 0; u < plan.messages(); ++u) ring.Step(u);
+  ring.WaitSends();
 }
 
 }  // namespace

@@ -1,0 +1,21 @@
+// The topics of gossipcc._C, one Register function each; python_module.cc calls them in the
+// order below. A docstring's signature names a class by its Python name only if that class
+// was registered before the function, so the order is part of the module's text.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace gossipcc {
+namespace torch_backend {
+
+// parse_allreduce_policy, powersgd_policy_options, environment_variables, check_environment.
+void RegisterSettings(pybind11::module_& m);
+// ProcessGroupGossipcc: its construction and gossipcc's own calls on it.
+void RegisterProcessGroup(pybind11::module_& m);
+// FaultTolerantPushSum, the peer graph queries, ElasticAveraging, UnevenAllReduceSGD.
+void RegisterAlgorithms(pybind11::module_& m);
+// PowerSGD: its state, collective, stats and checkpoints.
+void RegisterCompression(pybind11::module_& m);
+
+}  // namespace torch_backend
+}  // namespace gossipcc
