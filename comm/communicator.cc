@@ -6,7 +6,7 @@
 // meshes.h (connections, the options every rank must share, the shutdown order), lanes.h
 // (which collective runs when, on which thread), peer_health.h (heartbeats and the peer check
 // appended to errors), failure_state.h (usable, poisoned or shut down); the data paths below
-// them (gloo_collectives.h, eager_collectives.h, p2p_exchange.h, nccl_transport.h).
+// them (gloo/collectives.h, eager_collectives.h, p2p/exchange.h, nccl/nccl_transport.h).
 #include "comm/communicator.h"
 
 #include <gloo/context.h>
@@ -235,6 +235,13 @@ class Communicator::Impl {
       absl::ReaderMutexLock post_lock(&p2p_post_mu_);
       if (p2p_closed_) throw AbortedError(absl::StrCat(description, ": ", failure_.stop_reason()));
       const Issue issued = Issue::Of(call);
+      if (issued.at + options_.timeout <= issued.called) {
+        // Nothing left: fails before anything is posted, as a collective does (and poisons).
+        throw TimeoutError(absl::StrCat(description, ": not started within the timeout (", options_.timeout.count(),
+                                        " ms) of its issue: it was held ", Ms(issued.called - issued.at),
+                                        " ms before it reached the communicator (",
+                                        issued.waited_for ? issued.waited_for : "by the caller", ")"));
+      }
       return meshes_.p2p()->Post(ops, issued.waited_for ? absl::StrCat(description, " (held back for ", issued.waited_for,
                                                                         " before the call)")
                                                         : description,

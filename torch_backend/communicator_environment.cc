@@ -13,7 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "comm/core/cuda_support.h"
+#include "comm/cuda_support.h"
 #include "comm/core/errors.h"
 #include "comm/core/listen_address.h"
 #include "compression/power_sgd_math.h"

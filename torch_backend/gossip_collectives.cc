@@ -46,32 +46,23 @@ std::string DoubleKey(double v) {
 std::shared_ptr<const PeerGraph> ProcessGroupGossipcc::Graph(const std::string& spec, const char* op, int nodes) {
   if (nodes < 0) nodes = size_;
   const std::string key = nodes == size_ ? spec : spec + "|nodes=" + std::to_string(nodes);
-  std::lock_guard<std::mutex> lock(cache_mu_);
-  auto it = graphs_.find(key);
-  if (it != graphs_.end()) return it->second;
-  std::shared_ptr<const PeerGraph> graph;
-  try {
-    graph = MakePeerGraph(spec, nodes);
-  } catch (const InvalidArgumentError& e) {
-    throw InvalidArgumentError(std::string("gossipcc ") + op + ": bad graph spec \"" + spec + "\"" +
-                               (nodes == size_ ? std::string() : " (over " + std::to_string(nodes) + " hosts)") +
-                               ": " + e.what());
-  }
-  graphs_.emplace(key, graph);
-  return graph;
+  return algorithms_.Get<const PeerGraph>(key, [&]() -> std::shared_ptr<const PeerGraph> {
+    try {
+      return MakePeerGraph(spec, nodes);
+    } catch (const InvalidArgumentError& e) {
+      throw InvalidArgumentError(std::string("gossipcc ") + op + ": bad graph spec \"" + spec + "\"" +
+                                 (nodes == size_ ? std::string() : " (over " + std::to_string(nodes) + " hosts)") +
+                                 ": " + e.what());
+    }
+  });
 }
 
 HostGroups& ProcessGroupGossipcc::HostGroupsOnLane() {
-  {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    if (host_groups_) return *host_groups_;
-  }
-  // Created outside the lock (a rendezvous); only lane_ creates it, so once.
+  if (std::shared_ptr<HostGroups> groups = algorithms_.Find<HostGroups>("")) return *groups;
+  // Made outside the cache's lock (a rendezvous); only lane_ makes it, so once.
   auto groups = std::make_shared<HostGroups>(
       HostGroups::Split(*communicator_, std::make_shared<PrefixStore>("gossipcc_hostgroups", fault_tolerant_store_), ""));
-  std::lock_guard<std::mutex> lock(cache_mu_);
-  host_groups_ = groups;
-  return *host_groups_;
+  return *algorithms_.Get<HostGroups>("", [&] { return groups; });
 }
 
 void ProcessGroupGossipcc::run_on_lane(const std::string& description, std::function<void()> fn,
@@ -105,15 +96,9 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::push_sum_round(std::vecto
     // Hosts of several ranks (GOSSIPCC_TOPOLOGY): exact means inside each host, push-sum over
     // the hosts on the graph `graph` names for the number of hosts (hierarchical_push_sum.h).
     std::shared_ptr<const PeerGraph> host_graph = Graph(graph, op, communicator_->topology().hosts());
-    std::shared_ptr<HierarchicalPushSum> push_sum;
-    {
-      std::lock_guard<std::mutex> lock(cache_mu_);
-      auto& slot = hierarchical_push_sums_[key];
-      if (!slot) {
-        slot = std::make_shared<HierarchicalPushSum>(host_graph, keep ? KeepShareMixing(*keep) : MixingFn());
-      }
-      push_sum = slot;
-    }
+    std::shared_ptr<HierarchicalPushSum> push_sum = algorithms_.Get<HierarchicalPushSum>(key, [&] {
+      return std::make_shared<HierarchicalPushSum>(host_graph, keep ? KeepShareMixing(*keep) : MixingFn());
+    });
     auto inner = lane_->Submit(
         Where(op, rank_, size_) + " (over hosts, graph " + host_graph->name() + ", step " + std::to_string(step) + ")",
         [this, push_sum, buffers, weight, step]() {
@@ -127,13 +112,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::push_sum_round(std::vecto
     return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:push_sum_round", std::move(inner), std::move(outputs));
   }
   std::shared_ptr<const PeerGraph> peer_graph = Graph(graph, op);
-  std::shared_ptr<PushSum> push_sum;
-  {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    auto& slot = push_sums_[key];
-    if (!slot) slot = std::make_shared<PushSum>(peer_graph, keep ? KeepShareMixing(*keep) : MixingFn());
-    push_sum = slot;
-  }
+  std::shared_ptr<PushSum> push_sum = algorithms_.Get<PushSum>(
+      key, [&] { return std::make_shared<PushSum>(peer_graph, keep ? KeepShareMixing(*keep) : MixingFn()); });
   Communicator* comm = communicator_.get();
   auto inner = lane_->Submit(
       Where(op, rank_, size_) + " (graph " + peer_graph->name() + ", step " + std::to_string(step) + ")",
@@ -155,11 +135,7 @@ std::shared_ptr<FaultTolerantPushSum> ProcessGroupGossipcc::fault_tolerant_push_
   // Training resumes from x / w right after a recovery: settle the weights first (exponential
   // graphs halve the deviation per round or better; a deviation of 1e6 takes about 25 rounds).
   o.settle_rounds = 64;
-  int n;
-  {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    n = fault_tolerant_states_++;
-  }
+  const int n = algorithms_.Next("fault_tolerant_push_sum");
   try {
     return std::make_shared<FaultTolerantPushSum>(
         std::make_shared<PrefixStore>("gossipcc_ftps/" + std::to_string(n), fault_tolerant_store_), rank_, size_, o);
@@ -204,15 +180,10 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::symmetric_gossip_round(st
   std::shared_ptr<const PeerGraph> peer_graph = over_hosts ? Graph(graph, op, nodes) : Graph(graph, op);
   // Checked here too (the algorithm would fail the Work) to raise at the call; remembered per
   // step of the graph's period, so that steady-state calls cost no O(world size) check.
-  bool symmetric;
-  {
-    const int64_t phase = step % peer_graph->period();
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    auto key = std::make_pair(graph + (over_hosts ? "|hosts" : ""), phase);
-    auto it = symmetric_at_.find(key);
-    if (it == symmetric_at_.end()) it = symmetric_at_.emplace(key, peer_graph->IsSymmetricAt(step)).first;
-    symmetric = it->second;
-  }
+  const int64_t phase = step % peer_graph->period();
+  const bool symmetric = *algorithms_.Get<const bool>(
+      graph + (over_hosts ? "|hosts" : "") + "|phase=" + std::to_string(phase),
+      [&] { return std::make_shared<const bool>(peer_graph->IsSymmetricAt(step)); });
   if (!symmetric) {
     throw InvalidArgumentError("gossipcc symmetric_gossip_round: graph " + peer_graph->name() +
                                " is not symmetric (undirected) at step " + std::to_string(step) +
@@ -220,13 +191,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::symmetric_gossip_round(st
   }
   SyncCallerStreams(tensors);
   if (over_hosts) {
-    std::shared_ptr<HierarchicalSymmetricGossip> gossip;
-    {
-      std::lock_guard<std::mutex> lock(cache_mu_);
-      auto& slot = hierarchical_symmetric_gossips_[graph];
-      if (!slot) slot = std::make_shared<HierarchicalSymmetricGossip>(peer_graph);
-      gossip = slot;
-    }
+    std::shared_ptr<HierarchicalSymmetricGossip> gossip = algorithms_.Get<HierarchicalSymmetricGossip>(
+        graph, [&] { return std::make_shared<HierarchicalSymmetricGossip>(peer_graph); });
     auto inner = lane_->Submit(
         Where(op, rank_, size_) + " (over hosts, graph " + peer_graph->name() + ", step " + std::to_string(step) + ")",
         [this, gossip, buffers, step]() {
@@ -237,13 +203,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::symmetric_gossip_round(st
         /*uses_collectives=*/false);
     return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:symmetric_gossip_round", std::move(inner), tensors);
   }
-  std::shared_ptr<SymmetricGossip> gossip;
-  {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    auto& slot = symmetric_gossips_[graph];
-    if (!slot) slot = std::make_shared<SymmetricGossip>(peer_graph);
-    gossip = slot;
-  }
+  std::shared_ptr<SymmetricGossip> gossip =
+      algorithms_.Get<SymmetricGossip>(graph, [&] { return std::make_shared<SymmetricGossip>(peer_graph); });
   Communicator* comm = communicator_.get();
   auto inner = lane_->Submit(
       Where(op, rank_, size_) + " (graph " + peer_graph->name() + ", step " + std::to_string(step) + ")",
@@ -261,12 +222,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::bilateral_exchange(std::v
   const char* op = "bilateral_exchange";
   std::vector<Buffer> buffers = FloatingBuffers(tensors, op);
   CheckStep(step, op);
-  std::shared_ptr<BilateralExchange> exchange;
-  {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    auto it = bilateral_exchanges_.find(matching);
-    if (it != bilateral_exchanges_.end()) exchange = it->second;
-  }
+  // Made outside the cache's lock: a graph's matching comes from the cache too.
+  std::shared_ptr<BilateralExchange> exchange = algorithms_.Find<BilateralExchange>(matching);
   if (!exchange) {
     if (matching == "round_robin") {
       exchange = std::make_shared<BilateralExchange>(BilateralExchange::Matching::kRoundRobin);
@@ -297,10 +254,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::bilateral_exchange(std::v
       }
       exchange = std::make_shared<BilateralExchange>(graph);
     }
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    auto& slot = bilateral_exchanges_[matching];
-    if (!slot) slot = exchange;
-    exchange = slot;
+    exchange = algorithms_.Get<BilateralExchange>(matching, [&] { return exchange; });
   }
   SyncCallerStreams(tensors);
   Communicator* comm = communicator_.get();
@@ -314,15 +268,9 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::bilateral_exchange(std::v
   return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:bilateral_exchange", std::move(inner), tensors);
 }
 
-namespace {
-
-std::shared_ptr<AsyncBilateralExchange> GetAsync(std::mutex& mu, std::shared_ptr<AsyncBilateralExchange>& slot) {
-  std::lock_guard<std::mutex> lock(mu);
-  if (!slot) slot = std::make_shared<AsyncBilateralExchange>();
-  return slot;
+std::shared_ptr<AsyncBilateralExchange> ProcessGroupGossipcc::AsyncBilateral() {
+  return algorithms_.Get<AsyncBilateralExchange>("", [] { return std::make_shared<AsyncBilateralExchange>(); });
 }
-
-}  // namespace
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_exchange(std::vector<at::Tensor> tensors) {
   const char* op = "async_bilateral_exchange";
@@ -331,7 +279,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_exchange(
     throw InvalidArgumentError("gossipcc async_bilateral_exchange: rank " + std::to_string(rank_) +
                                " is passive (even); passive ranks call async_bilateral_serve");
   }
-  auto exchange = GetAsync(cache_mu_, async_bilateral_);
+  auto exchange = AsyncBilateral();
   Communicator* comm = communicator_.get();
   auto peer = std::make_shared<int>(-1);
   auto inner = async_lane_->Submit(
@@ -362,7 +310,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_serve(std
     throw InvalidArgumentError("gossipcc async_bilateral_serve: max_requests must be >= 0 or -1 (no limit), got " +
                                std::to_string(max_requests));
   }
-  auto exchange = GetAsync(cache_mu_, async_bilateral_);
+  auto exchange = AsyncBilateral();
   Communicator* comm = communicator_.get();
   auto inner = async_lane_->Submit(
       Where(op, rank_, size_) + " (max_requests " + std::to_string(max_requests) + ")",
@@ -391,7 +339,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_finish(st
     throw InvalidArgumentError("gossipcc async_bilateral_finish: rank " + std::to_string(rank_) +
                                " is passive (even); only active ranks finish");
   }
-  auto exchange = GetAsync(cache_mu_, async_bilateral_);
+  auto exchange = AsyncBilateral();
   Communicator* comm = communicator_.get();
   auto inner = async_lane_->Submit(
       Where(op, rank_, size_), [comm, exchange, buffers]() { exchange->Finish(*comm, buffers); },
@@ -405,7 +353,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_restore(i
     throw InvalidArgumentError("gossipcc async_bilateral_restore: exchanges must be >= 0, got " +
                                std::to_string(exchanges));
   }
-  auto exchange = GetAsync(cache_mu_, async_bilateral_);
+  auto exchange = AsyncBilateral();
   auto inner = async_lane_->Submit(
       Where(op, rank_, size_) + " (exchanges " + std::to_string(exchanges) + ")",
       [this, exchange, exchanges]() {

@@ -106,12 +106,7 @@ void ProcessGroupGossipcc::shutdown() {
   std::shared_ptr<void> region = BlockingRegions() ? BlockingRegions()() : nullptr;
   // The communicator first: a lane task blocked in it fails at once, so the lanes stop promptly.
   if (communicator_) communicator_->shutdown();
-  std::shared_ptr<HostGroups> groups;
-  {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    groups = host_groups_;
-  }
-  if (groups) {
+  if (std::shared_ptr<HostGroups> groups = algorithms_.Find<HostGroups>("")) {
     groups->host->shutdown();
     groups->across->shutdown();
   }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "torch_backend/algorithm_cache.h"
 #include "torch_backend/allreduce_policy.h"
 #include "torch_backend/callback_executor.h"
 #include "torch_backend/collective_issue.h"
@@ -201,6 +202,8 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   // This group's host group and group across hosts, made by the first call (a collective: on
   // lane_, in a call every rank makes).
   HostGroups& HostGroupsOnLane();
+  // The asynchronous bilateral exchange's state, made by the first call.
+  std::shared_ptr<AsyncBilateralExchange> AsyncBilateral();
   // A per-call timeout other than unset or the group's: InvalidArgumentError.
   void CheckCallTimeout(std::chrono::milliseconds timeout, const char* op, const char* options) const;
 
@@ -213,26 +216,13 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   std::mutex monitored_barrier_mu_;
   std::vector<at::Tensor> monitored_barrier_retained_;
 
-  // Cached per spec (peer graphs, algorithm objects); used only on the lanes after creation.
-  std::mutex cache_mu_;
-  std::map<std::string, std::shared_ptr<const PeerGraph>> graphs_;
-  std::map<std::string, std::shared_ptr<PushSum>> push_sums_;
-  std::map<std::string, std::shared_ptr<HierarchicalPushSum>> hierarchical_push_sums_;
-  std::shared_ptr<HostGroups> host_groups_;
-  std::map<std::string, std::shared_ptr<SymmetricGossip>> symmetric_gossips_;
-  std::map<std::string, std::shared_ptr<HierarchicalSymmetricGossip>> hierarchical_symmetric_gossips_;
-  std::map<std::pair<std::string, int64_t>, bool> symmetric_at_;  // (spec, step mod period)
-  std::map<std::string, std::shared_ptr<BilateralExchange>> bilateral_exchanges_;
-  std::shared_ptr<AsyncBilateralExchange> async_bilateral_;
+  // Peer graphs and the algorithms' objects, by spec; used only on the lanes after creation.
+  AlgorithmCache algorithms_;
   mutable std::mutex async_stats_mu_;
   AsyncBilateralStats async_stats_;
-  // Fault-tolerant push-sum: the c10d store (wrapped) its communicators rendezvous through, and
-  // how many states this group has created (each gets the key prefix "gossipcc_ftps/<n>/").
+  // The c10d store (wrapped) that fault-tolerant push-sum's communicators and the host groups
+  // rendezvous through (key prefixes "gossipcc_ftps/<n>/", "gossipcc_hostgroups").
   std::shared_ptr<Store> fault_tolerant_store_;
-  int fault_tolerant_states_ = 0;
-  // The quantized all-reduce's working memory, kept between calls (they run one at a time, on
-  // lane_); created by the first call.
-  std::shared_ptr<QuantizedAllreduceScratch> quantized_scratch_;
 
   // Runs every Work's completion (its future's callbacks) off the communicator's threads.
   // Declared before the lanes: destroyed after them.

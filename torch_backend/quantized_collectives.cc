@@ -51,12 +51,9 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::quantized_allreduce(std::
   Communicator* comm = communicator_.get();
   // The same on every rank (the topology is): never a rank on each path.
   const bool over_hosts = comm->hierarchical();
-  std::shared_ptr<QuantizedAllreduceScratch> scratch;
-  {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    if (!quantized_scratch_) quantized_scratch_ = std::make_shared<QuantizedAllreduceScratch>();
-    scratch = quantized_scratch_;
-  }
+  // Kept between calls (they run one at a time, on lane_).
+  std::shared_ptr<QuantizedAllreduceScratch> scratch = algorithms_.Get<QuantizedAllreduceScratch>(
+      "", [] { return std::make_shared<QuantizedAllreduceScratch>(); });
   auto inner = lane_->Submit(
       "gossipcc quantized_allreduce on rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " (" +
           std::to_string(total) + " elements, " + std::to_string(bits) + " bits, " + (average ? "avg" : "sum") + ")",

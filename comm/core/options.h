@@ -34,7 +34,7 @@ struct CommunicatorOptions {
   std::chrono::milliseconds heartbeat_interval{0};
   // Point-to-point segment size (0: unsegmented); the receiver follows the sender's.
   size_t p2p_segment_bytes = size_t{256} << 10;
-  // Point-to-point payloads on a mesh per direction (p2p_exchange.h). Checked.
+  // Point-to-point payloads on a mesh per direction (comm/p2p/exchange.h). Checked.
   bool p2p_connection_per_direction = true;
   // Collective k runs on lane k % collective_lanes (comm/lanes.h). Checked.
   int collective_lanes = 2;

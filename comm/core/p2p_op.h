@@ -1,6 +1,6 @@
 // P2POp: one operation of a point-to-point batch (Communicator::p2p), and kAnySource. Below
 // the Communicator (which re-exports it) and the transports that carry the batches
-// (p2p_exchange.h on Gloo, nccl_transport.h on NCCL).
+// (comm/p2p/exchange.h on Gloo, comm/nccl/nccl_transport.h on NCCL).
 #pragma once
 
 #include <cstdint>

@@ -5,7 +5,7 @@
 // product exceeds what a stock host lets one stream have (tcp_wmem / tcp_rmem maxima), a
 // payload on one stream cannot fill the link, and k streams can carry k windows. A payload
 // already cut into pieces for pipelining (the ring all-reduce's messages, ring_plan.h; the
-// point-to-point segments, p2p_wire.h) deals them over the streams: piece i travels on stream
+// point-to-point segments, comm/p2p/wire.h) deals them over the streams: piece i travels on stream
 // i % k. Each stream's pieces are posted, and matched by Gloo, in order on both ends, so the
 // receiver places every piece by its number alone; no piece is cut further, and the bytes,
 // the reduction order and the result are those of one stream. A payload of one piece (a

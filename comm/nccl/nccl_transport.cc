@@ -1,7 +1,6 @@
 #include "comm/nccl/nccl_transport.h"
 
 #include "absl/strings/str_cat.h"
-#include "comm/core/cuda_support.h"
 #include "comm/core/errors.h"
 
 #if GOSSIPCC_WITH_CUDA
@@ -19,7 +18,7 @@ namespace gossipcc {
 
 int NcclTransport::DeviceCount() { return 0; }
 
-bool BuiltWithCuda() { return false; }
+bool NcclTransport::BuiltWithCuda() { return false; }
 
 std::shared_ptr<StreamPoint> StreamPoint::Record(int device, void*, const std::string& where) {
   throw InvalidArgumentError(absl::StrCat(where, ": CUDA buffer on cuda:", device,
@@ -336,7 +335,7 @@ StreamPoint::~StreamPoint() {
   if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
 }
 
-bool BuiltWithCuda() { return true; }
+bool NcclTransport::BuiltWithCuda() { return true; }
 
 int NcclTransport::DeviceCount() {
   int count = 0;
@@ -391,7 +390,5 @@ std::unique_ptr<NcclTransport> NcclTransport::Create(std::shared_ptr<Store> stor
 }
 
 #endif  // GOSSIPCC_WITH_CUDA
-
-int VisibleCudaDevices() { return NcclTransport::DeviceCount(); }
 
 }  // namespace gossipcc

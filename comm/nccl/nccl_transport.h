@@ -50,6 +50,8 @@ class NcclTransport {
                                                std::chrono::milliseconds timeout);
   // Number of CUDA devices visible to this process (0 without CUDA or without a driver).
   static int DeviceCount();
+  // Whether this build has CUDA and NCCL (GOSSIPCC_WITH_CUDA).
+  static bool BuiltWithCuda();
 
   // Each enqueues on the communication stream and returns a Work tied to its completion event.
   virtual std::shared_ptr<Work> Allreduce(Buffer data, ReduceOp op, std::string description) = 0;

@@ -1,10 +1,10 @@
 // Point-to-point messages over Gloo with size and dtype checking (docs/comm.md): a 32-byte
-// header, then the payload in segments (p2p_wire.h) on a mesh per direction. A receive checks
+// header, then the payload in segments (wire.h) on a mesh per direction. A receive checks
 // the header against its buffer before posting any payload receive, so no message overruns or
 // passes short (a mismatch: MismatchError naming both sides, the buffer untouched). Batches are
 // posted on the caller's thread and each progresses on its own thread, each receive
 // independently, so an exchange only waits for peers to post: no order of sends and receives
-// deadlocks. Receives on one (peer, tag) take their payloads in header order (p2p_turns.h).
+// deadlocks. Receives on one (peer, tag) take their payloads in header order (turns.h).
 #pragma once
 
 #include <array>

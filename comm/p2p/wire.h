@@ -3,7 +3,7 @@
 // Gloo buffer, the sender's cuts in the header, so both sides post the same ones in order), with
 // their progress. With several streams (meshes) per peer pair, segment i travels on stream
 // i % streams (comm/gloo/striping.h), so a payload of one segment stays on the first stream. Which
-// receive takes which message is p2p_exchange.h's and p2p_turns.h's job.
+// receive takes which message is exchange.h's and turns.h's job.
 #pragma once
 
 #include <algorithm>
@@ -64,7 +64,7 @@ struct Segments {
 constexpr size_t kReceiveWindow = 4;
 
 // A send's payload once posted: the Gloo buffers its segments went out on. Its memory must
-// stay alive while Gloo may still use them (p2p_exchange.h retires a failed batch whole).
+// stay alive while Gloo may still use them (exchange.h retires a failed batch whole).
 class SentPayload {
  public:
   SentPayload();

@@ -140,6 +140,34 @@ TEST_P(IssueTimeTest, ReceiveWaitsOnlyWhatIsLeft) {
   });
 }
 
+// A receive issued with nothing left fails at the call, before anything is posted, naming the
+// caller's hold, and poisons the communicator as a collective's timeout does.
+TEST_P(IssueTimeTest, ReceiveWithNothingLeftFailsAtTheCall) {
+  RunRanksWithStore(2, GetParam(), [&](int rank, std::shared_ptr<Store> store) {
+    auto comm = Communicator::Create(std::make_shared<PrefixStore>("comm", store), rank, 2, Options(true));
+    if (rank == 1) {
+      store->wait({"failed"}, std::chrono::seconds(60));  // never sends
+      return;
+    }
+    std::vector<float> f(4);
+    CallOptions call;
+    call.issued = Clock::now() - kTimeout - milliseconds(500);
+    call.waited_for = "the test's own hold";
+    const std::string message = ExpectThrow<TimeoutError>(
+        [&] { comm->recv(CpuBuffer(f.data(), f.size()), /*peer=*/1, /*tag=*/7, call); });
+    store->set("failed", {'1'});
+    EXPECT_THAT(message, AllOf(HasSubstr("not started within the timeout (4000 ms)"),
+                               HasSubstr("before it reached the communicator (the test's own hold)")))
+        << CurrentTestName();
+    try {
+      comm->recv(CpuBuffer(f.data(), f.size()), /*peer=*/1, /*tag=*/7);
+      ADD_FAILURE() << CurrentTestName() << ": a call after the timeout was accepted";
+    } catch (const AbortedError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("earlier failure")) << CurrentTestName();
+    }
+  });
+}
+
 // The caller spent more than the timeout: the collective fails when its turn comes (at once
 // here: nothing is queued), naming what the caller held it for, and poisons the communicator.
 TEST_P(IssueTimeTest, NothingLeftFailsAtOnceNamingTheCallersHold) {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/core/cuda_support.h"
+#include "comm/cuda_support.h"
 #include "comm/core/errors.h"
 #include "comm/nccl/nccl_transport.h"
 #include "gtest/gtest.h"

@@ -1,5 +1,5 @@
-// What CUDA this gossipcc and this process have (CUDA buffers go through NCCL:
-// comm/nccl/nccl_transport.h; a call's stream: CallOptions::cuda_stream).
+// What CUDA this gossipcc and this process have (CUDA buffers go through NCCL; a call's stream:
+// CallOptions::cuda_stream).
 #pragma once
 
 namespace gossipcc {
