@@ -1,5 +1,4 @@
-// What CUDA this gossipcc and this process have (CUDA buffers go through NCCL:
-// comm/nccl/nccl_transport.h; a call's stream: CallOptions::cuda_stream).
+// What CUDA this gossipcc and this process have (CUDA buffers go through comm/nccl/).
 #pragma once
 
 namespace gossipcc {
