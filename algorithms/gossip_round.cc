@@ -223,6 +223,8 @@ void PendingRound::WaitAll() {
   }
 }
 
+// Each part of x is mixed once every message's copy of it has landed and (sent in place) every
+// send has read it, so that after the last byte only the last part is left.
 void PendingRound::MixInFlight(const std::vector<Buffer>& buffers, double self_coef,
                                const std::vector<double>& recv_coef) {
   const size_t e = ElementSize(dtype_);

@@ -1,16 +1,12 @@
 // Internal: one fused gossip round over a list of buffers, startable and finishable apart
 // (push-sum, overlapped push-sum, symmetric gossip and bilateral exchange all run on it).
 //
-// Every message is one message of the payload's dtype (e = its element size):
+// A message, in elements of the payload's dtype (element size e), stands for s * (payload, w):
 //   [8 bytes: int64 step][8 bytes: the sender's scale s as a double]   (16/e elements)
 //   [payload: the buffers, concatenated, unscaled]                     (sum of counts elements)
-//   [8 bytes: the push-sum weight w as a double]                       (8/e elements, only when a weight travels)
-// and stands for s * (payload, w): the receiver applies the scale as it mixes. So the payload
-// goes out as the buffers hold it, and a synchronous round (RoundSpec::send_in_place) sends it
-// from the buffers' own memory (a gathered send, P2POp::gather) instead of packing a copy.
-// The comm layer checks every receive's element count and dtype against the sender's before
-// the payload lands (a MismatchError we re-raise naming the algorithm, step and sizes); the
-// step is checked here on receipt.
+//   [8 bytes: the push-sum weight w as a double]                       (8/e elements, only with_weight)
+// The comm layer checks each receive's count and dtype against the sender's before the payload
+// lands (MismatchError, re-raised naming the algorithm, step and sizes); the step is checked here.
 #pragma once
 
 #include <array>
@@ -83,20 +79,14 @@ class PendingRound {
   PendingRound() = default;
   std::string Context() const;
   void WaitAll();  // throws the first failure, re-raised with the round's context
-  // Mixes, part by part, the prefix of the (CPU) buffers that every transfer has passed,
-  // saving the old values in message 0; counts the elements in mixed_in_flight_. Stops once
-  // the round has completed, a transfer ended short of its message, or a message's step is
-  // not this one.
+  // Mixes the prefix of the (CPU) buffers every transfer has passed, keeping the old values in
+  // message 0. Stops at completion, at a transfer ended short, or at a message of another step.
   void MixInFlight(const std::vector<Buffer>& buffers, double self_coef, const std::vector<double>& recv_coef);
-  // StartRound's steps, on a round whose spec_, dtype_, device_, payload_ and (with
-  // out-peers) staging_ are set. With `track_progress` (a large CPU round) the receives, but
-  // those from kAnySource, and the in-place sends report their progress for MixInFlight.
-  //
-  // One receive per in-peer, into recv_storage_.
+  // StartRound's steps, once spec_, dtype_, device_, payload_ and staging_ are set. With
+  // `track_progress` (a large CPU round) receives not from kAnySource and in-place sends report
+  // their progress for MixInFlight. One receive per in-peer, into recv_storage_.
   void PostReceives(Communicator& comm, bool track_progress);
-  // The payload as sent: the buffers themselves (CUDA ones staged in host memory the round
-  // owns) or, when the caller may change them while the round is in flight, one copy in
-  // payload_copy_.
+  // The payload as sent: the buffers (CUDA ones via staging_), or unless send_in_place a copy.
   std::vector<Buffer> SendPayload();
   // One message per out-peer, all sharing the payload.
   void PostSends(Communicator& comm, bool track_progress);
@@ -131,13 +121,8 @@ std::unique_ptr<PendingRound> StartRound(Communicator& comm, const std::vector<B
 //   x <- self_coef * x + sum_j recv_coef[j] * x_j     (and likewise *weight if set)
 // `buffers` must have the sizes given to StartRound. On any error nothing is modified and the
 // error (MismatchError, TimeoutError, PeerError, AbortedError) names the algorithm, rank,
-// step, peers and sizes.
-//
-// A large round on CPU buffers is mixed while it is still in flight: each part of x as soon
-// as every message's copy of it has landed and (sent in place) every send has read it, so
-// that after the last byte only the last part is left. Each old value of x mixed that way
-// is kept in the first message's memory, where the part just consumed was, and a round that
-// fails afterwards puts them back: nothing modified, as above.
+// step, peers and sizes. (A large CPU round is mixed part by part while in flight; if it then
+// fails, the old values, kept meanwhile, are put back.)
 void FinishRound(PendingRound& round, const std::vector<Buffer>& buffers, double self_coef,
                  const std::vector<double>& recv_coef, double* weight);
 

@@ -1,16 +1,9 @@
-// Push-sum over hosts (SGP on H hosts of G ranks): exact averaging inside each host, push-sum
-// gossip between hosts, each host's G ranks carrying 1/G of the buffer across its NIC. A flat
-// push-sum round sends a full buffer per rank, G per host NIC; this sends one per host.
-//
-// One round at step k, on the groups of HostGroups::Split (algorithms/host_slices.h):
-//  1. reduce-scatter, averaging, inside the host: local rank i gets slice i of the host's mean;
-//  2. a push-sum round (PushSum) on slice i among the H ranks with local rank i, over `graph`
-//     (a graph for H ranks, one per host) at step k, carrying the host's weight;
-//  3. all-gather inside the host: every rank of the host holds the host's new value.
-// So the host values (the mean of each host's ranks, and one weight per host) follow push-sum
-// over H nodes: conserved sum, and x / w converges to the average over all ranks on the
-// graphs PushSum converges on. After a round every rank of a host holds the same bits and the
-// same weight.
+// Push-sum over hosts (SGP on H hosts of G ranks, on HostGroups::Split's groups): exact averaging
+// inside each host, PushSum between hosts with each of its G ranks carrying 1/G of the buffer
+// (algorithms/host_slices.h), so a host NIC carries one buffer per round instead of G. The host
+// values (the mean of its ranks, one weight per host) follow push-sum over H nodes on `graph`:
+// the sum is conserved, and x / w converges to the average over all ranks wherever PushSum
+// converges. After a round every rank of a host holds the same bits and the same weight.
 #pragma once
 
 #include <cstdint>

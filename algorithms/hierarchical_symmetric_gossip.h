@@ -1,15 +1,9 @@
-// Symmetric gossip over hosts (D-PSGD on H hosts of G ranks): exact averaging inside each host,
-// D-PSGD (SymmetricGossip) between hosts, each host's G ranks carrying 1/G of the buffer across
-// its NIC. A flat round sends a full buffer per rank and neighbour, G per host NIC; this sends one.
-//
-// One round at step k, on the groups of HostGroups::Split (algorithms/host_slices.h):
-//  1. reduce-scatter, averaging, inside the host: local rank i gets slice i of the host's mean;
-//  2. a symmetric gossip round on slice i among the H ranks with local rank i, over `graph` (an
-//     undirected graph for H ranks, one per host) at step k, with its Metropolis weights;
-//  3. all-gather inside the host: every rank of the host holds the host's new value.
-// So the host values (the mean of each host's ranks) follow D-PSGD over H nodes: x <- W_k x with
-// W_k doubly stochastic, the average over all ranks conserved and, on connected graphs,
-// reached. After a round every rank of a host holds the same bits.
+// Symmetric gossip over hosts (D-PSGD on H hosts of G ranks, on HostGroups::Split's groups): exact
+// averaging inside each host, SymmetricGossip between hosts with each of its G ranks carrying 1/G
+// of the buffer (algorithms/host_slices.h), so a host NIC carries one buffer per neighbour instead
+// of G. The host values (the mean of its ranks) follow D-PSGD over H nodes on `graph` with its
+// Metropolis weights: x <- W_k x, W_k doubly stochastic, the average over all ranks conserved
+// and, on connected graphs, reached. After a round every rank of a host holds the same bits.
 #pragma once
 
 #include <cstdint>

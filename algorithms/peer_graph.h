@@ -22,9 +22,9 @@ class PeerGraph {
   // Number of steps after which the out-peer pattern repeats (1 for a static graph).
   virtual int64_t period() const = 0;
 
-  // Ranks `rank` sends to at `step` (step >= 0). Sorted ascending, no duplicates, no self.
+  // Ranks `rank` sends to at `step` (step >= 0).
   std::vector<int> OutPeers(int rank, int64_t step) const;
-  // Ranks `rank` receives from at `step`, derived from every rank's OutPeers. Sorted ascending.
+  // Ranks `rank` receives from at `step`, derived from every rank's OutPeers.
   std::vector<int> InPeers(int rank, int64_t step) const;
   // Uniform mixing: the share a rank keeps and sends to each out-peer, 1/(|out|+1).
   double UniformShare(int rank, int64_t step) const;
@@ -40,8 +40,7 @@ class PeerGraph {
   int world_size_;
 };
 
-// ceil(log2 n) for n >= 1 (0 for n == 1).
-int CeilLog2(int n);
+int CeilLog2(int n);  // ceil(log2 n) for n >= 1 (0 for n == 1)
 
 // one-peer (peers == 1) or n-peer exponential (SGP): out(i,k) = { i + j*(p+1)^(k mod T) : j=1..p },
 // T = floor(log_{p+1}(n-1)) + 1 (= ceil(log2 n) for p == 1).
@@ -60,8 +59,7 @@ std::unique_ptr<PeerGraph> MakeStaticExponentialGraph(int world_size);
 // Pairwise: partner(i,k) = i XOR 2^(k mod log2 n); world_size must be a power of two.
 std::unique_ptr<PeerGraph> MakeHypercubeGraph(int world_size);
 
-// A directed edge src -> dst.
-using Edge = std::pair<int, int>;
+using Edge = std::pair<int, int>;  // a directed edge src -> dst
 // User edge lists: phases[k mod phases.size()] is step k's edge set. InvalidArgumentError naming
 // the edge or rank: no phases, a rank out of range, a self loop, a duplicate, not strongly connected.
 std::unique_ptr<PeerGraph> MakeEdgeListGraph(int world_size, std::vector<std::vector<Edge>> phases);

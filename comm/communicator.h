@@ -53,8 +53,7 @@ class Communicator {
   int size() const;
   const CommunicatorOptions& options() const;
 
-  // Every operation takes a CallOptions last (comm/core/call_options.h): when the caller issued
-  // it, and the caller's CUDA stream; the default is issued now, on the legacy default stream.
+  // Every operation takes a CallOptions last (comm/core/call_options.h; default: issued now).
 
   // In place: data <- reduce(data of every rank). Half precision on CPU accumulates in float32
   // (on CUDA, NCCL's own arithmetic). kAvg needs a floating dtype.
@@ -88,8 +87,7 @@ class Communicator {
   // Posts every operation at once; the Work completes when all have.
   std::shared_ptr<Work> p2p(absl::Span<const P2POp> ops, const CallOptions& call = {});
 
-  // Refuses new operations and fails pending ones with AbortedError. Idempotent; the
-  // destructor calls it.
+  // Refuses new operations and fails pending ones with AbortedError. Idempotent; also on destruction.
   void shutdown();
 
   // Keeps `memory` alive until the connections are gone: for an algorithm built on these calls

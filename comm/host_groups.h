@@ -1,9 +1,6 @@
-// The two communicators a two-level algorithm runs on, split from a communicator by the hosts
-// it learned (Communicator::topology()): `host`, the ranks of this rank's host (its rank: the
-// local rank), and `across`, the ranks with this rank's local rank, one per host (its rank: the
-// host's index). On H hosts of G ranks, an algorithm that reduces inside `host` and exchanges a
-// 1/G share over `across` puts one copy of the data on each host's NIC, carried by its G ranks
-// in parallel (docs/comm.md, "Hosts with several ranks").
+// The two communicators a two-level algorithm runs on, split from a communicator by its hosts
+// (Communicator::topology()): `host`, the ranks of this rank's host, and `across`, the ranks with
+// this rank's local rank, one per host (docs/comm.md, "Hosts with several ranks").
 #pragma once
 
 #include <exception>
@@ -23,19 +20,17 @@ struct HostGroups {
   int local_rank = 0;  // this rank's place on it (== host->rank())
   Topology topology;   // the parent's: which parent rank is local rank l of host h
 
-  // Collective over `parent`: every rank calls it with the same `store` (the one `parent` was
-  // created on, or any store every rank reaches) and the same `prefix`, unused by other groups.
-  // The groups get `parent`'s options (flat topology: each is one host, or one rank per host).
-  // InvalidArgumentError naming the hosts when they hold different numbers of ranks; Create's
-  // errors (a rank that never arrives: TimeoutError) otherwise.
+  // Collective over `parent`: every rank passes the same `store` (any that every rank reaches) and
+  // the same `prefix`, unused by other groups. The groups get `parent`'s options, flat topology.
+  // InvalidArgumentError naming the hosts if they hold different numbers of ranks; else Create's
+  // errors (a rank that never arrives: TimeoutError).
   static HostGroups Split(const Communicator& parent, std::shared_ptr<Store> store, const std::string& prefix);
 };
 
-// After a step each rank of a host ran on its own (a slice or tensors across hosts): every rank
-// of `host` calls it with its step's failure (null: success). One all-gather of a flag inside
-// the host; then this rank's own failure is rethrown, or, where another local rank failed, a
-// CommError "<where>: local rank r of this host failed its step across hosts". So every rank of
-// the host raises, none waits out its timeout in a later collective of the host.
+// After a step each rank of `host` ran on its own, every rank of `host` calls this with its step's
+// failure (null: success): this rank's own failure is rethrown, else, if another local rank failed,
+// a CommError "<where>: local rank r of this host failed its step across hosts". So every rank of
+// the host raises, and none waits out its timeout in a later collective of the host.
 void RaiseUnlessEveryLocalRankSucceeded(Communicator& host, std::exception_ptr failure, const std::string& where);
 
 }  // namespace gossipcc

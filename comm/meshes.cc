@@ -45,6 +45,7 @@ void Meshes::Connect(const std::shared_ptr<Store>& store, const CommunicatorOpti
   const int streams = size_ == 1 ? 1 : options.streams_per_peer;
   for (int i = 0; i < lanes; ++i) {
     auto lane = std::make_unique<LaneLink>();
+    // A mesh per lane, so that a lane's messages never queue behind another lane's payload.
     lane->context = i == 0 ? first_ : connect(absl::StrCat("gloo_lane", i));
     if (i > 0) meshes_.push_back(lane->context);
     lane->streams.push_back(lane->context);
@@ -52,6 +53,8 @@ void Meshes::Connect(const std::shared_ptr<Store>& store, const CommunicatorOpti
       lane->streams.push_back(connect(absl::StrCat("gloo_lane", i, "_stream", s)));
       meshes_.push_back(lane->streams.back());
     }
+    // The check's headers on a mesh of their own: a bound write pins its socket's send buffer,
+    // which would throttle a payload sharing the socket.
     lane->signature_context = size_ == 1 ? lane->context : connect(absl::StrCat("gloo_signatures", i));
     if (size_ > 1) meshes_.push_back(lane->signature_context);
     // Created at once: its receive buffers must be registered before any peer's first header.

@@ -1,19 +1,9 @@
-// Meshes: a communicator's Gloo connections, from the rendezvous to the last pair destroyed.
-//
-// Connect makes, on one device (one listening socket and event loop): the first mesh (lane 0's
-// collectives and point-to-point headers), one mesh per further lane (so that a lane's
-// messages never queue behind another lane's payload on one socket), one signature mesh per
-// lane carrying only its check's headers (a bound write pins its socket's send buffer, which
-// would throttle a payload sharing the socket), and, with p2p_connection_per_direction, two
-// meshes for point-to-point payloads, one per direction. With streams_per_peer = k > 1, every
-// mesh that carries large payloads (each lane's, and each point-to-point payload direction's)
-// gets k - 1 more meshes beside it, so that each peer pair has k TCP connections to deal those
-// payloads over (comm/gloo/striping.h). Right after the first mesh, one all-gather settles the
-// options every rank must share (AgreeOnSharedOptions).
-//
-// Close tears them down in the one order that is safe (see Close). Everything that posts Gloo
-// buffers on these meshes hands them, when an operation fails part-way, to retired(), which
-// only Close frees.
+// Meshes: a communicator's Gloo connections, from the rendezvous to the last pair destroyed. On
+// one device: the first mesh (lane 0's collectives, point-to-point headers), one per further lane,
+// one signature-check mesh per lane, with p2p_connection_per_direction one point-to-point payload
+// mesh per direction, and streams_per_peer - 1 more beside each mesh that carries large payloads
+// (comm/gloo/striping.h). Buffers posted on them by an operation that fails part-way go to
+// retired(), which only Close frees.
 #pragma once
 
 #include <array>

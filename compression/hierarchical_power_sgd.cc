@@ -30,6 +30,7 @@ void WaitAll(const std::vector<std::shared_ptr<Work>>& works) {
 
 }  // namespace
 
+// By the key alone, so that a key's state stays on one rank whatever else a call holds.
 int LocalRankOfKey(const std::string& key, int ranks) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a: the same on every rank and platform
   for (char c : key) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;

@@ -9,8 +9,7 @@
 namespace gossipcc {
 namespace quantized_internal {
 
-// Q for `bits` (127 or 7).
-int LevelsOf(int bits);
+int LevelsOf(int bits);  // Q for `bits`: 127 or 7
 // Bytes of the codes of `count` values.
 size_t CodeBytes(size_t count, int bits);
 // Bytes of a full block: the scale and its codes.

@@ -1,8 +1,6 @@
-// The quantized all-reduce's argument check (compression/quantized_allreduce.h): every rank
-// all-gathers a header of its arguments and its own verdict on them, and every rank judges the
-// same table alike, so a bad or mismatched argument raises the same error on every rank before
-// anything is modified. Internal to compression/; the two-level form gathers the headers in two
-// levels and judges the same table.
+// The quantized all-reduce's argument check (internal to compression/): every rank all-gathers a
+// header of its arguments and its verdict on them, and judges the table alike, so a bad or
+// mismatched argument raises the same error on every rank before anything is modified.
 #pragma once
 
 #include <cstdint>

@@ -21,6 +21,9 @@ struct RingMessages {
   std::vector<size_t> forwards;
 };
 
+// At step g = 1..n-1 of a slice a rank receives owner (me - g)'s pieces from its left neighbour
+// and sends owner (me - g + 1)'s to its right one: its own at step 1, then each piece received at
+// step g - 1. Both ends number the messages alike (slice, step, piece) and post them in that order.
 RingMessages PlanRing(const QuantizedCall& call) {
   const int n = call.n, me = call.me;
   RingMessages m;

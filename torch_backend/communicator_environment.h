@@ -1,7 +1,6 @@
-// The c10d backend's settings from the environment (GOSSIPCC_* variables, and
-// GLOO_SOCKET_IFNAME as torch's Gloo backend reads it), their validation, and the check at
-// process group creation that every rank shares the settings that must agree. docs/pytorch.md,
-// "Environment variables", lists the same variables (a test compares the two). Torch-free.
+// The c10d backend's settings from the environment (GOSSIPCC_* variables, and GLOO_SOCKET_IFNAME
+// as torch's Gloo backend reads it), their validation, and the check at creation that every rank
+// shares those that must agree. Torch-free. docs/pytorch.md lists them (a test compares the two).
 #pragma once
 
 #include <chrono>
@@ -38,10 +37,9 @@ struct EnvironmentFinding {
   std::string error;  // empty: valid
   std::string note;   // e.g. "not used: GOSSIPCC_SOCKET_IFNAME is set"
 };
-// What `python -m gossipcc.info` shows: every set variable, each checked by what a process
-// group's creation runs on it (the parsers and ranges of CommunicatorOptionsFromEnvironment,
-// AllreducePolicy::Parse, the listening interface or host name as the communicator chooses it,
-// and the PowerSGD CPU kernels as PowerSGD selects them).
+// What `python -m gossipcc.info` shows: every set variable, checked as a process group's creation
+// checks it (CommunicatorOptionsFromEnvironment's parsers and ranges, AllreducePolicy::Parse, the
+// listening interface or host name, the PowerSGD CPU kernels as PowerSGD selects them).
 std::vector<EnvironmentFinding> CheckEnvironment();
 
 // A setting every rank of a group must share, as one rank has it.
@@ -58,11 +56,10 @@ struct SharedSetting {
 std::vector<SharedSetting> SharedSettings(const CommunicatorOptions& options, const AllreducePolicy& policy,
                                           const std::string& policy_source);
 
-// The check at creation, before any connection: every rank publishes its shared settings in
-// `store` (or, with `own_error` non-empty, the error its settings gave, which it then raises)
-// and reads every other rank's within `timeout`. Throws on every rank alike:
-// InvalidArgumentError naming each setting that differs and every rank's value, or the ranks
-// whose settings are invalid and why; TimeoutError naming the ranks that never published.
+// The check at creation, before any connection: every rank publishes in `store` its shared
+// settings (or `own_error`, if non-empty, which it then raises) and reads every other rank's
+// within `timeout`. Throws alike on every rank: InvalidArgumentError naming each differing setting
+// and every rank's value, or the invalid ranks and why; TimeoutError naming ranks never published.
 void AgreeOnSharedSettings(Store& store, int rank, int size, const std::vector<SharedSetting>& mine,
                            const std::string& own_error, std::chrono::milliseconds timeout);
 

@@ -1,6 +1,5 @@
-// The topics of gossipcc._C, one Register function each; python_module.cc calls them in the
-// order below. A docstring's signature names a class by its Python name only if that class
-// was registered before the function, so the order is part of the module's text.
+// The topics of gossipcc._C, one Register function each. python_module.cc calls them in this
+// order: a docstring's signature names a class by its Python name only if registered earlier.
 #pragma once
 
 #include <pybind11/pybind11.h>

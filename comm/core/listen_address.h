@@ -7,8 +7,7 @@
 
 namespace gossipcc {
 
-// The outcome of ChooseListenAddress: Gloo's TCP device is created on `interface` when set,
-// else on `hostname`.
+// ChooseListenAddress's result: Gloo's TCP device is created on `interface` if set, else `hostname`.
 struct ListenAddress {
   std::string interface;
   std::string hostname;

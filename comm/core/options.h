@@ -1,7 +1,5 @@
-// CommunicatorOptions and the thresholds of the comm layer that callers see; below the facade
-// (communicator.h re-exports it), so that algorithms read a constant without including it.
-// docs/comm.md has every option as a table (default, values, meaning, must every rank agree);
-// the ones marked "checked" are all-gathered at creation, so a rank that differs fails Create.
+// CommunicatorOptions and the comm layer's thresholds that callers see (communicator.h includes
+// it). docs/comm.md tables every option; a "checked" one that differs across ranks fails Create.
 #pragma once
 
 #include <chrono>
@@ -40,21 +38,18 @@ struct CommunicatorOptions {
   int collective_lanes = 2;
   // Large float32 all-reduces on the packed ring (packed_ring_allreduce.h). Checked.
   bool lossless_float32_allreduce = false;
-  // TCP connections per peer pair for large payloads (comm/gloo/striping.h): the ring all-reduce's
-  // messages and point-to-point payloads of more than one segment are dealt over this many
-  // meshes, so that links whose bandwidth-delay product exceeds one stream's window fill.
-  // 1: one stream. Checked.
+  // TCP connections per peer pair for large payloads (the ring all-reduce's messages, point-to-point
+  // payloads of several segments; comm/gloo/striping.h). Checked.
   int streams_per_peer = 1;
-  // Two-level all-reduces (comm/gloo/hierarchical_allreduce.h) over the hosts the ranks are on.
-  // kHierarchical with hosts of unequal rank counts fails Create naming them. Checked.
+  // Two-level all-reduces over hosts (hierarchical_allreduce.h); kHierarchical on hosts of unequal
+  // rank counts fails Create naming them. Checked.
   TopologyMode topology = TopologyMode::kAuto;
   // Which host this rank is on: ranks with equal keys share one (and its name in messages).
   // Empty: this machine's boot id and network namespace (DefaultHostKey).
   std::string host_key;
 };
 
-// "flat", "hierarchical" or "auto".
-std::string TopologyModeName(TopologyMode mode);
+std::string TopologyModeName(TopologyMode mode);  // "flat", "hierarchical" or "auto"
 
 inline constexpr int kMaxCollectiveLanes = 8;
 inline constexpr int kMaxStreamsPerPeer = 16;

@@ -1,8 +1,6 @@
 // What every CPU collective of the data path is handed (GlooCall): the lane's mesh, tag,
-// deadline, scratch memory, where failed buffers go, and the signature check when the
-// collective runs it itself. Below the algorithms (ring_allreduce.h, direct_allreduce.h, ...)
-// and collectives.h, which picks among them, so none of them includes another's header
-// for these types.
+// deadline, scratch memory, where failed buffers go, and the signature check when the collective
+// runs it itself. Shared by the algorithms and collectives.h, which picks among them.
 #pragma once
 
 #include <atomic>

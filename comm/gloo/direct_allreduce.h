@@ -1,7 +1,6 @@
-// All-reduce and reduce-scatter of CPU buffers by direct exchange (docs/comm.md): chunk p goes
-// to rank p, which reduces the n copies in rank order (float16/bfloat16 in float32, rounded
-// once) and sends the result to every peer: the ring's bytes in 2 exchanges, in overlapping
-// slices above kDirectSliceBytes. Same count, dtype and op on every rank (checked before).
+// All-reduce and reduce-scatter of CPU buffers by direct exchange (docs/comm.md): rank p reduces
+// chunk p of every rank in rank order (float16/bfloat16 in float32, rounded once) and sends it to
+// every peer. Same count, dtype and op on every rank (the caller has run the signature check).
 #pragma once
 
 #include "comm/core/types.h"

@@ -1,7 +1,6 @@
-// All-reduce of a CPU buffer around a ring (docs/comm.md, "The ring"), in place, pipelined in
-// segments: 2(n-1)/n of it sent per rank, the same bits on every rank. Same count, dtype (not
-// float16/bfloat16) and op on every rank; the signature check overlaps the first segments, and a
-// disagreement raises the same MismatchError on every rank before anything reaches `data`.
+// All-reduce of a CPU buffer around a ring (docs/comm.md, "The ring"), in place: the same bits on
+// every rank. Same count, dtype (not float16/bfloat16) and op on every rank; a disagreement raises
+// the same MismatchError on every rank before anything reaches `data`.
 #pragma once
 
 #include <vector>
@@ -13,8 +12,7 @@ namespace gossipcc {
 
 void RingAllreduce(const GlooCall& call, Buffer data, ReduceOp op);
 
-// A ring over some of the mesh's ranks: this rank is member `index` of `size`, between the
-// mesh ranks `left` and `right`.
+// A ring over some mesh ranks: this rank is member `index` of `size`, between `left` and `right`.
 struct RingMembers {
   int index;
   int size;

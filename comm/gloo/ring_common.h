@@ -1,5 +1,4 @@
-// What both ring all-reduces share beyond their RingPlan: kept receive slots and their part of
-// the overlapped signature check (docs/comm.md, "The ring").
+// What both ring all-reduces share beyond RingPlan: kept receive slots, the overlapped check.
 #pragma once
 
 #include <cstddef>
