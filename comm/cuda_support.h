@@ -1,5 +1,4 @@
-// What CUDA this gossipcc and this process have (CUDA buffers go through NCCL; a call's stream:
-// CallOptions::cuda_stream).
+// What CUDA this gossipcc and this process have.
 #pragma once
 
 namespace gossipcc {
