@@ -234,15 +234,19 @@ def _stale(name):
     return bool(m) and not _pid_alive(int(m.group(1)))
 
 
-def cleanup_stale():
+def cleanup_stale(among=None):
     """Removes what runs killed with SIGKILL left: their delay lines, the processes still inside
-    their namespaces (ranks), and the namespaces. Returns the namespaces removed."""
-    for pid in wan_link.stray_processes(_stale):  # a line exits by itself once its parent is gone
+    their namespaces (ranks), and the namespaces. `among`, if given, limits it to those names.
+    Returns the namespaces removed."""
+    def doomed(name):
+        return _stale(name) and (among is None or name in among)
+
+    for pid in wan_link.stray_processes(doomed):  # a line exits by itself once its parent is gone
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     removed = []
     for ns in list_namespaces():
-        if _stale(ns):
+        if doomed(ns):
             pids = subprocess.run(["ip", "netns", "pids", ns], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                   text=True).stdout.split()
             for pid in pids:
