@@ -1,6 +1,7 @@
-// ProcessGroupGossipcc's own collectives: thin adapters from tensors to the algorithms in
-// algorithms/ and compression/, run on the group's algorithm lanes (op_lane.h).
+#include "torch_backend/gossip_collectives.h"
+
 #include <cmath>
+#include <cstring>
 #include <sstream>
 #include <utility>
 
@@ -17,7 +18,6 @@
 #include "compression/hierarchical_power_sgd.h"
 #include "compression/power_sgd.h"
 #include "torch_backend/gossipcc_work.h"
-#include "torch_backend/process_group_gossipcc.h"
 #include "torch_backend/tensor_buffer.h"
 
 namespace gossipcc {
@@ -43,7 +43,37 @@ std::string DoubleKey(double v) {
 
 }  // namespace
 
-std::shared_ptr<const PeerGraph> ProcessGroupGossipcc::Graph(const std::string& spec, const char* op, int nodes) {
+GossipCollectives::GossipCollectives(Communicator& comm, std::shared_ptr<Store> store, OpLane& lane,
+                                     OpLane& async_lane, std::shared_ptr<CallbackExecutor> executor)
+    : comm_(comm),
+      rank_(comm.rank()),
+      size_(comm.size()),
+      store_(std::move(store)),
+      lane_(lane),
+      async_lane_(async_lane),
+      executor_(std::move(executor)) {}
+
+c10::intrusive_ptr<::c10d::Work> GossipCollectives::Submit(Lane lane, const char* title, const std::string& details,
+                                                           std::function<void()> task, std::vector<at::Tensor> outputs,
+                                                           bool uses_collectives, std::shared_ptr<int> source) {
+  const char* op = title + std::strlen("gossipcc:");
+  const bool ordered = lane == Lane::kAlgorithms;
+  OpLane& runner = ordered ? lane_ : async_lane_;
+  std::shared_ptr<Work> inner = runner.Submit(Where(op, rank_, size_) + details, std::move(task), uses_collectives);
+  auto work = c10::make_intrusive<GossipccWork>(rank_, OpType::UNKNOWN, title, std::move(inner), std::move(outputs),
+                                                nullptr, executor_, ordered);
+  if (source) work->set_source(std::move(source));
+  return work;
+}
+
+void GossipCollectives::Shutdown() {
+  if (std::shared_ptr<HostGroups> groups = algorithms_.Find<HostGroups>("")) {
+    groups->host->shutdown();
+    groups->across->shutdown();
+  }
+}
+
+std::shared_ptr<const PeerGraph> GossipCollectives::Graph(const std::string& spec, const char* op, int nodes) {
   if (nodes < 0) nodes = size_;
   const std::string key = nodes == size_ ? spec : spec + "|nodes=" + std::to_string(nodes);
   return algorithms_.Get<const PeerGraph>(key, [&]() -> std::shared_ptr<const PeerGraph> {
@@ -57,21 +87,21 @@ std::shared_ptr<const PeerGraph> ProcessGroupGossipcc::Graph(const std::string& 
   });
 }
 
-HostGroups& ProcessGroupGossipcc::HostGroupsOnLane() {
+HostGroups& GossipCollectives::HostGroupsOnLane() {
   if (std::shared_ptr<HostGroups> groups = algorithms_.Find<HostGroups>("")) return *groups;
   // Made outside the cache's lock (a rendezvous); only lane_ makes it, so once.
   auto groups = std::make_shared<HostGroups>(
-      HostGroups::Split(*communicator_, std::make_shared<PrefixStore>("gossipcc_hostgroups", fault_tolerant_store_), ""));
+      HostGroups::Split(comm_, std::make_shared<PrefixStore>("gossipcc_hostgroups", store_), ""));
   return *algorithms_.Get<HostGroups>("", [&] { return groups; });
 }
 
-void ProcessGroupGossipcc::run_on_lane(const std::string& description, std::function<void()> fn,
-                                       bool uses_collectives) {
+void GossipCollectives::run_on_lane(const std::string& description, std::function<void()> fn,
+                                    bool uses_collectives) {
   CallbackExecutor::YieldTurn();  // a completion callback blocking here lets the next one start
-  lane_->Run(description, std::move(fn), uses_collectives);
+  lane_.Run(description, std::move(fn), uses_collectives);
 }
 
-c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::push_sum_round(std::vector<at::Tensor> tensors,
+c10::intrusive_ptr<::c10d::Work> GossipCollectives::push_sum_round(std::vector<at::Tensor> tensors,
                                                                       at::Tensor weight, int64_t step,
                                                                       const std::string& graph,
                                                                       std::optional<double> keep) {
@@ -92,15 +122,16 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::push_sum_round(std::vecto
   SyncCallerStreams(tensors);
   std::vector<at::Tensor> outputs = tensors;
   outputs.push_back(weight);
-  if (communicator_->hierarchical() && !buffers[0].device.is_cuda()) {
+  if (comm_.hierarchical() && !buffers[0].device.is_cuda()) {
     // Hosts of several ranks (GOSSIPCC_TOPOLOGY): exact means inside each host, push-sum over
     // the hosts on the graph `graph` names for the number of hosts (hierarchical_push_sum.h).
-    std::shared_ptr<const PeerGraph> host_graph = Graph(graph, op, communicator_->topology().hosts());
+    std::shared_ptr<const PeerGraph> host_graph = Graph(graph, op, comm_.topology().hosts());
     std::shared_ptr<HierarchicalPushSum> push_sum = algorithms_.Get<HierarchicalPushSum>(key, [&] {
       return std::make_shared<HierarchicalPushSum>(host_graph, keep ? KeepShareMixing(*keep) : MixingFn());
     });
-    auto inner = lane_->Submit(
-        Where(op, rank_, size_) + " (over hosts, graph " + host_graph->name() + ", step " + std::to_string(step) + ")",
+    return Submit(
+        Lane::kAlgorithms, "gossipcc:push_sum_round",
+        " (over hosts, graph " + host_graph->name() + ", step " + std::to_string(step) + ")",
         [this, push_sum, buffers, weight, step]() {
           HostGroups& groups = HostGroupsOnLane();
           double* w = weight.data_ptr<double>();
@@ -108,29 +139,27 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::push_sum_round(std::vecto
           push_sum->Step(groups, buffers);
           *w = push_sum->weight();
         },
-        /*uses_collectives=*/false);
-    return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:push_sum_round", std::move(inner), std::move(outputs));
+        std::move(outputs), /*uses_collectives=*/false);
   }
   std::shared_ptr<const PeerGraph> peer_graph = Graph(graph, op);
   std::shared_ptr<PushSum> push_sum = algorithms_.Get<PushSum>(
       key, [&] { return std::make_shared<PushSum>(peer_graph, keep ? KeepShareMixing(*keep) : MixingFn()); });
-  Communicator* comm = communicator_.get();
-  auto inner = lane_->Submit(
-      Where(op, rank_, size_) + " (graph " + peer_graph->name() + ", step " + std::to_string(step) + ")",
+  Communicator* comm = &comm_;
+  return Submit(
+      Lane::kAlgorithms, "gossipcc:push_sum_round", " (graph " + peer_graph->name() + ", step " + std::to_string(step) + ")",
       [comm, push_sum, buffers, weight, step]() {
         double* w = weight.data_ptr<double>();
         push_sum->Restore(step, *w);  // validates w: finite and > 0
         push_sum->Step(*comm, buffers);
         *w = push_sum->weight();
       },
-      /*uses_collectives=*/false);
-  return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:push_sum_round", std::move(inner), std::move(outputs));
+      std::move(outputs), /*uses_collectives=*/false);
 }
 
-std::shared_ptr<FaultTolerantPushSum> ProcessGroupGossipcc::fault_tolerant_push_sum(const std::string& graph) {
+std::shared_ptr<FaultTolerantPushSum> GossipCollectives::fault_tolerant_push_sum(const std::string& graph) {
   FaultTolerantPushSumOptions o;
   o.graph = graph;
-  o.comm = communicator_->options();  // this group's timeout and transport settings
+  o.comm = comm_.options();  // this group's timeout and transport settings
   o.comm.rendezvous_timeout = o.comm.timeout;
   // Training resumes from x / w right after a recovery: settle the weights first (exponential
   // graphs halve the deviation per round or better; a deviation of 1e6 takes about 25 rounds).
@@ -138,14 +167,14 @@ std::shared_ptr<FaultTolerantPushSum> ProcessGroupGossipcc::fault_tolerant_push_
   const int n = algorithms_.Next("fault_tolerant_push_sum");
   try {
     return std::make_shared<FaultTolerantPushSum>(
-        std::make_shared<PrefixStore>("gossipcc_ftps/" + std::to_string(n), fault_tolerant_store_), rank_, size_, o);
+        std::make_shared<PrefixStore>("gossipcc_ftps/" + std::to_string(n), store_), rank_, size_, o);
   } catch (const InvalidArgumentError& e) {
     throw InvalidArgumentError(std::string("gossipcc fault_tolerant_push_sum: bad graph spec \"") + graph + "\": " +
                                e.what());
   }
 }
 
-c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::fault_tolerant_push_sum_round(
+c10::intrusive_ptr<::c10d::Work> GossipCollectives::fault_tolerant_push_sum_round(
     std::vector<at::Tensor> tensors, std::shared_ptr<FaultTolerantPushSum> state) {
   const char* op = "fault_tolerant_push_sum_round";
   if (!state) {
@@ -159,15 +188,13 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::fault_tolerant_push_sum_r
                                  " is " + DTypeName(buffers[i].dtype) + "; float32 or float64 only");
     }
   }
-  auto inner = lane_->Submit(
-      Where(op, rank_, size_) + " (step " + std::to_string(state->step()) + ", epoch " +
-          std::to_string(state->epoch()) + ")",
-      [state, buffers]() { state->Step(buffers); },
-      /*uses_collectives=*/false);
-  return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:fault_tolerant_push_sum_round", std::move(inner), tensors);
+  return Submit(
+      Lane::kAlgorithms, "gossipcc:fault_tolerant_push_sum_round",
+      " (step " + std::to_string(state->step()) + ", epoch " + std::to_string(state->epoch()) + ")",
+      [state, buffers]() { state->Step(buffers); }, tensors, /*uses_collectives=*/false);
 }
 
-c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::symmetric_gossip_round(std::vector<at::Tensor> tensors,
+c10::intrusive_ptr<::c10d::Work> GossipCollectives::symmetric_gossip_round(std::vector<at::Tensor> tensors,
                                                                               int64_t step,
                                                                               const std::string& graph) {
   const char* op = "symmetric_gossip_round";
@@ -175,8 +202,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::symmetric_gossip_round(st
   CheckStep(step, op);
   // Hosts of several ranks (GOSSIPCC_TOPOLOGY): exact means inside each host, D-PSGD over the
   // hosts on the graph `graph` names for the number of hosts (hierarchical_symmetric_gossip.h).
-  const bool over_hosts = communicator_->hierarchical() && !buffers[0].device.is_cuda();
-  const int nodes = over_hosts ? communicator_->topology().hosts() : size_;
+  const bool over_hosts = comm_.hierarchical() && !buffers[0].device.is_cuda();
+  const int nodes = over_hosts ? comm_.topology().hosts() : size_;
   std::shared_ptr<const PeerGraph> peer_graph = over_hosts ? Graph(graph, op, nodes) : Graph(graph, op);
   // Checked here too (the algorithm would fail the Work) to raise at the call; remembered per
   // step of the graph's period, so that steady-state calls cost no O(world size) check.
@@ -193,30 +220,30 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::symmetric_gossip_round(st
   if (over_hosts) {
     std::shared_ptr<HierarchicalSymmetricGossip> gossip = algorithms_.Get<HierarchicalSymmetricGossip>(
         graph, [&] { return std::make_shared<HierarchicalSymmetricGossip>(peer_graph); });
-    auto inner = lane_->Submit(
-        Where(op, rank_, size_) + " (over hosts, graph " + peer_graph->name() + ", step " + std::to_string(step) + ")",
+    return Submit(
+        Lane::kAlgorithms, "gossipcc:symmetric_gossip_round",
+        " (over hosts, graph " + peer_graph->name() + ", step " + std::to_string(step) + ")",
         [this, gossip, buffers, step]() {
           HostGroups& groups = HostGroupsOnLane();
           gossip->Restore(step);
           gossip->Step(groups, buffers);
         },
-        /*uses_collectives=*/false);
-    return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:symmetric_gossip_round", std::move(inner), tensors);
+        tensors, /*uses_collectives=*/false);
   }
   std::shared_ptr<SymmetricGossip> gossip =
       algorithms_.Get<SymmetricGossip>(graph, [&] { return std::make_shared<SymmetricGossip>(peer_graph); });
-  Communicator* comm = communicator_.get();
-  auto inner = lane_->Submit(
-      Where(op, rank_, size_) + " (graph " + peer_graph->name() + ", step " + std::to_string(step) + ")",
+  Communicator* comm = &comm_;
+  return Submit(
+      Lane::kAlgorithms, "gossipcc:symmetric_gossip_round",
+      " (graph " + peer_graph->name() + ", step " + std::to_string(step) + ")",
       [comm, gossip, buffers, step]() {
         gossip->Restore(step);
         gossip->Step(*comm, buffers);
       },
-      /*uses_collectives=*/false);
-  return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:symmetric_gossip_round", std::move(inner), tensors);
+      tensors, /*uses_collectives=*/false);
 }
 
-c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::bilateral_exchange(std::vector<at::Tensor> tensors,
+c10::intrusive_ptr<::c10d::Work> GossipCollectives::bilateral_exchange(std::vector<at::Tensor> tensors,
                                                                           int64_t step,
                                                                           const std::string& matching) {
   const char* op = "bilateral_exchange";
@@ -257,22 +284,21 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::bilateral_exchange(std::v
     exchange = algorithms_.Get<BilateralExchange>(matching, [&] { return exchange; });
   }
   SyncCallerStreams(tensors);
-  Communicator* comm = communicator_.get();
-  auto inner = lane_->Submit(
-      Where(op, rank_, size_) + " (matching " + matching + ", step " + std::to_string(step) + ")",
+  Communicator* comm = &comm_;
+  return Submit(
+      Lane::kAlgorithms, "gossipcc:bilateral_exchange", " (matching " + matching + ", step " + std::to_string(step) + ")",
       [comm, exchange, buffers, step]() {
         exchange->Restore(step);
         exchange->Step(*comm, buffers);
       },
-      /*uses_collectives=*/false);
-  return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:bilateral_exchange", std::move(inner), tensors);
+      tensors, /*uses_collectives=*/false);
 }
 
-std::shared_ptr<AsyncBilateralExchange> ProcessGroupGossipcc::AsyncBilateral() {
+std::shared_ptr<AsyncBilateralExchange> GossipCollectives::AsyncBilateral() {
   return algorithms_.Get<AsyncBilateralExchange>("", [] { return std::make_shared<AsyncBilateralExchange>(); });
 }
 
-c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_exchange(std::vector<at::Tensor> tensors) {
+c10::intrusive_ptr<::c10d::Work> GossipCollectives::async_bilateral_exchange(std::vector<at::Tensor> tensors) {
   const char* op = "async_bilateral_exchange";
   std::vector<Buffer> buffers = FloatingBuffers(tensors, op, /*cpu_only=*/true);
   if (!AsyncBilateralExchange::IsActive(rank_)) {
@@ -280,25 +306,20 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_exchange(
                                " is passive (even); passive ranks call async_bilateral_serve");
   }
   auto exchange = AsyncBilateral();
-  Communicator* comm = communicator_.get();
+  Communicator* comm = &comm_;
   auto peer = std::make_shared<int>(-1);
-  auto inner = async_lane_->Submit(
-      Where(op, rank_, size_),
+  return Submit(
+      Lane::kAsync, "gossipcc:async_bilateral_exchange", "",
       [this, comm, exchange, buffers, peer]() {
         *peer = exchange->Exchange(*comm, buffers);
         std::lock_guard<std::mutex> lock(async_stats_mu_);
         async_stats_.exchanges = exchange->exchanges();
         async_stats_.last_peer = *peer;
       },
-      /*uses_collectives=*/false);
-  auto work = c10::make_intrusive<GossipccWork>(rank_, OpType::UNKNOWN, "gossipcc:async_bilateral_exchange",
-                                                std::move(inner), tensors, nullptr, executor_,
-                                                /*ordered=*/false);
-  work->set_source(peer);
-  return work;
+      tensors, /*uses_collectives=*/false, peer);
 }
 
-c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_serve(std::vector<at::Tensor> tensors,
+c10::intrusive_ptr<::c10d::Work> GossipCollectives::async_bilateral_serve(std::vector<at::Tensor> tensors,
                                                                              int max_requests) {
   const char* op = "async_bilateral_serve";
   std::vector<Buffer> buffers = FloatingBuffers(tensors, op, /*cpu_only=*/true);
@@ -311,13 +332,13 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_serve(std
                                std::to_string(max_requests));
   }
   auto exchange = AsyncBilateral();
-  Communicator* comm = communicator_.get();
-  auto inner = async_lane_->Submit(
-      Where(op, rank_, size_) + " (max_requests " + std::to_string(max_requests) + ")",
+  Communicator* comm = &comm_;
+  return Submit(
+      Lane::kAsync, "gossipcc:async_bilateral_serve", " (max_requests " + std::to_string(max_requests) + ")",
       [this, comm, exchange, buffers, max_requests]() {
         // Stats are updated even if serving fails part-way (what was answered stays answered).
         struct Publish {
-          ProcessGroupGossipcc* pg;
+          GossipCollectives* pg;
           AsyncBilateralExchange* ex;
           Communicator* comm;
           ~Publish() {
@@ -328,11 +349,10 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_serve(std
         } publish{this, exchange.get(), comm};
         exchange->Serve(*comm, buffers, max_requests);
       },
-      /*uses_collectives=*/false);
-  return Wrap(rank_, Unordered(), OpType::UNKNOWN, "gossipcc:async_bilateral_serve", std::move(inner), tensors);
+      tensors, /*uses_collectives=*/false);
 }
 
-c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_finish(std::vector<at::Tensor> tensors) {
+c10::intrusive_ptr<::c10d::Work> GossipCollectives::async_bilateral_finish(std::vector<at::Tensor> tensors) {
   const char* op = "async_bilateral_finish";
   std::vector<Buffer> buffers = FloatingBuffers(tensors, op, /*cpu_only=*/true);
   if (!AsyncBilateralExchange::IsActive(rank_)) {
@@ -340,38 +360,34 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_finish(st
                                " is passive (even); only active ranks finish");
   }
   auto exchange = AsyncBilateral();
-  Communicator* comm = communicator_.get();
-  auto inner = async_lane_->Submit(
-      Where(op, rank_, size_), [comm, exchange, buffers]() { exchange->Finish(*comm, buffers); },
-      /*uses_collectives=*/false);
-  return Wrap(rank_, Unordered(), OpType::UNKNOWN, "gossipcc:async_bilateral_finish", std::move(inner), tensors);
+  Communicator* comm = &comm_;
+  return Submit(
+      Lane::kAsync, "gossipcc:async_bilateral_finish", "",
+      [comm, exchange, buffers]() { exchange->Finish(*comm, buffers); }, tensors, /*uses_collectives=*/false);
 }
 
-c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::async_bilateral_restore(int64_t exchanges) {
-  const char* op = "async_bilateral_restore";
+c10::intrusive_ptr<::c10d::Work> GossipCollectives::async_bilateral_restore(int64_t exchanges) {
   if (exchanges < 0) {
     throw InvalidArgumentError("gossipcc async_bilateral_restore: exchanges must be >= 0, got " +
                                std::to_string(exchanges));
   }
   auto exchange = AsyncBilateral();
-  auto inner = async_lane_->Submit(
-      Where(op, rank_, size_) + " (exchanges " + std::to_string(exchanges) + ")",
+  return Submit(
+      Lane::kAsync, "gossipcc:async_bilateral_restore", " (exchanges " + std::to_string(exchanges) + ")",
       [this, exchange, exchanges]() {
         exchange->Restore(exchanges);
         std::lock_guard<std::mutex> lock(async_stats_mu_);
         async_stats_.exchanges = exchanges;
       },
-      /*uses_collectives=*/false);
-  return Wrap(rank_, Unordered(), OpType::UNKNOWN, "gossipcc:async_bilateral_restore", std::move(inner),
-              std::vector<at::Tensor>{});
+      {}, /*uses_collectives=*/false);
 }
 
-ProcessGroupGossipcc::AsyncBilateralStats ProcessGroupGossipcc::async_bilateral_stats() const {
+GossipCollectives::AsyncBilateralStats GossipCollectives::async_bilateral_stats() const {
   std::lock_guard<std::mutex> lock(async_stats_mu_);
   return async_stats_;
 }
 
-c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::powersgd_allreduce(
+c10::intrusive_ptr<::c10d::Work> GossipCollectives::powersgd_allreduce(
     std::vector<at::Tensor> tensors, std::vector<std::vector<int64_t>> shapes,
     std::shared_ptr<compression::PowerSGD> state, std::vector<std::string> keys) {
   const char* op = "powersgd_allreduce";
@@ -407,13 +423,13 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::powersgd_allreduce(
     grads.push_back({keys.empty() ? "tensor" + std::to_string(i) : keys[i], buffers[i], std::move(shape)});
   }
   SyncCallerStreams(tensors);
-  Communicator* comm = communicator_.get();
+  Communicator* comm = &comm_;
   // Hosts of several ranks (GOSSIPCC_TOPOLOGY): exact means inside each host, PowerSGD across
   // hosts once per host (compression/hierarchical_power_sgd.h). The same choice on every rank.
   const bool over_hosts = comm->hierarchical() && !buffers.empty() && !buffers[0].device.is_cuda();
-  auto inner = lane_->Submit(
-      Where(op, rank_, size_) + " (" + std::to_string(tensors.size()) + " tensors" + (over_hosts ? ", over hosts" : "") +
-          ")",
+  return Submit(
+      Lane::kAlgorithms, "gossipcc:powersgd_allreduce",
+      " (" + std::to_string(tensors.size()) + " tensors" + (over_hosts ? ", over hosts" : "") + ")",
       [this, comm, over_hosts, state, grads = std::move(grads)]() {
         if (over_hosts) {
           compression::HierarchicalPowerSGDAllReduce(*state, HostGroupsOnLane(), grads);
@@ -421,8 +437,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::powersgd_allreduce(
           state->AllReduce(*comm, grads);
         }
       },
-      /*uses_collectives=*/true);
-  return Wrap(rank_, Ordered(), OpType::UNKNOWN, "gossipcc:powersgd_allreduce", std::move(inner), tensors);
+      tensors, /*uses_collectives=*/true);
 }
 
 }  // namespace torch_backend

@@ -11,7 +11,6 @@
 #include <utility>
 
 #include "comm/core/errors.h"
-#include "comm/host_groups.h"
 #include "torch_backend/c10d_store.h"
 #include "torch_backend/collective_issue.h"
 #include "torch_backend/communicator_environment.h"
@@ -39,7 +38,7 @@ void CheckRoot(int64_t root, int size, const char* op) {
 
 ProcessGroupGossipcc::ProcessGroupGossipcc(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
                                            ProcessGroupOptions options)
-    : C10dBackendBase(rank, size), options_(std::move(options)), fault_tolerant_store_(WrapC10dStore(store)) {
+    : C10dBackendBase(rank, size), options_(std::move(options)) {
   // The environment's settings, then the cross-rank check of those that must agree, within the
   // rendezvous's time; the communicator's rendezvous gets what is left of it.
   const auto started = std::chrono::steady_clock::now();
@@ -70,6 +69,7 @@ ProcessGroupGossipcc::ProcessGroupGossipcc(const c10::intrusive_ptr<::c10d::Stor
   executor_ = std::make_shared<CallbackExecutor>("gossipcc completions of rank " + std::to_string(rank));
   lane_ = std::make_unique<OpLane>("gossipcc algorithms");
   async_lane_ = std::make_unique<OpLane>("gossipcc asynchronous bilateral exchange");
+  gossip_ = std::make_unique<GossipCollectives>(*communicator_, WrapC10dStore(store), *lane_, *async_lane_, executor_);
 }
 
 ProcessGroupGossipcc::~ProcessGroupGossipcc() { shutdown(); }
@@ -87,10 +87,7 @@ void ProcessGroupGossipcc::shutdown() {
   std::shared_ptr<void> region = BlockingRegions() ? BlockingRegions()() : nullptr;
   // The communicator first: a lane task blocked in it fails at once, so the lanes stop promptly.
   if (communicator_) communicator_->shutdown();
-  if (std::shared_ptr<HostGroups> groups = algorithms_.Find<HostGroups>("")) {
-    groups->host->shutdown();
-    groups->across->shutdown();
-  }
+  if (gossip_) gossip_->Shutdown();
   if (lane_) lane_->Stop("the process group was shut down");
   if (async_lane_) async_lane_->Stop("the process group was shut down");
   // Every operation has now completed (the failed ones with the shutdown's error): deliver

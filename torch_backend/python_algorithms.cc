@@ -29,12 +29,6 @@ namespace gossipcc {
 namespace torch_backend {
 namespace {
 
-// A blocking algorithm call on the group's algorithm lane, with the GIL released.
-void RunBlocking(ProcessGroupGossipcc& pg, const std::string& what, const std::function<void()>& fn) {
-  py::gil_scoped_release release;
-  pg.run_on_lane("gossipcc " + what + " on rank " + std::to_string(pg.getRank()), fn);
-}
-
 // Floating-point buffers over `tensors` (after the caller's streams); returns the tensors, which
 // the caller keeps alive while the buffers are in use.
 std::vector<at::Tensor> CheckedParams(const std::vector<at::Tensor>& tensors, const char* op,

@@ -4,8 +4,17 @@
 
 #include <pybind11/pybind11.h>
 
+#include <functional>
+#include <string>
+
 namespace gossipcc {
 namespace torch_backend {
+
+class ProcessGroupGossipcc;
+
+// A blocking algorithm call `fn` on the group's algorithm lane (ordered with its collectives),
+// with the GIL released; `what` names it in errors ("gossipcc <what> on rank <r>").
+void RunBlocking(ProcessGroupGossipcc& pg, const std::string& what, const std::function<void()>& fn);
 
 // parse_allreduce_policy, powersgd_policy_options, environment_variables, check_environment.
 void RegisterSettings(pybind11::module_& m);

@@ -58,9 +58,8 @@ compression::PowerSGDStats PowerSGDAllReduce(compression::PowerSGD& psgd, Proces
     grads.push_back({keys[i], ToBuffer(t, "powersgd_allreduce", "tensor[" + std::to_string(i) + "]"),
                      std::vector<int64_t>(t.sizes().begin(), t.sizes().end())});
   }
-  py::gil_scoped_release release;
   compression::PowerSGDStats stats;
-  pg.run_on_lane("gossipcc PowerSGD.allreduce", [&] { stats = psgd.AllReduce(pg.communicator(), grads); });
+  RunBlocking(pg, "PowerSGD.allreduce", [&] { stats = psgd.AllReduce(pg.communicator(), grads); });
   return stats;
 }
 
@@ -73,9 +72,8 @@ compression::PowerSGDStats PowerSGDAllReduceFlat(compression::PowerSGD& psgd, Pr
   for (size_t i = 0; i < tensors.size(); ++i) {
     flats.push_back({keys[i], ToBuffer(tensors[i], "powersgd_allreduce_flat", "tensor[" + std::to_string(i) + "]")});
   }
-  py::gil_scoped_release release;
   compression::PowerSGDStats stats;
-  pg.run_on_lane("gossipcc PowerSGD.allreduce_flat", [&] { stats = psgd.AllReduceFlat(pg.communicator(), flats); });
+  RunBlocking(pg, "PowerSGD.allreduce_flat", [&] { stats = psgd.AllReduceFlat(pg.communicator(), flats); });
   return stats;
 }
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -68,13 +69,19 @@ py::dict TopologyDict(ProcessGroupGossipcc& pg) {
   return d;
 }
 
-py::dict AsyncBilateralStatsDict(const ProcessGroupGossipcc& pg) {
-  auto s = pg.async_bilateral_stats();
+py::dict AsyncBilateralStatsDict(ProcessGroupGossipcc& pg) {
+  auto s = pg.gossip().async_bilateral_stats();
   py::dict d;
   d["exchanges"] = s.exchanges;
   d["last_peer"] = s.last_peer;
   d["all_active_finished"] = s.all_active_finished;
   return d;
+}
+
+// A method of GossipCollectives as a method of the process group (the Python API is on it).
+template <typename R, typename... Args>
+std::function<R(ProcessGroupGossipcc&, Args...)> OnGossip(R (GossipCollectives::*method)(Args...)) {
+  return [method](ProcessGroupGossipcc& pg, Args... args) { return (pg.gossip().*method)(std::move(args)...); };
 }
 
 // powersgd_allreduce's shapes: empty for None (every tensor's own shape); shapes[i] None: tensor
@@ -121,32 +128,32 @@ void DefineBasics(PyProcessGroup& cls) {
 
 // The gossip rounds: push-sum, symmetric gossip, bilateral exchange (sync and async).
 void DefineGossipRounds(PyProcessGroup& cls) {
-  cls.def("push_sum_round", &ProcessGroupGossipcc::push_sum_round, py::arg("tensors"), py::arg("weight"),
+  cls.def("push_sum_round", OnGossip(&GossipCollectives::push_sum_round), py::arg("tensors"), py::arg("weight"),
           py::arg("step"), py::arg("graph") = "exponential", py::arg("keep") = py::none(),
           py::call_guard<py::gil_scoped_release>(),
           "One push-sum round (SGP) in place on `tensors` (this rank's numerator x) and `weight` (1-element "
           "float64 CPU tensor). graph: peer graph spec; keep: share kept (None: uniform). Returns a Work whose "
           "future holds tensors + [weight].")
-      .def("symmetric_gossip_round", &ProcessGroupGossipcc::symmetric_gossip_round, py::arg("tensors"),
+      .def("symmetric_gossip_round", OnGossip(&GossipCollectives::symmetric_gossip_round), py::arg("tensors"),
            py::arg("step"), py::arg("graph") = "ring", py::call_guard<py::gil_scoped_release>(),
            "One symmetric gossip round (D-PSGD, Metropolis weights) in place. Returns a Work.")
-      .def("bilateral_exchange", &ProcessGroupGossipcc::bilateral_exchange, py::arg("tensors"), py::arg("step"),
+      .def("bilateral_exchange", OnGossip(&GossipCollectives::bilateral_exchange), py::arg("tensors"), py::arg("step"),
            py::arg("matching") = "round_robin", py::call_guard<py::gil_scoped_release>(),
            "One synchronous bilateral exchange (pairwise averaging). matching: \"round_robin\", \"bipartite\" "
            "or a graph spec whose steps are matchings. Returns a Work.")
-      .def("async_bilateral_exchange", &ProcessGroupGossipcc::async_bilateral_exchange, py::arg("tensors"),
+      .def("async_bilateral_exchange", OnGossip(&GossipCollectives::async_bilateral_exchange), py::arg("tensors"),
            py::call_guard<py::gil_scoped_release>(),
            "Active (odd) ranks: one AD-PSGD exchange with the next passive peer (CPU tensors). The peer: "
            "work._source_rank() (or source_rank()) after completion, or async_bilateral_stats()['last_peer'].")
-      .def("async_bilateral_serve", &ProcessGroupGossipcc::async_bilateral_serve, py::arg("tensors"),
+      .def("async_bilateral_serve", OnGossip(&GossipCollectives::async_bilateral_serve), py::arg("tensors"),
            py::arg("max_requests") = -1, py::call_guard<py::gil_scoped_release>(),
            "Passive (even) ranks: answer up to max_requests exchanges (-1: until every active rank finished).")
-      .def("async_bilateral_finish", &ProcessGroupGossipcc::async_bilateral_finish, py::arg("tensors"),
+      .def("async_bilateral_finish", OnGossip(&GossipCollectives::async_bilateral_finish), py::arg("tensors"),
            py::call_guard<py::gil_scoped_release>(),
            "Active ranks, once at the end: tell the passive peers no more requests come.")
       .def("async_bilateral_stats", &AsyncBilateralStatsDict,
            "{'exchanges', 'last_peer', 'all_active_finished'} of the completed asynchronous bilateral calls.")
-      .def("async_bilateral_restore", &ProcessGroupGossipcc::async_bilateral_restore, py::arg("exchanges"),
+      .def("async_bilateral_restore", OnGossip(&GossipCollectives::async_bilateral_restore), py::arg("exchanges"),
            py::call_guard<py::gil_scoped_release>(),
            "Sets the asynchronous exchange's request counter (a checkpoint's peer-schedule position). Returns a Work.");
 }
@@ -158,14 +165,14 @@ void DefineCompressedAndFaultTolerant(PyProcessGroup& cls) {
              std::optional<std::vector<std::optional<std::vector<int64_t>>>> shapes,
              std::shared_ptr<compression::PowerSGD> state, std::optional<std::vector<std::string>> keys) {
             std::vector<std::vector<int64_t>> resolved = ResolveShapes(tensors, shapes);
-            return pg.powersgd_allreduce(std::move(tensors), std::move(resolved), std::move(state),
-                                         keys ? std::move(*keys) : std::vector<std::string>{});
+            return pg.gossip().powersgd_allreduce(std::move(tensors), std::move(resolved), std::move(state),
+                                                  keys ? std::move(*keys) : std::vector<std::string>{});
           },
           py::arg("tensors"), py::arg("shapes"), py::arg("state"), py::arg("keys") = py::none(),
           py::call_guard<py::gil_scoped_release>(),
           "PowerSGD all-reduce (average) in place over `tensors`, each compressed as shapes[i] (None: own "
           "shapes), state in `state` (gossipcc._C.PowerSGD) under keys[i] (None: 'tensor<i>'). Returns a Work.")
-      .def("quantized_allreduce", &ProcessGroupGossipcc::quantized_allreduce, py::arg("tensors"), py::arg("bits") = 8,
+      .def("quantized_allreduce", OnGossip(&GossipCollectives::quantized_allreduce), py::arg("tensors"), py::arg("bits") = 8,
            py::arg("average") = true, py::arg("residual") = py::none(), py::arg("owned_residual") = py::none(),
            py::arg("block_size") = 256, py::call_guard<py::gil_scoped_release>(),
            "Lossy all-reduce (average, or sum with average=False) of `tensors` (together one float32 CPU vector) in "
@@ -173,17 +180,22 @@ void DefineCompressedAndFaultTolerant(PyProcessGroup& cls) {
            "on every rank (compression/quantized_allreduce.h states the error bound). Error feedback: residual and "
            "owned_residual, float32 CPU tensors of the total element count (zeros at first), updated in place. "
            "Bad arguments or ranks that disagree fail the Work on every rank. Returns a Work.")
-      .def("fault_tolerant_push_sum", &ProcessGroupGossipcc::fault_tolerant_push_sum, py::arg("graph") = "exponential",
+      .def("fault_tolerant_push_sum", OnGossip(&GossipCollectives::fault_tolerant_push_sum), py::arg("graph") = "exponential",
            py::call_guard<py::gil_scoped_release>(),
            "Collective: a FaultTolerantPushSum state (push-sum that survives dead peers) over this group's ranks, "
            "with a communicator of its own rendezvoused through the group's store (which must survive).")
-      .def("fault_tolerant_push_sum_round", &ProcessGroupGossipcc::fault_tolerant_push_sum_round, py::arg("tensors"),
+      .def("fault_tolerant_push_sum_round", OnGossip(&GossipCollectives::fault_tolerant_push_sum_round), py::arg("tensors"),
            py::arg("state"), py::call_guard<py::gil_scoped_release>(),
            "One fault-tolerant push-sum round of `state` in place on `tensors` (this rank's numerator x; CPU "
            "float32/float64); a peer failure makes it recover instead (state.epoch grows). Returns a Work.");
 }
 
 }  // namespace
+
+void RunBlocking(ProcessGroupGossipcc& pg, const std::string& what, const std::function<void()>& fn) {
+  py::gil_scoped_release release;
+  pg.run_on_lane("gossipcc " + what + " on rank " + std::to_string(pg.getRank()), fn);
+}
 
 void RegisterProcessGroup(py::module_& m) {
   PyProcessGroup cls(m, "ProcessGroupGossipcc");

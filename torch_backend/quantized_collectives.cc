@@ -1,4 +1,4 @@
-// ProcessGroupGossipcc::quantized_allreduce: the lossy 8/4-bit all-reduce of
+// GossipCollectives::quantized_allreduce: the lossy 8/4-bit all-reduce of
 // compression/quantized_allreduce.h on the group's algorithm lane; on hosts of several ranks (the
 // communicator's hierarchical()), compressed only across hosts
 // (compression/hierarchical_quantized_allreduce.h).
@@ -13,14 +13,13 @@
 #include "comm/host_groups.h"
 #include "compression/hierarchical_quantized_allreduce.h"
 #include "compression/quantized_allreduce.h"
-#include "torch_backend/gossipcc_work.h"
-#include "torch_backend/process_group_gossipcc.h"
+#include "torch_backend/gossip_collectives.h"
 #include "torch_backend/tensor_buffer.h"
 
 namespace gossipcc {
 namespace torch_backend {
 
-c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::quantized_allreduce(std::vector<at::Tensor> tensors,
+c10::intrusive_ptr<::c10d::Work> GossipCollectives::quantized_allreduce(std::vector<at::Tensor> tensors,
                                                                            int64_t bits, bool average,
                                                                            std::optional<at::Tensor> residual,
                                                                            std::optional<at::Tensor> owned_residual,
@@ -48,15 +47,16 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::quantized_allreduce(std::
   size_t total = 0;
   for (const Buffer& b : buffers) total += b.count;
   SyncCallerStreams(tensors);
-  Communicator* comm = communicator_.get();
+  Communicator* comm = &comm_;
   // The same on every rank (the topology is): never a rank on each path.
   const bool over_hosts = comm->hierarchical();
   // Kept between calls (they run one at a time, on lane_).
   std::shared_ptr<QuantizedAllreduceScratch> scratch = algorithms_.Get<QuantizedAllreduceScratch>(
       "", [] { return std::make_shared<QuantizedAllreduceScratch>(); });
-  auto inner = lane_->Submit(
-      "gossipcc quantized_allreduce on rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " (" +
-          std::to_string(total) + " elements, " + std::to_string(bits) + " bits, " + (average ? "avg" : "sum") + ")",
+  std::vector<at::Tensor> outputs = tensors;
+  return Submit(
+      Lane::kAlgorithms, "gossipcc:quantized_allreduce",
+      " (" + std::to_string(total) + " elements, " + std::to_string(bits) + " bits, " + (average ? "avg" : "sum") + ")",
       [this, comm, over_hosts, scratch, buffers, options, feedback, total, keep = tensors,
        keep_residuals = std::make_pair(residual, owned_residual)]() {
         auto reduce = [&](Buffer data) {
@@ -86,10 +86,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGossipcc::quantized_allreduce(std::
           offset += b.count;
         }
       },
-      /*uses_collectives=*/true);
-  std::vector<at::Tensor> outputs = tensors;
-  return Wrap(rank_, Ordered(), ::c10d::OpType::UNKNOWN, "gossipcc:quantized_allreduce", std::move(inner),
-              std::move(outputs));
+      std::move(outputs), /*uses_collectives=*/true);
 }
 
 }  // namespace torch_backend

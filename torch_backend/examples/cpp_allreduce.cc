@@ -68,7 +68,7 @@ bool RunRank(int rank, int world_size, const std::string& store_path) {
   // sums of x and of the weights over the ranks are conserved by every round.
   std::vector<at::Tensor> x = {at::full({8}, static_cast<double>(rank), at::kDouble)};
   at::Tensor weight = at::ones({1}, at::kDouble);
-  pg->push_sum_round(x, weight, /*step=*/0, "exponential", std::nullopt)->wait();
+  pg->gossip().push_sum_round(x, weight, /*step=*/0, "exponential", std::nullopt)->wait();
   std::vector<at::Tensor> totals = {at::cat({x[0].sum().reshape({1}), weight})};
   pg->allreduce(totals, ::c10d::AllreduceOptions())->wait();
   const double x_total = 8.0 * world_size * (world_size - 1) / 2.0;
