@@ -122,7 +122,6 @@ stage "test //... (asan+ubsan)" bazel test --config=asan "${PARALLEL_TESTS[@]}" 
 stage "test C++ (tsan)" bazel test --config=tsan "${PARALLEL_TESTS[@]}" "${SANITIZER_SWEEP[@]}" --build_tests_only --build_tag_filters=-python,-no_tsan,-gpu \
   --test_tag_filters=-python,-no_tsan,-gpu \
   //tests/comm/... //tests/compression/... //tests/algorithms/... //tests/reliability/... \
-  //tests/torch_backend:op_lane_test //tests/torch_backend:callback_executor_test \
   //tests/torch_backend:communicator_environment_test "$@"
 # libFuzzer on the option/graph parsers, bounded (tools/fuzz.sh; installs clang on first use;
 # two targets at a time, one core each).

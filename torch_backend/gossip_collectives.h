@@ -19,8 +19,8 @@
 
 #include "comm/communicator.h"
 #include "torch_backend/algorithm_cache.h"
-#include "torch_backend/callback_executor.h"
-#include "torch_backend/op_lane.h"
+#include "comm/sched/callback_executor.h"
+#include "comm/sched/op_lane.h"
 #include "torch_backend/torch_version.h"
 
 namespace gossipcc {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "comm/core/work.h"
-#include "torch_backend/callback_executor.h"
+#include "comm/sched/callback_executor.h"
 #include "torch_backend/torch_version.h"
 
 namespace gossipcc {

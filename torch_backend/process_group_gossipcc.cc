@@ -12,7 +12,7 @@
 
 #include "comm/core/errors.h"
 #include "torch_backend/c10d_store.h"
-#include "torch_backend/collective_issue.h"
+#include "comm/sched/collective_issue.h"
 #include "torch_backend/communicator_environment.h"
 #include "torch_backend/gossipcc_work.h"
 #include "torch_backend/tensor_buffer.h"
@@ -101,14 +101,14 @@ Completion ProcessGroupGossipcc::Unordered() const { return Completion{executor_
 
 // In program order, within one timeout of the call: collective_issue.h.
 std::shared_ptr<Work> ProcessGroupGossipcc::IssueCollective(const char* what, const at::Tensor& tensor,
-                                                            torch_backend::IssueFn issue) {
+                                                            gossipcc::IssueFn issue) {
   CollectiveIssue call;
   call.called = std::chrono::steady_clock::now();
   call.description = std::string("gossipcc ") + what + " on rank " + std::to_string(rank_);
   call.timeout = options_.timeout;
   call.stream = CallerStream(tensor);
   if (order_nested_ && !executor_->HoldsTurn()) call.ordering = executor_.get();
-  return torch_backend::IssueCollective(call, *lane_, std::move(issue));
+  return gossipcc::IssueCollective(call, *lane_, std::move(issue));
 }
 
 c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::broadcast(std::vector<at::Tensor>& tensors,

@@ -18,10 +18,10 @@
 
 #include "comm/communicator.h"
 #include "torch_backend/allreduce_policy.h"
-#include "torch_backend/callback_executor.h"
-#include "torch_backend/collective_issue.h"
+#include "comm/sched/callback_executor.h"
+#include "comm/sched/collective_issue.h"
 #include "torch_backend/gossip_collectives.h"
-#include "torch_backend/op_lane.h"
+#include "comm/sched/op_lane.h"
 #include "torch_backend/torch_version.h"
 
 namespace gossipcc {
@@ -130,7 +130,7 @@ class ProcessGroupGossipcc : public C10dBackendBase {
   bool order_nested_collectives() const { return order_nested_; }
 
  private:
-  std::shared_ptr<Work> IssueCollective(const char* what, const at::Tensor& tensor, torch_backend::IssueFn issue);
+  std::shared_ptr<Work> IssueCollective(const char* what, const at::Tensor& tensor, gossipcc::IssueFn issue);
   // Where a Work completes: collectives in issue order, point-to-point as they finish.
   Completion Ordered() const;
   Completion Unordered() const;

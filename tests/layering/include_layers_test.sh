@@ -3,12 +3,13 @@
 #  1. a file under comm/, algorithms/ or compression/ includes a torch header (torch/, c10/,
 #     ATen/): only torch_backend/ sees torch;
 #  2. a room of comm/ includes only what its rule allows (ROOM_MAY_INCLUDE): core/ nothing else
-#     of comm/; gloo/ core/; p2p/ core/ and gloo/ (its messages ride Gloo's pairs); nccl/ core/;
+#     of comm/; gloo/ core/; p2p/ core/ and gloo/ (its messages ride Gloo's pairs); nccl/ and
+#     sched/ core/;
 #     the facade (comm/ itself) every room; comm/examples/ the public surface, comm/bench/ that
 #     and gloo/ (the packing codec's benchmark);
 #  3. outside comm/ (algorithms/, compression/, torch_backend/), only comm's public surface is
 #     included: the facade (comm/communicator.h, comm/cuda_support.h), comm/host_groups.h,
-#     comm/core/ and comm/bench/'s helpers;
+#     comm/core/, comm/sched/ and comm/bench/'s helpers;
 #  4. inside comm/ only the facade's own users include comm/communicator.h: its implementation,
 #     comm/host_groups (composed on its public API) and the programs in comm/bench/ and
 #     comm/examples/;
@@ -24,11 +25,12 @@ declare -A ROOM_MAY_INCLUDE=(
   [gloo]="core gloo"
   [p2p]="core gloo p2p"
   [nccl]="core nccl"
+  [sched]="core sched"
   [facade]="core gloo p2p nccl facade"
   [bench]="core gloo facade bench"
   [examples]="core facade"
 )
-PUBLIC_RE='^comm/(communicator\.h|cuda_support\.h|host_groups\.h|core/[^/]+\.h|bench/[^/]+\.h)$'
+PUBLIC_RE='^comm/(communicator\.h|cuda_support\.h|host_groups\.h|core/[^/]+\.h|sched/[^/]+\.h|bench/[^/]+\.h)$'
 
 # Rule 5: layers within each folder (paths relative to comm/).
 declare -A LAYER=(
@@ -51,6 +53,9 @@ declare -A LAYER=(
   [p2p/exchange.h]=1
   # nccl/
   [nccl/nccl_transport.h]=0
+  # sched/: the lane and the executor, then how a collective is issued beside them
+  [sched/op_lane.h]=0 [sched/callback_executor.h]=0
+  [sched/collective_issue.h]=1
   # the facade: the Communicator's parts, the plan of a call, the facade, groups split from it
   [cuda_support.h]=0 [argument_checks.h]=0 [failure_state.h]=0 [lanes.h]=0 [peer_health.h]=0 [staged_work.h]=0 [meshes.h]=0
   [collective_plan.h]=1

@@ -1,7 +1,7 @@
 // CallbackExecutor: runs a process group's completions (staged results copied back, the c10d
 // Future completed, its callbacks run) off the communicator's lane threads, so that a callback
 // that issues a collective and waits for it (PyTorch's powerSGD_hook) never blocks the thread
-// that collective needs (docs/architecture.md). Torch-free. Guarantees:
+// that collective needs (docs/architecture.md). Guarantees:
 //  - Ordered tasks (Reserve() at issue, Post() when done) start in ticket order, one at a time,
 //    each holding the turn until it returns; operations a holder issues are nested (completed at
 //    once, outside the order) and it keeps the turn while waiting for them, so callbacks issue
@@ -27,7 +27,6 @@
 #include <thread>
 
 namespace gossipcc {
-namespace torch_backend {
 
 class CallbackExecutor {
  public:
@@ -118,5 +117,4 @@ class CallbackExecutor {
   std::shared_ptr<State> s_;
 };
 
-}  // namespace torch_backend
 }  // namespace gossipcc

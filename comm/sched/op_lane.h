@@ -1,8 +1,9 @@
-// OpLane: runs gossipcc's own blocking algorithm calls (push-sum, PowerSGD, ...) one at a time,
-// in issue order, off the caller's thread, and keeps the group's plain collectives in program
-// order with them: a plain collective goes straight to the communicator unless a task that
-// issues collectives is queued or running, else it queues behind it, so every rank issues its
-// communicator collectives in the same order. Torch-free.
+// OpLane: runs blocking algorithm calls on a communicator (push-sum, PowerSGD, ...) one at a
+// time, in issue order, off the caller's thread (Submit returns a Work: asynchronous algorithms
+// for C++ users too), and keeps plain collectives in program order with them: a plain collective
+// goes straight to the communicator unless a task that issues collectives is queued or running,
+// else it queues behind it, so every rank issues its communicator collectives in the same order.
+// The c10d backend keeps one per process group.
 #pragma once
 
 #include <chrono>
@@ -17,7 +18,6 @@
 #include "comm/core/work.h"
 
 namespace gossipcc {
-namespace torch_backend {
 
 class OpLane {
  public:
@@ -88,5 +88,4 @@ class OpLane {
   std::thread watch_;   // Watch(), started by the first Issue queued with a deadline
 };
 
-}  // namespace torch_backend
 }  // namespace gossipcc

@@ -1,5 +1,5 @@
-// How the c10d backend issues a plain collective on its communicator: in the group's program
-// order and within one group timeout of the c10d call (docs/reliability.md, "Timeouts"). On the
+// How a plain collective is issued beside an OpLane (the c10d backend's rule): in the group's
+// program order and within one group timeout of the call (docs/reliability.md, "Timeouts"). On the
 // way it may wait for earlier collectives' callbacks (order_nested_collectives) and for the
 // group's algorithm tasks; each wait, and the communicator's own deadline (CallOptions::issued),
 // ends at the call's deadline with a TimeoutError naming what it waited for. A collective is
@@ -14,11 +14,10 @@
 
 #include "comm/core/call_options.h"
 #include "comm/core/work.h"
-#include "torch_backend/callback_executor.h"
-#include "torch_backend/op_lane.h"
+#include "comm/sched/callback_executor.h"
+#include "comm/sched/op_lane.h"
 
 namespace gossipcc {
-namespace torch_backend {
 
 struct CollectiveIssue {
   std::string description;  // e.g. "gossipcc allreduce on rank 0"
@@ -35,5 +34,4 @@ struct CollectiveIssue {
 using IssueFn = std::function<std::shared_ptr<Work>(const CallOptions&)>;
 std::shared_ptr<Work> IssueCollective(const CollectiveIssue& call, OpLane& lane, IssueFn issue);
 
-}  // namespace torch_backend
 }  // namespace gossipcc

@@ -1,9 +1,9 @@
-// CallbackExecutor (torch_backend/callback_executor.h): ordered tasks start in ticket order
+// CallbackExecutor (comm/sched/callback_executor.h): ordered tasks start in ticket order
 // whatever order they are posted in; a task that blocks until a later task has run does not
 // deadlock (it yields the turn, or loses it after handoff_after); unordered tasks never wait
 // for the order; Stop delivers everything posted, then no executor thread runs anything.
 // Torch-free, so it also runs under the sanitizer configs.
-#include "torch_backend/callback_executor.h"
+#include "comm/sched/callback_executor.h"
 
 #include <algorithm>
 #include <atomic>
@@ -19,7 +19,6 @@
 #include "gtest/gtest.h"
 
 namespace gossipcc {
-namespace torch_backend {
 namespace {
 
 using namespace std::chrono_literals;
@@ -278,5 +277,4 @@ TEST(CallbackExecutorTest, ATaskThatThrowsIsReportedAndTheRestRun) {
 }
 
 }  // namespace
-}  // namespace torch_backend
 }  // namespace gossipcc

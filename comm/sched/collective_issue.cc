@@ -1,11 +1,10 @@
-#include "torch_backend/collective_issue.h"
+#include "comm/sched/collective_issue.h"
 
 #include <algorithm>
 #include <utility>
 
 
 namespace gossipcc {
-namespace torch_backend {
 
 std::shared_ptr<Work> IssueCollective(const CollectiveIssue& call, OpLane& lane, IssueFn issue) {
   using Clock = std::chrono::steady_clock;
@@ -37,5 +36,4 @@ std::shared_ptr<Work> IssueCollective(const CollectiveIssue& call, OpLane& lane,
   return lane.Issue(call.description, deadline, [options, issue = std::move(issue)] { return issue(options); });
 }
 
-}  // namespace torch_backend
 }  // namespace gossipcc

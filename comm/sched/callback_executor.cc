@@ -1,4 +1,4 @@
-#include "torch_backend/callback_executor.h"
+#include "comm/sched/callback_executor.h"
 
 #include <cstdio>
 #include <exception>
@@ -6,7 +6,6 @@
 #include <vector>
 
 namespace gossipcc {
-namespace torch_backend {
 
 namespace {
 
@@ -262,5 +261,4 @@ int CallbackExecutor::threads_started() const {
   return s_->started;
 }
 
-}  // namespace torch_backend
 }  // namespace gossipcc

@@ -1,4 +1,4 @@
-#include "torch_backend/op_lane.h"
+#include "comm/sched/op_lane.h"
 
 #include <algorithm>
 #include <string>
@@ -8,7 +8,6 @@
 #include "comm/core/errors.h"
 
 namespace gossipcc {
-namespace torch_backend {
 
 namespace {
 
@@ -239,5 +238,4 @@ void OpLane::Loop(std::shared_ptr<State> s) {
   }
 }
 
-}  // namespace torch_backend
 }  // namespace gossipcc

@@ -1,8 +1,8 @@
-// OpLane (torch_backend/op_lane.h): tasks run one at a time in order; plain collectives are
+// OpLane (comm/sched/op_lane.h): tasks run one at a time in order; plain collectives are
 // issued at once unless a collective-issuing task is queued or running; Stop fails what is
 // queued; a blocking Run on an idle lane runs on its caller's thread and holds the lane as a
 // queued task would. Torch-free, so it also runs under the sanitizer configs.
-#include "torch_backend/op_lane.h"
+#include "comm/sched/op_lane.h"
 
 #include <atomic>
 #include <chrono>
@@ -17,7 +17,6 @@
 #include "gtest/gtest.h"
 
 namespace gossipcc {
-namespace torch_backend {
 namespace {
 
 using namespace std::chrono_literals;
@@ -349,5 +348,4 @@ TEST(OpLaneTest, StopFromInsideAnInlineRunDoesNotWaitForItself) {
 }
 
 }  // namespace
-}  // namespace torch_backend
 }  // namespace gossipcc
