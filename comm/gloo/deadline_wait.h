@@ -5,11 +5,8 @@
 #include <string>
 
 namespace gloo {
-class Context;
 namespace transport {
 class Buffer;
-class Device;
-class UnboundBuffer;
 }  // namespace transport
 }  // namespace gloo
 

@@ -5,11 +5,6 @@
 
 namespace gloo {
 class Context;
-namespace transport {
-class Buffer;
-class Device;
-class UnboundBuffer;
-}  // namespace transport
 }  // namespace gloo
 
 namespace gossipcc {

@@ -11,9 +11,7 @@
 namespace gloo {
 class Context;
 namespace transport {
-class Buffer;
 class Device;
-class UnboundBuffer;
 }  // namespace transport
 }  // namespace gloo
 

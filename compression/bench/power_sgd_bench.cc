@@ -18,6 +18,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/bench/local_ranks.h"
@@ -91,14 +92,21 @@ uint64_t Mix(uint64_t x) {
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-// One model, one method, on this rank. Returns the row (meaningful on rank 0).
-Row RunOne(Communicator& comm, const std::string& model, const std::vector<Param>& params, int method, const Args& args) {
-  const int me = comm.rank();
-  PowerSGDOptions o;
-  o.matrix_approximation_rank = std::max(method, 1);
-  o.start_powerSGD_iter = method == 0 ? (int64_t{1} << 40) : 0;  // exact: never compress
-  PowerSGD psgd(o);
-  std::vector<std::vector<float>> signal(params.size()), grads(params.size());
+// One model's gradients on this rank, handed to PowerSGD through `list`: per matrix a rank-8
+// "signal" with a decaying spectrum, the same on every rank, plus each step's noise of this rank.
+struct SyntheticGradients {
+  SyntheticGradients(const std::vector<Param>& params, int rank);
+  // grads = signal + this rank's noise for `step` (seeded by rank, step and tensor).
+  void Fill(int step);
+
+  const std::vector<Param>& params;
+  const int rank;
+  std::vector<std::vector<float>> signal, grads;
+  std::vector<GradientTensor> list;  // of grads
+};
+
+SyntheticGradients::SyntheticGradients(const std::vector<Param>& params, int rank)
+    : params(params), rank(rank), signal(params.size()), grads(params.size()) {
   for (size_t t = 0; t < params.size(); ++t) {
     const Param& p = params[t];
     signal[t].resize(p.numel);
@@ -114,69 +122,107 @@ Row RunOne(Communicator& comm, const std::string& model, const std::vector<Param
     for (int c = 0; c < k; ++c) u.col(c) *= std::ldexp(3.0f, -c);
     Eigen::Map<RowMatrix>(signal[t].data(), n, m) = u * v.transpose();
   }
-  std::vector<GradientTensor> list;
   for (size_t t = 0; t < params.size(); ++t) {
     list.push_back({params[t].name, CpuBuffer(grads[t].data(), grads[t].size()), params[t].shape});
   }
-  auto fill = [&](int step) {
-    for (size_t t = 0; t < params.size(); ++t) {
-      const int64_t m = params[t].shape.size() >= 2 ? params[t].numel / params[t].shape[0] : 1;
-      const float scale = 0.3f * std::sqrt(3.0f / m);
-      uint64_t s = Mix((static_cast<uint64_t>(me) << 40) ^ (static_cast<uint64_t>(step) << 20) ^ t);
-      float* g = grads[t].data();
-      const float* sig = signal[t].data();
-      for (int64_t i = 0; i < params[t].numel; ++i) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        g[i] = sig[i] + scale * (static_cast<float>(s >> 40) / 8388608.0f - 1.0f);
-      }
+}
+
+void SyntheticGradients::Fill(int step) {
+  for (size_t t = 0; t < params.size(); ++t) {
+    const int64_t m = params[t].shape.size() >= 2 ? params[t].numel / params[t].shape[0] : 1;
+    const float scale = 0.3f * std::sqrt(3.0f / m);
+    uint64_t s = Mix((static_cast<uint64_t>(rank) << 40) ^ (static_cast<uint64_t>(step) << 20) ^ t);
+    float* g = grads[t].data();
+    const float* sig = signal[t].data();
+    for (int64_t i = 0; i < params[t].numel; ++i) {
+      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+      g[i] = sig[i] + scale * (static_cast<float>(s >> 40) / 8388608.0f - 1.0f);
     }
-  };
+  }
+}
+
+// Method 0 is the exact all-reduce (PowerSGD that never compresses), else PowerSGD of that rank.
+PowerSGDOptions OptionsFor(int method) {
+  PowerSGDOptions o;
+  o.matrix_approximation_rank = std::max(method, 1);
+  o.start_powerSGD_iter = method == 0 ? (int64_t{1} << 40) : 0;  // exact: never compress
+  return o;
+}
+
+// Runs args.warmup untimed steps, then args.steps timed ones: the time (ms) of each timed step.
+std::vector<double> TimeSteps(Communicator& comm, PowerSGD& psgd, SyntheticGradients& grads, const Args& args) {
   std::vector<double> times;
   for (int step = 0; step < args.warmup + args.steps; ++step) {
-    fill(step);
+    grads.Fill(step);
     comm.barrier()->wait();
     const auto t0 = std::chrono::steady_clock::now();
-    psgd.AllReduce(comm, list);
+    psgd.AllReduce(comm, grads.list);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (step >= args.warmup) times.push_back(ms);
   }
+  return times;
+}
+
+// The row without its errors: the last step's bytes and ratio, the median step time.
+Row Summary(const std::string& model, int method, const PowerSGDStats& last, std::vector<double> times) {
   Row row{};
   std::snprintf(row.model, sizeof(row.model), "%s", model.c_str());
   row.method = method;
-  const PowerSGDStats& last = psgd.last_stats();
   row.bytes_per_step = static_cast<double>(last.bytes_after);
   row.ratio = static_cast<double>(last.bytes_before) / last.bytes_after;
   std::sort(times.begin(), times.end());
   row.median_ms = times[times.size() / 2];
+  return row;
+}
+
+// M_j = grad_j + error_j (PowerSGD's error feedback), averaged exactly across ranks.
+std::vector<std::vector<float>> ExactAverages(Communicator& comm, PowerSGD& psgd, const SyntheticGradients& grads) {
+  std::vector<std::vector<float>> avg(grads.params.size());
+  for (size_t t = 0; t < grads.params.size(); ++t) {
+    avg[t] = grads.grads[t];
+    PowerSGDTensorState st;
+    if (psgd.GetTensorState(grads.params[t].name, &st) && !st.error.empty()) {
+      for (size_t i = 0; i < st.error.size(); ++i) avg[t][i] += st.error[i];
+    }
+    comm.allreduce(CpuBuffer(avg[t].data(), avg[t].size()), ReduceOp::kAvg)->wait();
+  }
+  return avg;
+}
+
+// Over the matrices PowerSGD compresses: row.rel_error, PowerSGD's output (in grads) against
+// `avg`, and row.best_rel_error, the truncated SVD of `avg` against it.
+void SetErrors(const PowerSGDOptions& o, const SyntheticGradients& grads, const std::vector<std::vector<float>>& avg,
+               Row& row) {
+  double err2 = 0, best2 = 0, norm2 = 0;
+  for (size_t t = 0; t < grads.params.size(); ++t) {
+    const Param& p = grads.params[t];
+    int r = 0;
+    if (!PowerSGD::ShouldCompress(p.shape, o, &r)) continue;
+    const int64_t n = p.shape[0], m = p.numel / n;
+    Eigen::Map<const RowMatrix> a(avg[t].data(), n, m), out(grads.grads[t].data(), n, m);
+    err2 += (a - out).squaredNorm();
+    norm2 += a.squaredNorm();
+    Eigen::BDCSVD<Eigen::MatrixXf> svd(a);  // singular values only
+    const auto& sv = svd.singularValues();
+    for (int64_t k = r; k < sv.size(); ++k) best2 += static_cast<double>(sv[k]) * sv[k];
+  }
+  row.rel_error = std::sqrt(err2 / norm2);
+  row.best_rel_error = std::sqrt(best2 / norm2);
+}
+
+// One model, one method, on this rank. Returns the row (meaningful on rank 0).
+Row RunOne(Communicator& comm, const std::string& model, const std::vector<Param>& params, int method, const Args& args) {
+  const PowerSGDOptions o = OptionsFor(method);
+  PowerSGD psgd(o);
+  SyntheticGradients grads(params, comm.rank());
+  std::vector<double> times = TimeSteps(comm, psgd, grads, args);
+  Row row = Summary(model, method, psgd.last_stats(), std::move(times));
   if (method > 0) {
     // One more step, measured: M_j = grad_j + error_j, its exact average against PowerSGD's output.
-    fill(args.warmup + args.steps);
-    std::vector<std::vector<float>> avg(params.size());
-    for (size_t t = 0; t < params.size(); ++t) {
-      avg[t] = grads[t];
-      PowerSGDTensorState st;
-      if (psgd.GetTensorState(params[t].name, &st) && !st.error.empty()) {
-        for (size_t i = 0; i < st.error.size(); ++i) avg[t][i] += st.error[i];
-      }
-      comm.allreduce(CpuBuffer(avg[t].data(), avg[t].size()), ReduceOp::kAvg)->wait();
-    }
-    psgd.AllReduce(comm, list);
-    double err2 = 0, best2 = 0, norm2 = 0;
-    if (me == 0) {
-      for (size_t t = 0; t < params.size(); ++t) {
-        int r = 0;
-        if (!PowerSGD::ShouldCompress(params[t].shape, o, &r)) continue;
-        const int64_t n = params[t].shape[0], m = params[t].numel / n;
-        Eigen::Map<const RowMatrix> a(avg[t].data(), n, m), out(grads[t].data(), n, m);
-        err2 += (a - out).squaredNorm();
-        norm2 += a.squaredNorm();
-        Eigen::BDCSVD<Eigen::MatrixXf> svd(a);  // singular values only
-        const auto& sv = svd.singularValues();
-        for (int64_t k = r; k < sv.size(); ++k) best2 += static_cast<double>(sv[k]) * sv[k];
-      }
-      row.rel_error = std::sqrt(err2 / norm2);
-      row.best_rel_error = std::sqrt(best2 / norm2);
-    }
+    grads.Fill(args.warmup + args.steps);
+    const std::vector<std::vector<float>> avg = ExactAverages(comm, psgd, grads);
+    psgd.AllReduce(comm, grads.list);
+    if (comm.rank() == 0) SetErrors(o, grads, avg, row);
     comm.barrier()->wait();
   }
   return row;

@@ -50,29 +50,52 @@ long long Since(Clock::time_point t) {
   return std::chrono::duration_cast<milliseconds>(Clock::now() - t).count();
 }
 
-// Rank 0 issues an all-reduce of `count` floats with its issue time `spent` in the past; rank 1
-// never issues it. Returns rank 0's error message and the ms from the issue time to the error.
-void MissingPeerAfterSpentTime(LaunchMode mode, bool verify, size_t count, milliseconds spent,
+// How rank 0 issues the operation under test, with the CallOptions given.
+using IssueFn = std::function<std::shared_ptr<Work>(Communicator&, const CallOptions&)>;
+
+// Rank 0's operations: an all-reduce of `data`, a receive into it from rank 1 (tag 7).
+IssueFn AllReduce(std::vector<float>& data) {
+  return [&data](Communicator& c, const CallOptions& call) {
+    return c.allreduce(CpuBuffer(data.data(), data.size()), ReduceOp::kSum, call);
+  };
+}
+IssueFn ReceiveFromRank1(std::vector<float>& data) {
+  return [&data](Communicator& c, const CallOptions& call) {
+    return c.recv(CpuBuffer(data.data(), data.size()), /*peer=*/1, /*tag=*/7, call);
+  };
+}
+
+// Where an operation issued with its time spent fails: waiting on its Work, or at the call itself.
+enum class FailsAt { kWait, kCall };
+
+// Rank 0 calls `issue` with its issue time `spent` in the past (held back for "the test's own
+// hold"); rank 1 never issues anything. Rank 0's operation must fail with a TimeoutError at
+// `fails_at`: `check` gets its message and the ms from the issue time to the error. Then the
+// communicator must be poisoned: `issue` again, issued now, fails with AbortedError.
+void MissingPeerAfterSpentTime(LaunchMode mode, bool verify, milliseconds spent, FailsAt fails_at, const IssueFn& issue,
                                const std::function<void(const std::string&, long long)>& check) {
   RunRanksWithStore(2, mode, [&](int rank, std::shared_ptr<Store> store) {
     auto comm = Communicator::Create(std::make_shared<PrefixStore>("comm", store), rank, 2, Options(verify));
-    std::vector<float> f(count, 1.0f);
     if (rank == 1) {
-      store->wait({"failed"}, std::chrono::seconds(60));  // never joins the collective
+      store->wait({"failed"}, std::chrono::seconds(60));  // never joins
       return;
     }
-    const Clock::time_point issued = Clock::now() - spent;
     CallOptions call;
-    call.issued = issued;
+    call.issued = Clock::now() - spent;
     call.waited_for = "the test's own hold";
-    std::shared_ptr<Work> work = comm->allreduce(CpuBuffer(f.data(), f.size()), ReduceOp::kSum, call);
-    const std::string message = ExpectThrow<TimeoutError>([&] { work->wait(); });  // rank 1 never joins
-    const long long took = Since(issued);
+    std::string message;
+    if (fails_at == FailsAt::kCall) {
+      message = ExpectThrow<TimeoutError>([&] { issue(*comm, call); });
+    } else {
+      std::shared_ptr<Work> work = issue(*comm, call);
+      message = ExpectThrow<TimeoutError>([&] { work->wait(); });  // rank 1 never joins
+    }
+    const long long took = Since(*call.issued);
     store->set("failed", {'1'});
     check(message, took);
     // Any timeout poisons the communicator.
     try {
-      comm->allreduce(CpuBuffer(f.data(), f.size()));
+      issue(*comm, CallOptions{});
       ADD_FAILURE() << CurrentTestName() << ": a call after the timeout was accepted";
     } catch (const AbortedError& e) {
       EXPECT_THAT(e.what(), HasSubstr("earlier failure")) << CurrentTestName();
@@ -100,86 +123,67 @@ class IssueTimeTest : public ::testing::TestWithParam<LaunchMode> {};
 // bound-buffer wait that, before the caller's deadline reached it, ended at the connection's
 // timeout from its start.
 TEST_P(IssueTimeTest, SignatureCheckWaitsOnlyWhatIsLeft) {
-  MissingPeerAfterSpentTime(GetParam(), /*verify=*/true, 4, kSpent, [](const std::string& msg, long long took) {
-    EXPECT_THAT(msg, AllOf(HasSubstr("allreduce #0"), HasSubstr("rank 0 of 2"), HasSubstr("exchanging signatures"),
-                           HasSubstr("no header from rank 1")))
-        << CurrentTestName();
-    ExpectAtTheDeadline("the signature check", took);
-  });
+  std::vector<float> f(4, 1.0f);
+  MissingPeerAfterSpentTime(
+      GetParam(), /*verify=*/true, kSpent, FailsAt::kWait, AllReduce(f), [](const std::string& msg, long long took) {
+        EXPECT_THAT(msg, AllOf(HasSubstr("allreduce #0"), HasSubstr("rank 0 of 2"), HasSubstr("exchanging signatures"),
+                               HasSubstr("no header from rank 1")))
+            << CurrentTestName();
+        ExpectAtTheDeadline("the signature check", took);
+      });
 }
 
 // 1 MiB without the signature check: the ring's own waits, given what is left.
 TEST_P(IssueTimeTest, DataExchangeWaitsOnlyWhatIsLeft) {
-  MissingPeerAfterSpentTime(GetParam(), /*verify=*/false, 1 << 18, kSpent, [](const std::string& msg, long long took) {
-    EXPECT_THAT(msg, AllOf(HasSubstr("allreduce #0"), HasSubstr("rank 0 of 2"), HasSubstr("timed out")))
-        << CurrentTestName();
-    ExpectAtTheDeadline("the data exchange", took);
-  });
+  std::vector<float> f(1 << 18, 1.0f);
+  MissingPeerAfterSpentTime(
+      GetParam(), /*verify=*/false, kSpent, FailsAt::kWait, AllReduce(f), [](const std::string& msg, long long took) {
+        EXPECT_THAT(msg, AllOf(HasSubstr("allreduce #0"), HasSubstr("rank 0 of 2"), HasSubstr("timed out")))
+            << CurrentTestName();
+        ExpectAtTheDeadline("the data exchange", took);
+      });
 }
 
 // Point to point on CPU: a receive issued with part of its timeout spent fails at what is left
 // (CallOptions::issued), naming what the caller held it back for.
 TEST_P(IssueTimeTest, ReceiveWaitsOnlyWhatIsLeft) {
-  RunRanksWithStore(2, GetParam(), [&](int rank, std::shared_ptr<Store> store) {
-    auto comm = Communicator::Create(std::make_shared<PrefixStore>("comm", store), rank, 2, Options(true));
-    if (rank == 1) {
-      store->wait({"failed"}, std::chrono::seconds(60));  // never sends
-      return;
-    }
-    std::vector<float> f(4);
-    CallOptions call;
-    call.issued = Clock::now() - kSpent;
-    call.waited_for = "the test's own hold";
-    std::shared_ptr<Work> work = comm->recv(CpuBuffer(f.data(), f.size()), /*peer=*/1, /*tag=*/7, call);
-    const std::string message = ExpectThrow<TimeoutError>([&] { work->wait(); });
-    const long long took = Since(*call.issued);
-    store->set("failed", {'1'});
-    EXPECT_THAT(message, AllOf(HasSubstr("recv"), HasSubstr("held back for the test's own hold before the call")))
-        << CurrentTestName();
-    ExpectAtTheDeadline("the receive", took);
-  });
+  std::vector<float> f(4);
+  MissingPeerAfterSpentTime(
+      GetParam(), /*verify=*/true, kSpent, FailsAt::kWait, ReceiveFromRank1(f),
+      [](const std::string& msg, long long took) {
+        EXPECT_THAT(msg, AllOf(HasSubstr("recv"), HasSubstr("held back for the test's own hold before the call")))
+            << CurrentTestName();
+        ExpectAtTheDeadline("the receive", took);
+      });
 }
 
 // A receive issued with nothing left fails at the call, before anything is posted, naming the
 // caller's hold, and poisons the communicator as a collective's timeout does.
 TEST_P(IssueTimeTest, ReceiveWithNothingLeftFailsAtTheCall) {
-  RunRanksWithStore(2, GetParam(), [&](int rank, std::shared_ptr<Store> store) {
-    auto comm = Communicator::Create(std::make_shared<PrefixStore>("comm", store), rank, 2, Options(true));
-    if (rank == 1) {
-      store->wait({"failed"}, std::chrono::seconds(60));  // never sends
-      return;
-    }
-    std::vector<float> f(4);
-    CallOptions call;
-    call.issued = Clock::now() - kTimeout - milliseconds(500);
-    call.waited_for = "the test's own hold";
-    const std::string message = ExpectThrow<TimeoutError>(
-        [&] { comm->recv(CpuBuffer(f.data(), f.size()), /*peer=*/1, /*tag=*/7, call); });
-    store->set("failed", {'1'});
-    EXPECT_THAT(message, AllOf(HasSubstr("not started within the timeout (4000 ms)"),
-                               HasSubstr("before it reached the communicator (the test's own hold)")))
-        << CurrentTestName();
-    try {
-      comm->recv(CpuBuffer(f.data(), f.size()), /*peer=*/1, /*tag=*/7);
-      ADD_FAILURE() << CurrentTestName() << ": a call after the timeout was accepted";
-    } catch (const AbortedError& e) {
-      EXPECT_THAT(e.what(), HasSubstr("earlier failure")) << CurrentTestName();
-    }
-  });
+  std::vector<float> f(4);
+  MissingPeerAfterSpentTime(GetParam(), /*verify=*/true, kTimeout + milliseconds(500), FailsAt::kCall,
+                            ReceiveFromRank1(f), [](const std::string& msg, long long) {
+                              EXPECT_THAT(msg,
+                                          AllOf(HasSubstr("not started within the timeout (4000 ms)"),
+                                                HasSubstr("before it reached the communicator (the test's own hold)")))
+                                  << CurrentTestName();
+                            });
 }
 
 // The caller spent more than the timeout: the collective fails when its turn comes (at once
 // here: nothing is queued), naming what the caller held it for, and poisons the communicator.
 TEST_P(IssueTimeTest, NothingLeftFailsAtOnceNamingTheCallersHold) {
   const milliseconds spent = kTimeout + milliseconds(500);
-  MissingPeerAfterSpentTime(GetParam(), /*verify=*/true, 4, spent, [&](const std::string& msg, long long took) {
-    EXPECT_THAT(msg, AllOf(HasSubstr("allreduce #0"), HasSubstr("not started within the timeout (4000 ms)"),
-                           HasSubstr("before it reached the communicator (the test's own hold)")))
-        << CurrentTestName();
-    // At once: the peer check (150-300 ms) and the error path; 2 s of slack for a loaded machine.
-    EXPECT_LT(took - spent.count(), 2000) << CurrentTestName() << ": a collective issued past its deadline failed "
-                                          << took - spent.count() << " ms after the call, not at once";
-  });
+  std::vector<float> f(4, 1.0f);
+  MissingPeerAfterSpentTime(
+      GetParam(), /*verify=*/true, spent, FailsAt::kWait, AllReduce(f), [&](const std::string& msg, long long took) {
+        EXPECT_THAT(msg, AllOf(HasSubstr("allreduce #0"), HasSubstr("not started within the timeout (4000 ms)"),
+                               HasSubstr("before it reached the communicator (the test's own hold)")))
+            << CurrentTestName();
+        // At once: the peer check (150-300 ms) and the error path; 2 s of slack for a loaded machine.
+        EXPECT_LT(took - spent.count(), 2000) << CurrentTestName() << ": a collective issued past its deadline failed "
+                                              << took - spent.count() << " ms after the call, not at once";
+      });
 }
 
 // One deadline for the whole collective: a peer whose header comes late (at 0.8 of the timeout)
