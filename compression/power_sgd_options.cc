@@ -33,7 +33,7 @@ const Key kKeys[] = {
     {"epsilon", "orthogonalization_epsilon", "number >= 0"},
     {"seed", "random_seed", "int >= 0"},
     {"batch_same_shape", "batch_tensors_with_same_shape", "0; 1 is rejected"},
-    {"iterations", "num_iters_per_step", "int >= 1"},
+    {"iterations", "num_iters_per_step", "int in [1, 1000]"},
     {"nonfinite", "nonfinite", "pass|error|unchecked"},
 };
 
