@@ -8,6 +8,7 @@
 #include "algorithms/async_bilateral_exchange.h"
 #include "algorithms/bilateral_exchange.h"
 #include "algorithms/fault_tolerant_push_sum.h"
+#include "algorithms/hierarchical_bilateral_exchange.h"
 #include "algorithms/hierarchical_push_sum.h"
 #include "algorithms/hierarchical_symmetric_gossip.h"
 #include "algorithms/peer_graph.h"
@@ -243,47 +244,76 @@ c10::intrusive_ptr<::c10d::Work> GossipCollectives::symmetric_gossip_round(std::
       tensors, /*uses_collectives=*/false);
 }
 
+GossipCollectives::MatchingSpec GossipCollectives::Matching(const std::string& matching, const char* op, int nodes) {
+  const std::string over = nodes == size_ ? std::string() : " over " + std::to_string(nodes) + " hosts";
+  if (matching == "round_robin") return {BilateralExchange::Matching::kRoundRobin, nullptr};
+  if (matching == "bipartite") {
+    if (nodes % 2 != 0 && nodes != 1) {
+      throw InvalidArgumentError("gossipcc bilateral_exchange: the \"bipartite\" matching pairs active (odd) with "
+                                 "passive (even) " + std::string(over.empty() ? "ranks and needs an even world size" :
+                                 "hosts and needs an even number of hosts") + ", got " + std::to_string(nodes));
+    }
+    return {BilateralExchange::Matching::kBipartiteExponential, nullptr};
+  }
+  std::shared_ptr<const PeerGraph> graph;
+  try {
+    graph = Graph(matching, op, nodes);
+  } catch (const InvalidArgumentError& e) {
+    throw InvalidArgumentError(std::string("gossipcc bilateral_exchange: matching must be \"round_robin\", "
+                                           "\"bipartite\" or a peer graph spec whose steps are matchings; ") +
+                               e.what());
+  }
+  // A matching at every step of its period (checked once per spec).
+  for (int64_t k = 0; k < std::min<int64_t>(graph->period(), 4096); ++k) {
+    bool ok = graph->IsSymmetricAt(k);
+    for (int r = 0; ok && r < nodes; ++r) ok = graph->OutPeers(r, k).size() <= 1;
+    if (!ok) {
+      throw InvalidArgumentError("gossipcc bilateral_exchange: graph " + graph->name() + over +
+                                 " is not a matching at step " + std::to_string(k) +
+                                 " (every node needs at most one peer, in both directions); "
+                                 "use \"round_robin\", \"bipartite\" or e.g. \"hypercube\"");
+    }
+  }
+  return {BilateralExchange::Matching::kRoundRobin, graph};
+}
+
 c10::intrusive_ptr<::c10d::Work> GossipCollectives::bilateral_exchange(std::vector<at::Tensor> tensors,
-                                                                          int64_t step,
-                                                                          const std::string& matching) {
+                                                                       int64_t step,
+                                                                       const std::string& matching) {
   const char* op = "bilateral_exchange";
   std::vector<Buffer> buffers = FloatingBuffers(tensors, op);
   CheckStep(step, op);
-  // Made outside the cache's lock: a graph's matching comes from the cache too.
+  SyncCallerStreams(tensors);
+  // Hosts of several ranks (GOSSIPCC_TOPOLOGY): exact means inside each host, the exchange over
+  // the hosts on the matching `matching` names for the number of hosts
+  // (hierarchical_bilateral_exchange.h).
+  if (comm_.hierarchical() && !buffers[0].device.is_cuda()) {
+    const std::string key = matching + "|hosts";
+    // Made outside the cache's lock: a graph's matching comes from the cache too.
+    std::shared_ptr<HierarchicalBilateralExchange> exchange = algorithms_.Find<HierarchicalBilateralExchange>(key);
+    if (!exchange) {
+      const MatchingSpec spec = Matching(matching, op, comm_.topology().hosts());
+      exchange = spec.graph ? std::make_shared<HierarchicalBilateralExchange>(spec.graph)
+                            : std::make_shared<HierarchicalBilateralExchange>(spec.builtin);
+      exchange = algorithms_.Get<HierarchicalBilateralExchange>(key, [&] { return exchange; });
+    }
+    return Submit(
+        Lane::kAlgorithms, "gossipcc:bilateral_exchange",
+        " (over hosts, matching " + matching + ", step " + std::to_string(step) + ")",
+        [this, exchange, buffers, step]() {
+          HostGroups& groups = HostGroupsOnLane();
+          exchange->Restore(step);
+          exchange->Step(groups, buffers);
+        },
+        tensors, /*uses_collectives=*/false);
+  }
   std::shared_ptr<BilateralExchange> exchange = algorithms_.Find<BilateralExchange>(matching);
   if (!exchange) {
-    if (matching == "round_robin") {
-      exchange = std::make_shared<BilateralExchange>(BilateralExchange::Matching::kRoundRobin);
-    } else if (matching == "bipartite") {
-      if (size_ % 2 != 0 && size_ != 1) {
-        throw InvalidArgumentError("gossipcc bilateral_exchange: the \"bipartite\" matching pairs active (odd) with "
-                                   "passive (even) ranks and needs an even world size, got " + std::to_string(size_));
-      }
-      exchange = std::make_shared<BilateralExchange>(BilateralExchange::Matching::kBipartiteExponential);
-    } else {
-      std::shared_ptr<const PeerGraph> graph;
-      try {
-        graph = Graph(matching, op);
-      } catch (const InvalidArgumentError& e) {
-        throw InvalidArgumentError(std::string("gossipcc bilateral_exchange: matching must be \"round_robin\", "
-                                               "\"bipartite\" or a peer graph spec whose steps are matchings; ") +
-                                   e.what());
-      }
-      // A matching at every step of its period (checked once per spec).
-      for (int64_t k = 0; k < std::min<int64_t>(graph->period(), 4096); ++k) {
-        bool ok = graph->IsSymmetricAt(k);
-        for (int r = 0; ok && r < size_; ++r) ok = graph->OutPeers(r, k).size() <= 1;
-        if (!ok) {
-          throw InvalidArgumentError("gossipcc bilateral_exchange: graph " + graph->name() + " is not a matching at step " +
-                                     std::to_string(k) + " (every rank needs at most one peer, in both directions); "
-                                     "use \"round_robin\", \"bipartite\" or e.g. \"hypercube\"");
-        }
-      }
-      exchange = std::make_shared<BilateralExchange>(graph);
-    }
+    const MatchingSpec spec = Matching(matching, op, size_);
+    exchange = spec.graph ? std::make_shared<BilateralExchange>(spec.graph)
+                          : std::make_shared<BilateralExchange>(spec.builtin);
     exchange = algorithms_.Get<BilateralExchange>(matching, [&] { return exchange; });
   }
-  SyncCallerStreams(tensors);
   Communicator* comm = &comm_;
   return Submit(
       Lane::kAlgorithms, "gossipcc:bilateral_exchange", " (matching " + matching + ", step " + std::to_string(step) + ")",

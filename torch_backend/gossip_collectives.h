@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/bilateral_exchange.h"
 #include "comm/communicator.h"
 #include "torch_backend/algorithm_cache.h"
 #include "comm/sched/callback_executor.h"
@@ -25,7 +26,6 @@
 
 namespace gossipcc {
 
-class PeerGraph;
 struct HostGroups;
 class AsyncBilateralExchange;
 class FaultTolerantPushSum;
@@ -105,6 +105,13 @@ class GossipCollectives {
                                           bool uses_collectives, std::shared_ptr<int> source = nullptr);
   // The graph `spec` names on `nodes` nodes (default: the group's size).
   std::shared_ptr<const PeerGraph> Graph(const std::string& spec, const char* op, int nodes = -1);
+  // A bilateral exchange's matching over `nodes` (ranks or hosts): built-in, or a graph whose
+  // every step is a matching (else InvalidArgumentError).
+  struct MatchingSpec {
+    BilateralExchange::Matching builtin;
+    std::shared_ptr<const PeerGraph> graph;  // set: the matching is this graph
+  };
+  MatchingSpec Matching(const std::string& matching, const char* op, int nodes);
   // The group's host group and group across hosts, made by the first call (a collective: on
   // the algorithm lane, in a call every rank makes).
   HostGroups& HostGroupsOnLane();

@@ -3,7 +3,8 @@ network namespace per host, ranks launched with torchrun's variables): the backe
 ranks share a host from the hosts themselves, runs large all-reduces in two levels under
 `hierarchical` and `auto` (the default), DDP's gradients equal a locally computed average, and
 push-sum rounds run over the hosts (exact means inside each) where the topology is two-level,
-equal to push-sum computed here from its definition, and so do D-PSGD rounds, PowerSGD (against
+equal to push-sum computed here from its definition, and so do D-PSGD rounds, synchronous
+bilateral exchanges (round-robin matching over the hosts), PowerSGD (against
 PowerSGD over one rank per host fed the host means) and the quantized all-reduce
 (quantized only across hosts: the bits of the quantized all-reduce over the host sums). Needs root (network namespaces); skips
 saying why otherwise."""
@@ -71,6 +72,8 @@ def test_hosts_learned_and_allreduce_exact(hosts, ranks_per_host, topology, hier
                                          for ranks in nodes], PUSH_SUM_ROUNDS)
     want_sym = symmetric_reference([torch.stack([push_sum_input(r) for r in ranks]).double().mean(0)
                                     for ranks in nodes], PUSH_SUM_ROUNDS)
+    want_bil = bilateral_reference([torch.stack([push_sum_input(r) for r in ranks]).double().mean(0)
+                                    for ranks in nodes], PUSH_SUM_ROUNDS)
     # The quantized all-reduce over the same nodes, each node's input its ranks' sum (integers:
     # exact in float32 in any order).
     want_q = quantized.reference([sum(value(r, QUANTIZED_COUNT) for r in ranks) for ranks in nodes], 8, 256, False)
@@ -88,6 +91,8 @@ def test_hosts_learned_and_allreduce_exact(hosts, ranks_per_host, topology, hier
         assert torch.allclose(got, want_x[node], atol=1e-5), (r, float((got - want_x[node]).abs().max()))
         got_sym = torch.tensor(rec["symmetric"], dtype=torch.float64)
         assert torch.allclose(got_sym, want_sym[node], atol=1e-5), (r, float((got_sym - want_sym[node]).abs().max()))
+        got_bil = torch.tensor(rec["bilateral"], dtype=torch.float64)
+        assert torch.allclose(got_bil, want_bil[node], atol=1e-5), (r, float((got_bil - want_bil[node]).abs().max()))
         for call, (got_p, want_p) in enumerate(zip(rec["powersgd"], records[0]["powersgd_reference"])):
             got_p, want_p = torch.tensor(got_p), torch.tensor(want_p)
             assert torch.allclose(got_p, want_p, rtol=1e-5, atol=1e-5), (r, call, float((got_p - want_p).abs().max()))
@@ -112,6 +117,20 @@ def push_sum_reference(x, rounds):
                 nw[t] += share * w[j]
         x, w = nx, nw
     return x, w
+
+
+def bilateral_reference(x, rounds):
+    """The synchronous bilateral exchange from step 0 on the round-robin ("circle") matching over
+    len(x) nodes: with m = n rounded up to even, at step k node m - 1 meets k mod (m - 1) and the
+    others pair as (k + d, k - d) mod (m - 1); a node paired with the virtual node m - 1 (n odd)
+    idles; partners average."""
+    n = len(x)
+    m = n + n % 2
+    for step in range(rounds):
+        k = step % (m - 1) if m > 1 else 0
+        partner = [m - 1 if j == k else k if j == m - 1 else (2 * k - j) % (m - 1) for j in range(n)] if m > 1 else [-1]
+        x = [(x[j] + x[partner[j]]) / 2 if 0 <= partner[j] < n else x[j] for j in range(n)]
+    return x
 
 
 def symmetric_reference(x, rounds):

@@ -97,6 +97,10 @@ def main(out):
     for step in range(PUSH_SUM_ROUNDS):
         backend.symmetric_gossip_round([x], step, "ring").wait()
     record["symmetric"] = x.tolist()
+    x = push_sum_input(rank)
+    for step in range(PUSH_SUM_ROUNDS):
+        backend.bilateral_exchange([x], step, "round_robin").wait()
+    record["bilateral"] = x.tolist()
     q = value(rank, QUANTIZED_COUNT)
     backend.quantized_allreduce([q], bits=8, average=False).wait()
     record["quantized"] = q.tolist()
