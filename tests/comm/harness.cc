@@ -1,5 +1,6 @@
 #include "tests/comm/harness.h"
 
+#include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <thread>
@@ -73,6 +75,37 @@ std::unique_ptr<Communicator> CreateOnHosts(int hosts, int per_host, int rank, s
   return Communicator::Create(std::make_shared<PrefixStore>("comm", std::move(store)), rank, hosts * per_host, o);
 }
 
+namespace {
+
+int ThreadCount() {
+  DIR* tasks = opendir("/proc/self/task");
+  if (!tasks) return -1;
+  int n = 0;
+  while (const dirent* e = readdir(tasks)) n += e->d_name[0] != '.';
+  closedir(tasks);
+  return n;
+}
+
+// A child of fork() has only the forking thread; a lock another thread held at the fork (the
+// allocator's, under the sanitizers) stays locked in the child forever. An earlier case's
+// detached thread (a timed-out rendezvous's connect, which ends by itself within that
+// rendezvous's timeout) must therefore be gone before ranks are forked. Waits for that, up to a
+// bound far above a thread's exit; past it, says so and forks anyway.
+void WaitUntilSingleThreaded() {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  int threads = ThreadCount();
+  while (threads > 1 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    threads = ThreadCount();
+  }
+  if (threads > 1) {
+    std::cerr << CurrentTestName() << ": forking ranks with " << threads
+              << " threads in the test process (an earlier case's threads did not end within 60 s)" << std::endl;
+  }
+}
+
+}  // namespace
+
 std::string FreshTempDir() {
   static std::atomic<int> counter{0};
   const char* base = std::getenv("TEST_TMPDIR");
@@ -118,6 +151,7 @@ void RunRanksWithStore(int n, LaunchMode mode, const std::function<void(int, std
     return;
   }
   const std::string dir = FreshTempDir();
+  WaitUntilSingleThreaded();
   std::cout.flush();
   std::cerr.flush();
   std::vector<pid_t> children;
