@@ -54,7 +54,7 @@ echo "gloo symbols torch's libtorch_cpu exports: $(nm -D --defined-only "$TORCH_
 FLAGS=(-std=c++17 -O1 -fPIC -w -DGOSSIPCC_WITH_CUDA=1 -DGOSSIPCC_TORCH_CUDA=1 -D_GLIBCXX_USE_CXX11_ABI="$ABI"
        -I. -isystem "$DIR/include" -isystem "$DIR/include/eigen3" "${CUDA_INC[@]}"
        -isystem "$TORCH_DIR/include" -isystem "$TORCH_DIR/include/torch/csrc/api/include" -isystem "$PY_INC")
-SOURCES=$(ls comm/*.cc comm/{core,gloo,p2p,nccl}/*.cc algorithms/*.cc compression/*.cc torch_backend/*.cc | grep -v 'power_sgd_kernels_unavailable')
+SOURCES=$(ls comm/*.cc comm/{core,gloo,p2p,nccl,sched}/*.cc algorithms/*.cc compression/*.cc torch_backend/*.cc | grep -v 'power_sgd_kernels_unavailable')
 start=$SECONDS
 printf '%s\n' $SOURCES | xargs -P "$(nproc)" -I{} sh -c 'g++ "$@" -c {} -o "'"$OUT"'/obj/$(echo {} | tr / _).o"' _ "${FLAGS[@]}"
 g++ -shared -o "$OUT/gossipcc/_C.so" "$OUT"/obj/*.o "$DIR/power_sgd_kernels.pic.o" \
