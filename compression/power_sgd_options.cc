@@ -25,7 +25,7 @@ struct Key {
 };
 
 const Key kKeys[] = {
-    {"rank", "matrix_approximation_rank", "int >= 1"},
+    {"rank", "matrix_approximation_rank", "int in [1, 1048576]"},
     {"start_iter", "start_powerSGD_iter", "int >= 0"},
     {"min_compression_rate", "min_compression_rate", "number >= 0"},
     {"error_feedback", "use_error_feedback", "0|1"},

@@ -238,6 +238,8 @@ def cleanup_stale(among=None):
     """Removes what runs killed with SIGKILL left: their delay lines, the processes still inside
     their namespaces (ranks), and the namespaces. `among`, if given, limits it to those names.
     Returns the namespaces removed."""
+    among = None if among is None else set(among)
+
     def doomed(name):
         return _stale(name) and (among is None or name in among)
 

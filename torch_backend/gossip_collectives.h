@@ -99,8 +99,10 @@ class GossipCollectives {
   enum class Lane { kAlgorithms, kAsync };
   // The one way an operation is issued: `task` on `lane`, and a Work that completes with
   // `outputs`, in issue order with the group's collectives on kAlgorithms, as it finishes on
-  // kAsync. `source`, if set, is the Work's sourceRank().
-  c10::intrusive_ptr<::c10d::Work> Submit(Lane lane, const char* op, const std::string& details,
+  // kAsync. `title` is a literal "gossipcc:<op>" (c10d keeps the pointer); the lane's
+  // description is "gossipcc <op> on rank r of n" + `details`. `source`, if set, is the Work's
+  // sourceRank().
+  c10::intrusive_ptr<::c10d::Work> Submit(Lane lane, const char* title, const std::string& details,
                                           std::function<void()> task, std::vector<at::Tensor> outputs,
                                           bool uses_collectives, std::shared_ptr<int> source = nullptr);
   // The graph `spec` names on `nodes` nodes (default: the group's size).

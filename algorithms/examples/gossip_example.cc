@@ -43,9 +43,10 @@ int main() {
 
         // The same rounds asynchronously: each is a task on an OpLane (in issue order, off this
         // thread), and its Work completes when the round is done; meanwhile this thread computes.
-        gossipcc::OpLane lane("gossip example");
+        // The lane is declared after what its tasks use: destroyed (joined) first.
         gossipcc::PushSum osgp(graph);
         std::vector<float> u(1000, static_cast<float>(rank));
+        gossipcc::OpLane lane("gossip example");
         std::vector<std::shared_ptr<gossipcc::Work>> rounds;
         for (int k = 0; k < 3; ++k) {
           rounds.push_back(lane.Submit(

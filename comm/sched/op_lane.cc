@@ -19,7 +19,7 @@ void KeepUntilDone(Work& work, std::function<std::shared_ptr<Work>()> issue) {
 
 }  // namespace
 
-OpLane::~OpLane() { Stop("the process group was destroyed"); }
+OpLane::~OpLane() { Stop("the lane " + name_ + " was destroyed"); }
 
 std::shared_ptr<Work> OpLane::Submit(std::string description, std::function<void()> task, bool uses_collectives) {
   Task t;
