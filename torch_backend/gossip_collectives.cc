@@ -61,10 +61,8 @@ c10::intrusive_ptr<::c10d::Work> GossipCollectives::Submit(Lane lane, const char
   const bool ordered = lane == Lane::kAlgorithms;
   OpLane& runner = ordered ? lane_ : async_lane_;
   std::shared_ptr<Work> inner = runner.Submit(Where(op, rank_, size_) + details, std::move(task), uses_collectives);
-  auto work = c10::make_intrusive<GossipccWork>(rank_, OpType::UNKNOWN, title, std::move(inner), std::move(outputs),
-                                                nullptr, executor_, ordered);
-  if (source) work->set_source(std::move(source));
-  return work;
+  return Wrap(rank_, Completion{executor_, ordered}, OpType::UNKNOWN, title, std::move(inner), std::move(outputs),
+              nullptr, std::move(source));
 }
 
 void GossipCollectives::Shutdown() {
@@ -249,9 +247,10 @@ GossipCollectives::MatchingSpec GossipCollectives::Matching(const std::string& m
   if (matching == "round_robin") return {BilateralExchange::Matching::kRoundRobin, nullptr};
   if (matching == "bipartite") {
     if (nodes % 2 != 0 && nodes != 1) {
-      throw InvalidArgumentError("gossipcc bilateral_exchange: the \"bipartite\" matching pairs active (odd) with "
-                                 "passive (even) " + std::string(over.empty() ? "ranks and needs an even world size" :
-                                 "hosts and needs an even number of hosts") + ", got " + std::to_string(nodes));
+      const char* what = over.empty() ? "ranks" : "hosts";
+      throw InvalidArgumentError(std::string("gossipcc bilateral_exchange: the \"bipartite\" matching pairs active (odd) "
+                                             "with passive (even) ") + what + " and needs an even number of " + what +
+                                 ", got " + std::to_string(nodes));
     }
     return {BilateralExchange::Matching::kBipartiteExponential, nullptr};
   }

@@ -133,11 +133,15 @@ struct Completion {
   bool ordered;
 };
 
+// `title` must outlive the Work (c10d keeps the pointer): a literal. `source`, if set, is the
+// Work's sourceRank().
 inline c10::intrusive_ptr<C10dWork> Wrap(int rank, const Completion& completion, ::c10d::OpType type, const char* title,
                                          std::shared_ptr<::gossipcc::Work> inner, std::vector<at::Tensor> outputs,
-                                         std::function<void()> finish = nullptr) {
-  return c10::make_intrusive<GossipccWork>(rank, type, title, std::move(inner), std::move(outputs), std::move(finish),
-                                           completion.executor, completion.ordered);
+                                         std::function<void()> finish = nullptr, std::shared_ptr<int> source = nullptr) {
+  auto work = c10::make_intrusive<GossipccWork>(rank, type, title, std::move(inner), std::move(outputs),
+                                                std::move(finish), completion.executor, completion.ordered);
+  if (source) work->set_source(std::move(source));
+  return work;
 }
 
 }  // namespace torch_backend

@@ -64,11 +64,8 @@ c10::intrusive_ptr<C10dWork> ProcessGroupGossipcc::recvAnysource(std::vector<at:
   auto source = std::make_shared<int>(-1);
   auto inner = communicator_->recv_any_source(ToBuffer(t, "recv (any source)", "tensor"), ToTag(tag, "recv"),
                                               source.get());
-  auto work = c10::make_intrusive<GossipccWork>(rank_, OpType::RECVANYSOURCE, "gossipcc:recvAnysource",
-                                                std::move(inner), tensors, [source]() {},
-                                                executor_, /*ordered=*/false);
-  work->set_source(source);
-  return work;
+  return Wrap(rank_, Unordered(), OpType::RECVANYSOURCE, "gossipcc:recvAnysource", std::move(inner), tensors, nullptr,
+              source);
 }
 
 // As ProcessGroupGloo's: point to point with rank 0, which alone enforces the timeout (so the

@@ -354,6 +354,7 @@ def errors_worker(rank, n):
         (lambda: pg.symmetric_gossip_round(x, -3), "step must be >= 0"),
         (lambda: pg.bilateral_exchange(x, 0, matching="complete"), "not a matching"),
         (lambda: pg.bilateral_exchange(x, 0, matching="bogus"), "round_robin"),
+        (lambda: pg.bilateral_exchange(x, 0, matching="bipartite"), "needs an even number of ranks, got 3"),
         (lambda: pg.powersgd_allreduce(x, [[3]], _C.PowerSGD("")), "has 3 elements but tensor[0] has 4"),
         (lambda: pg.powersgd_allreduce(x, [[4], [4]], _C.PowerSGD("")), "1 tensors but 2 shapes"),
         (lambda: pg.powersgd_allreduce(x, None, _C.PowerSGD(""), ["a", "b"]), "keys"),
