@@ -21,6 +21,7 @@
 #include "comm/core/store.h"
 #include "comm/host_groups.h"
 #include "gtest/gtest.h"
+#include "tests/algorithms/host_round_checks.h"
 #include "tests/comm/harness.h"
 
 namespace gossipcc {
@@ -63,14 +64,8 @@ TEST_P(HierarchicalSymmetricGossipTest, HostsFollowSymmetricGossipOverHosts) {
   constexpr int kRounds = 4;
   auto graph = std::shared_ptr<const PeerGraph>(MakeRingGraph(layout.hosts));
 
-  std::vector<std::vector<double>> want(layout.hosts, std::vector<double>(kCount, 0.0));
   double total = 0.0;
-  for (int r = 0; r < n; ++r) {
-    for (size_t i = 0; i < kCount; ++i) {
-      want[r / layout.per_host][i] += Input(r, i) / layout.per_host;
-      total += Input(r, i);
-    }
-  }
+  std::vector<std::vector<double>> want = testing::HostMeans(layout, kCount, Input, &total);
   SymmetricGossipOverHosts(*graph, kRounds, want);
 
   std::mutex mu;
@@ -90,28 +85,10 @@ TEST_P(HierarchicalSymmetricGossipTest, HostsFollowSymmetricGossipOverHosts) {
     sent_across[rank] = groups.across->traffic().p2p_bytes_sent;
   });
 
-  const size_t slice = (kCount + layout.per_host - 1) / layout.per_host;
-  double got_total = 0.0;
-  for (int r = 0; r < n; ++r) {
-    const int h = r / layout.per_host;
-    for (size_t i = 0; i < kCount; ++i) {
-      got_total += got[r][i];
-      if (std::abs(got[r][i] - want[h][i]) > 1e-4) {
-        FAIL() << "rank " << r << " (host " << h << "), element " << i << ": " << got[r][i] << ", want " << want[h][i];
-      }
-    }
-    const int first = h * layout.per_host;
-    EXPECT_EQ(std::memcmp(got[r].data(), got[first].data(), kCount * sizeof(float)), 0)
-        << "rank " << r << " differs from rank " << first << " of its host";
-    // Across hosts: this rank's slice (and a 16-byte round header) to each ring neighbour per round.
-    const uint64_t neighbours = graph->OutPeers(h, 0).size();
-    // The slice's elements of x, not its padding: the last local rank's slice is shorter.
-    const size_t slice_first = std::min(kCount, slice * static_cast<size_t>(r % layout.per_host));
-    const size_t length = std::min(kCount, slice_first + slice) - slice_first;
-    EXPECT_EQ(sent_across[r], kRounds * neighbours * (length * sizeof(float) + 16)) << "rank " << r;
-  }
-  // W doubly stochastic: the sum over all ranks is kept (to float32 rounding).
-  EXPECT_NEAR(got_total, total, 1e-6 * n * kCount * 4);
+  // Across hosts: this rank's slice (and a 16-byte round header) to each ring neighbour per round;
+  // W doubly stochastic: the sum over all ranks kept.
+  testing::CheckHostRound(layout, got, want, total, sent_across,
+                          [&](int h) { return uint64_t{kRounds} * graph->OutPeers(h, 0).size(); }, 16);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, HierarchicalSymmetricGossipTest,
